@@ -1,0 +1,45 @@
+# Dispatch: `make run` serves the app, `make test` runs the whole suite.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+# Python 3.13 (or 3.12): from PATH, else from pyenv's versions.
+FIND_PYTHON = for c in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 \
+	$$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
+	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; \
+	  then echo $$c; exit 0; fi; done; exit 1
+
+.PHONY: run test lint bench chromium clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@if [ ! -x $(PY) ]; then \
+	  py=$$($(FIND_PYTHON)) || { echo "Dispatch needs Python 3.13 or 3.12, and neither was found." >&2; \
+	    echo "Install one (e.g. 'pyenv install 3.13') and run make again." >&2; exit 1; }; \
+	  echo "Creating $(VENV) with $$py"; $$py -m venv $(VENV); fi
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+run: $(VENV)/.installed
+	$(PY) manage.py migrate --noinput -v 0
+	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) dispatch.asgi:application
+
+# Browser tests drive Debian's Chromium; install it when it is missing (CI runs as root).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq chromium >/dev/null); \
+	  else echo "Chromium is missing: sudo apt-get install chromium" >&2; exit 1; fi; }
+
+test: $(VENV)/.installed chromium
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(VENV)/.installed chromium
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,113 @@
+"""The chunk log: the only code that writes Chunk rows.
+
+Rows are appended sealed and never updated. `append` allocates seqs under the
+tab row's lock (SELECT ... FOR UPDATE on PostgreSQL; on SQLite the IMMEDIATE
+transaction already serialises writers), and the (tab, seq) unique constraint
+is the last line of defence. All functions here are synchronous ORM code: call
+them from async code through `database_sync_to_async`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from chat.models import Chunk, RunningTurn, Tab
+from chat.stream import Block
+
+# The page a tab opens on: enough for a long conversation, small enough to
+# render in a few milliseconds whatever the tab's length.
+PAGE_SIZE = 200
+
+
+def append(tab_id: uuid.UUID, blocks: Sequence[Block], *, clear_checkpoint: bool = False) -> list[Chunk]:
+    """Append sealed blocks in order; sets each block's seq. One transaction.
+
+    `clear_checkpoint` drops the running turn's checkpoint in the same
+    transaction, so sealing the open block is one write, not two.
+    """
+    if not blocks:
+        return []
+    with transaction.atomic():
+        last = (
+            Tab.objects.select_for_update().filter(pk=tab_id).values_list("last_seq", flat=True).get()
+        )
+        rows = []
+        for n, block in enumerate(blocks, start=last + 1):
+            block.seq = n
+            rows.append(
+                Chunk(
+                    id=block.id, tab_id=tab_id, seq=n, turn_id=block.turn_id, step=block.step,
+                    role=block.role, type=block.type, data=block.data,
+                )
+            )
+        Chunk.objects.bulk_create(rows)
+        Tab.objects.filter(pk=tab_id).update(
+            last_seq=F("last_seq") + len(rows), updated_at=timezone.now()
+        )
+        if clear_checkpoint:
+            RunningTurn.objects.filter(tab_id=tab_id).update(open_chunk=None, checkpointed_at=None)
+    return rows
+
+
+def page(tab_id: uuid.UUID, *, before: int | None = None, limit: int = PAGE_SIZE) -> list[Chunk]:
+    """The last `limit` chunks with seq < `before` (all, if None), in seq order."""
+    qs = Chunk.objects.filter(tab_id=tab_id)
+    if before is not None:
+        qs = qs.filter(seq__lt=before)
+    return list(reversed(qs.order_by("-seq")[:limit]))
+
+
+def tail(tab_id: uuid.UUID, *, after: int = 0, limit: int | None = None) -> list[Chunk]:
+    """Chunks with seq > `after`, in seq order."""
+    qs = Chunk.objects.filter(tab_id=tab_id, seq__gt=after).order_by("seq")
+    return list(qs[:limit] if limit is not None else qs)
+
+
+def count(tab_id: uuid.UUID) -> int:
+    return Chunk.objects.filter(tab_id=tab_id).count()
+
+
+def last_seq(tab_id: uuid.UUID) -> int:
+    return Tab.objects.filter(pk=tab_id).values_list("last_seq", flat=True).get()
+
+
+def block_of(chunk: Chunk) -> Block:
+    return Block(chunk.id, chunk.turn_id, chunk.step, chunk.role, chunk.type, chunk.data, chunk.seq)
+
+
+# --- The open block's checkpoint ------------------------------------------------
+
+
+def checkpoint(tab_id: uuid.UUID, block: Block | None) -> None:
+    """Store the open block (or nothing) on the running turn's row; refreshes the heartbeat."""
+    now = timezone.now()
+    RunningTurn.objects.filter(tab_id=tab_id).update(
+        open_chunk=_encode(block) if block is not None else None,
+        checkpointed_at=now if block is not None else None,
+        heartbeat_at=now,
+    )
+
+
+def _encode(block: Block) -> dict[str, Any]:
+    fields = asdict(block)
+    fields["id"] = str(block.id)
+    fields["turn_id"] = str(block.turn_id) if block.turn_id else None
+    return fields
+
+
+def decode_checkpoint(fields: dict[str, Any]) -> Block:
+    return Block(
+        id=uuid.UUID(fields["id"]),
+        turn_id=uuid.UUID(fields["turn_id"]) if fields.get("turn_id") else None,
+        step=fields["step"],
+        role=fields["role"],
+        type=fields["type"],
+        data=fields["data"],
+    )

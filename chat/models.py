@@ -1,0 +1,198 @@
+"""Tabs, the chunk log, the running-turn row, and the kept state.
+
+Chat history (wiped by `wipe_history`): Tab, Chunk, RunningTurn, QueuedMessage.
+Kept state (survives the wipe): Setting, ApiKey, ProviderEndpoint, UsageRecord.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import uuid
+
+from cryptography.fernet import Fernet, InvalidToken
+from django.conf import settings
+from django.db import models
+
+
+class Tab(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
+    )
+    title = models.CharField(max_length=200, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    # Frozen when the tab is created: a changing system prompt would change
+    # the prefix of every request and lose every prompt-cache hit.
+    system_prompt = models.TextField(blank=True)
+    # The last seq handed out; the tab row is the lock for allocating the next.
+    last_seq = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+
+    def __str__(self) -> str:
+        return self.title or f"Tab {str(self.id)[:8]}"
+
+
+class Role(models.TextChoices):
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    SYSTEM = "system"
+
+
+class ChunkType(models.TextChoices):
+    TEXT = "text"
+    THINKING = "thinking"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    ERROR = "error"
+    SYSTEM = "system"
+
+
+class Chunk(models.Model):
+    """One sealed block of a tab's log. Rows are never updated: only chat.log writes them."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tab = models.ForeignKey(Tab, on_delete=models.CASCADE, related_name="chunks")
+    seq = models.BigIntegerField()
+    turn_id = models.UUIDField(null=True, blank=True, db_index=True)
+    step = models.PositiveIntegerField(default=0)
+    role = models.CharField(max_length=16, choices=Role.choices)
+    type = models.CharField(max_length=16, choices=ChunkType.choices)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tab", "seq"]
+        constraints = [
+            # Also the (tab, seq) index every page and tail query walks.
+            models.UniqueConstraint(fields=["tab", "seq"], name="chunk_tab_seq_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tab_id}#{self.seq} {self.role}/{self.type}"
+
+
+class RunningTurn(models.Model):
+    """One row per running turn: the tab's lease, and the checkpoint of its open block.
+
+    The primary key on tab makes "one turn per tab" a database fact. The worker
+    holding the lease refreshes `heartbeat_at`; a row whose heartbeat is stale
+    belongs to a dead worker and is recovered (see chat.turns).
+    """
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        WAITING = "waiting", "waiting for approval"
+        STOPPING = "stopping"
+
+    tab = models.OneToOneField(Tab, on_delete=models.CASCADE, primary_key=True)
+    turn_id = models.UUIDField()
+    worker = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    step = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    heartbeat_at = models.DateTimeField()
+    # The open block as last checkpointed: {id, role, type, step, data}.
+    open_chunk = models.JSONField(null=True, blank=True)
+    checkpointed_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"turn {self.turn_id} on {self.tab_id} ({self.status})"
+
+
+class QueuedMessage(models.Model):
+    """A user message sent while a turn runs, kept until the log takes it."""
+
+    tab = models.ForeignKey(Tab, on_delete=models.CASCADE, related_name="queued")
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"queued #{self.pk} for {self.tab_id}"
+
+
+# --- Kept state ----------------------------------------------------------------
+
+
+class Setting(models.Model):
+    key = models.CharField(max_length=100, unique=True)
+    value = models.JSONField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+def _fernet() -> Fernet:
+    digest = hashlib.sha256(b"dispatch-api-keys:" + settings.SECRET_KEY.encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(digest))
+
+
+class ApiKey(models.Model):
+    """A provider API key, encrypted at rest with a key derived from SECRET_KEY."""
+
+    provider = models.CharField(max_length=50, unique=True)
+    encrypted = models.TextField()
+    # Enough to recognise the key on a page without showing it.
+    last4 = models.CharField(max_length=4)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.provider} key {self.masked}"
+
+    @property
+    def masked(self) -> str:
+        return f"…{self.last4}"
+
+    def set_key(self, key: str) -> None:
+        self.encrypted = _fernet().encrypt(key.encode()).decode()
+        self.last4 = key[-4:]
+
+    def get_key(self) -> str | None:
+        """The key, or None when SECRET_KEY changed since it was stored."""
+        try:
+            return _fernet().decrypt(self.encrypted.encode()).decode()
+        except InvalidToken:
+            return None
+
+
+class ProviderEndpoint(models.Model):
+    provider = models.CharField(max_length=50, unique=True)
+    base_url = models.URLField(max_length=500)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.provider}: {self.base_url}"
+
+
+class UsageRecord(models.Model):
+    """Tokens of one step. Plain ids, no foreign keys: usage outlives the history wipe."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    tab_id = models.UUIDField(db_index=True)
+    turn_id = models.UUIDField(db_index=True)
+    step = models.PositiveIntegerField()
+    model = models.CharField(max_length=200)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cache_read_tokens = models.PositiveIntegerField(default=0)
+    cache_write_tokens = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.model} step {self.step}: {self.input_tokens}/{self.output_tokens}"

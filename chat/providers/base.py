@@ -1,0 +1,203 @@
+"""Provider-neutral types: the events a provider streams and the request it is given.
+
+Pure: no Django imports. stream.py consumes the events, history.py produces the
+request messages, and each adapter in this package translates between these
+types and one wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# --- Events (provider -> reducer) -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningEnd:
+    """Closes a thinking block; the metadata must be replayed byte for byte."""
+
+    signature: str | None = None
+    redacted_data: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEvent:
+    call_id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ShellOutput:
+    """Live output of a running tool, streamed into its open tool_result chunk."""
+
+    call_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultEvent:
+    call_id: str
+    name: str
+    result: str
+    is_error: bool = False
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    message: str
+    status_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SystemEvent:
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    usage: Usage = field(default_factory=Usage)
+    stop_reason: str = "end_turn"
+
+
+Event = (
+    TextDelta
+    | ReasoningDelta
+    | ReasoningEnd
+    | ToolCallEvent
+    | ShellOutput
+    | ToolResultEvent
+    | ErrorEvent
+    | SystemEvent
+    | Finish
+)
+
+
+# --- Request (history -> provider) ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingPart:
+    text: str
+    signature: str | None = None
+    redacted_data: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallPart:
+    call_id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultPart:
+    call_id: str
+    name: str
+    result: str
+    is_error: bool = False
+
+
+Part = TextPart | ThinkingPart | ToolCallPart | ToolResultPart
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One request message. Roles alternate user/assistant, starting with user.
+
+    A user message holds the previous assistant message's tool results first,
+    then any text: the Anthropic shape. Adapters for other wire formats split it.
+    """
+
+    role: str  # "user" | "assistant"
+    parts: tuple[Part, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    system: str
+    tools: tuple[ToolSpec, ...]
+    messages: tuple[Message, ...]
+
+
+# --- Errors ------------------------------------------------------------------
+
+
+class ProviderError(Exception):
+    """A classified failure of one provider call.
+
+    `retryable` says whether the same request may succeed later (rate limits,
+    overload, 5xx, a dropped connection); `retry_after` is the server's hint in
+    seconds, when it gave one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        error_type: str | None = None,
+        retry_after: float | None = None,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.error_type = error_type
+        self.retry_after = retry_after
+        self.retryable = retryable
+
+    def __repr__(self) -> str:
+        return (
+            f"ProviderError({self.message!r}, status_code={self.status_code}, "
+            f"error_type={self.error_type!r}, retry_after={self.retry_after}, "
+            f"retryable={self.retryable})"
+        )
+
+
+class Provider(Protocol):
+    """Streams one model response. Closing the iterator early closes the connection."""
+
+    def stream(self, request: Request) -> AsyncIterator[Event]: ...

@@ -1,0 +1,204 @@
+"""The reducer: provider-neutral events in, chunk lifecycle ops out.
+
+Pure: no Django imports. The turn runner feeds every event of a step through one
+Reducer and applies the ops it returns: `Open` and `Delta` go to the checkpoint
+and the browser, `Seal` goes to the log (which assigns the seq) and the browser.
+
+At most one block is open at a time. Consecutive deltas of one kind extend it;
+any other event seals it first.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from chat.providers.base import (
+    ErrorEvent,
+    Event,
+    Finish,
+    ReasoningDelta,
+    ReasoningEnd,
+    ShellOutput,
+    SystemEvent,
+    TextDelta,
+    ToolCallEvent,
+    ToolResultEvent,
+)
+
+
+class Role:
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    SYSTEM = "system"
+
+
+class Kind:
+    TEXT = "text"
+    THINKING = "thinking"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    ERROR = "error"
+    SYSTEM = "system"
+
+
+@dataclass(slots=True)
+class Block:
+    """A chunk outside the database: open while streaming, final once sealed.
+
+    `seq` is None until the log appends it.
+    """
+
+    id: uuid.UUID
+    turn_id: uuid.UUID | None
+    step: int
+    role: str
+    type: str
+    data: dict[str, Any]
+    seq: int | None = None
+
+    @property
+    def text(self) -> str:
+        """The streamable body: text, thinking or live tool output."""
+        if self.type == Kind.TOOL_RESULT:
+            return self.data.get("shell_output", "")
+        return self.data.get("text", "")
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    block: Block  # a copy taken at open time: later deltas do not change it
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    chunk_id: uuid.UUID
+    offset: int  # length of the block's body before this text
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    block: Block
+
+
+Op = Open | Delta | Seal
+
+
+@dataclass(slots=True)
+class Reducer:
+    turn_id: uuid.UUID | None
+    step: int = 0
+    new_id: Callable[[], uuid.UUID] = uuid.uuid4
+    open: Block | None = None
+    # call_id -> name of calls made and not yet answered, in call order.
+    pending_calls: dict[str, str] = field(default_factory=dict)
+
+    def feed(self, event: Event) -> list[Op]:
+        match event:
+            case TextDelta(text=text):
+                return self._extend(Role.ASSISTANT, Kind.TEXT, None, text)
+            case ReasoningDelta(text=text):
+                return self._extend(Role.ASSISTANT, Kind.THINKING, None, text)
+            case ReasoningEnd(signature=signature, redacted_data=redacted):
+                return self._end_reasoning(signature, redacted)
+            case ShellOutput(call_id=call_id, text=text):
+                return self._extend(Role.TOOL, Kind.TOOL_RESULT, call_id, text)
+            case ToolCallEvent(call_id=call_id, name=name, arguments=arguments):
+                self.pending_calls[call_id] = name
+                data = {"call_id": call_id, "name": name, "arguments": dict(arguments)}
+                return self._single(Role.ASSISTANT, Kind.TOOL_CALL, data)
+            case ToolResultEvent():
+                return self._result(event)
+            case ErrorEvent(message=message, status_code=status_code):
+                data: dict[str, Any] = {"message": message}
+                if status_code is not None:
+                    data["status_code"] = status_code
+                return self._single(Role.ASSISTANT, Kind.ERROR, data)
+            case SystemEvent(kind=kind, text=text):
+                return self._single(Role.SYSTEM, Kind.SYSTEM, {"kind": kind, "text": text})
+            case Finish():
+                return self.seal()
+        raise TypeError(f"not a provider event: {event!r}")
+
+    def seal(self, **extra: Any) -> list[Op]:
+        """Seal the open block as it is (end of step, cancel, crash recovery)."""
+        if self.open is None:
+            return []
+        block, self.open = self.open, None
+        block.data.update(extra)
+        return [Seal(block)]
+
+    def _new(self, role: str, kind: str, data: dict[str, Any]) -> Block:
+        return Block(self.new_id(), self.turn_id, self.step, role, kind, data)
+
+    def _single(self, role: str, kind: str, data: dict[str, Any]) -> list[Op]:
+        return [*self.seal(), Seal(self._new(role, kind, data))]
+
+    def _extend(self, role: str, kind: str, call_id: str | None, text: str) -> list[Op]:
+        block = self.open
+        if not (
+            block is not None
+            and block.type == kind
+            and (call_id is None or block.data.get("call_id") == call_id)
+        ):
+            ops: list[Op] = self.seal()
+            if kind == Kind.TOOL_RESULT:
+                data = {
+                    "call_id": call_id,
+                    "name": self.pending_calls.get(call_id, ""),
+                    "shell_output": "",
+                }
+            else:
+                data = {"text": ""}
+            block = self.open = self._new(role, kind, data)
+            ops.append(Open(replace(block, data=dict(block.data))))
+        else:
+            ops = []
+        if not text:
+            return ops
+        body_key = "shell_output" if kind == Kind.TOOL_RESULT else "text"
+        offset = len(block.data[body_key])
+        block.data[body_key] += text
+        ops.append(Delta(block.id, offset, text))
+        return ops
+
+    def _end_reasoning(self, signature: str | None, redacted: str | None) -> list[Op]:
+        ops: list[Op] = []
+        if self.open is None or self.open.type != Kind.THINKING:
+            # Signature-only thinking (display omitted) or redacted thinking
+            # arrives with no deltas; it is still a block and must be kept.
+            ops += self.seal()
+            self.open = self._new(Role.ASSISTANT, Kind.THINKING, {"text": ""})
+        meta = {}
+        if signature is not None:
+            meta["signature"] = signature
+        if redacted is not None:
+            meta["redacted_data"] = redacted
+        return ops + self.seal(**meta)
+
+    def _result(self, event: ToolResultEvent) -> list[Op]:
+        name = self.pending_calls.pop(event.call_id, event.name) or event.name
+        data: dict[str, Any] = {
+            "call_id": event.call_id,
+            "name": name,
+            "result": event.result,
+            "is_error": event.is_error,
+        }
+        if event.truncated:
+            data["truncated"] = True
+        block = self.open
+        if (
+            block is not None
+            and block.type == Kind.TOOL_RESULT
+            and block.data.get("call_id") == event.call_id
+        ):
+            # The live output streamed into this block; the result completes it.
+            shell_output = block.data.get("shell_output", "")
+            block.data = {**data, "shell_output": shell_output} if shell_output else data
+            self.open = None
+            return [Seal(block)]
+        return self._single(Role.TOOL, Kind.TOOL_RESULT, data)

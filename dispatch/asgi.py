@@ -1,0 +1,28 @@
+"""ASGI entry point: HTTP through Django, WebSockets through Channels."""
+
+import os
+
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatch.settings")
+# Django must be set up before anything imports models (routing does).
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from chat import routing  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        # One self-hosted process serves its own few static files; a reverse
+        # proxy in front may serve STATIC_ROOT instead (see README).
+        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(routing.websocket_urlpatterns))
+        ),
+        "channel": ChannelNameRouter(routing.channel_routes),
+    }
+)
