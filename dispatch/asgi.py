@@ -14,8 +14,9 @@ from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  #
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from chat import routing  # noqa: E402
+from chat.turns import start_embedded_worker  # noqa: E402
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
         # One self-hosted process serves its own few static files; a reverse
         # proxy in front may serve STATIC_ROOT instead (see README).
@@ -26,3 +27,9 @@ application = ProtocolTypeRouter(
         "channel": ChannelNameRouter(routing.channel_routes),
     }
 )
+
+
+async def application(scope, receive, send):
+    # Embedded mode (no REDIS_URL): turns run in this process, started with it.
+    start_embedded_worker()
+    await router(scope, receive, send)

@@ -1,0 +1,681 @@
+"""One turn: the step loop over provider, reducer, tools and log.
+
+A TurnRunner owns a tab's lease while it runs. Everything that produces events
+(the provider stream, a running tool) runs in a *producer* task that feeds one
+queue; the runner's own coroutine consumes the queue and applies the reducer's
+ops (persist, checkpoint, broadcast). Cancel cancels producers only, so an op is
+never half-applied: a seal is either in the log and broadcast, or neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, suppress
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.conf import settings as django_settings
+from django.db import transaction
+from django.utils import timezone
+
+from chat import log, tools
+from chat.history import History
+from chat.models import QueuedMessage, RunningTurn, Setting, Tab, UsageRecord
+from chat.providers.base import (
+    ErrorEvent,
+    Event,
+    Finish,
+    ProviderError,
+    Request,
+    ShellOutput,
+    SystemEvent,
+    ToolResultEvent,
+    Usage,
+)
+from chat.stream import Block, Delta, Kind, Op, Open, Reducer, Role, Seal
+
+logger = logging.getLogger(__name__)
+
+# Checkpoint debounce (DESIGN §2): flush the open block after this much idle...
+CHECKPOINT_IDLE = 0.25
+# ...and never later than this after its first unflushed delta: a crash loses
+# at most about a second of streamed text.
+CHECKPOINT_MAX = 1.0
+# Deltas are merged for this long before they are broadcast: a fast model then
+# costs a few dozen frames a second per tab, not one per token.
+COALESCE_SECONDS = 0.03
+# ...or earlier once this much text is waiting, so big deltas are not held back.
+COALESCE_MAX_CHARS = 4096
+# Retries of a retryable provider error before the fallback model or giving up.
+RETRY_DELAYS = (1.0, 4.0, 15.0)
+# A server's retry-after beyond this is not worth holding a turn for.
+MAX_RETRY_AFTER = 60.0
+
+
+def provider_for(model: str):
+    """The provider for a model id. Tests replace this function."""
+    from chat.providers import get_provider
+
+    return get_provider(model)
+
+
+def setting(key: str, default: Any) -> Any:
+    row = Setting.objects.filter(key=key).values_list("value", flat=True).first()
+    return default if row is None else row
+
+
+@dataclass(frozen=True)
+class TurnConfig:
+    """What a step needs from the settings; compared between steps to spot a reload."""
+
+    model: str
+    fallback_model: str
+    approve_tools: bool
+    max_steps: int
+
+    @classmethod
+    def load(cls, tab: Tab) -> TurnConfig:
+        from chat.providers import default_model
+
+        return cls(
+            model=tab.model or default_model(),
+            fallback_model=setting("fallback_model", "") or django_settings.DISPATCH_FALLBACK_MODEL,
+            approve_tools=bool(setting("approve_tools", True)),
+            max_steps=int(setting("max_steps", django_settings.DISPATCH_MAX_STEPS)),
+        )
+
+
+@dataclass
+class _ProducerDone:
+    error: BaseException | None = None
+
+
+@dataclass
+class TurnStatus:
+    state: str = "running"
+    turn_id: str = ""
+    step: int = 0
+    model: str = ""
+    started_at: str = field(default_factory=lambda: timezone.now().isoformat())
+    usage: Usage = field(default_factory=Usage)
+    approval: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        usage = self.usage
+        return {
+            "state": self.state,
+            "turn_id": self.turn_id,
+            "step": self.step,
+            "model": self.model,
+            "started_at": self.started_at,
+            "usage": {
+                "input": usage.input_tokens,
+                "output": usage.output_tokens,
+                "cache_read": usage.cache_read_tokens,
+                "cache_write": usage.cache_write_tokens,
+            },
+            "approval": self.approval,
+        }
+
+
+class TurnCancelled(Exception):
+    pass
+
+
+Publish = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def block_dict(block: Block) -> dict[str, Any]:
+    fields = asdict(block)
+    fields["id"] = str(block.id)
+    fields["turn_id"] = str(block.turn_id) if block.turn_id else None
+    return fields
+
+
+class TurnRunner:
+    """Runs turns on one tab for as long as it holds the tab's lease."""
+
+    def __init__(
+        self,
+        tab_id: uuid.UUID,
+        turn_id: uuid.UUID,
+        publish: Publish,
+        *,
+        auto_approve: bool = False,
+        workspace: Any = None,
+    ) -> None:
+        self.tab_id = tab_id
+        self.turn_id = turn_id
+        self.publish = publish
+        self.auto_approve = auto_approve
+        self.workspace = workspace or django_settings.DISPATCH_WORKSPACE
+        self.reducer = Reducer(turn_id)
+        self.history: History | None = None
+        self.status = TurnStatus(turn_id=str(turn_id))
+        self.last_seq = 0
+        self.cancelled = asyncio.Event()
+        self._producer: asyncio.Task | None = None
+        self._approvals: dict[str, asyncio.Future[bool]] = {}
+        # Arguments of this turn's calls, by call id, for running them.
+        self._args: dict[str, dict[str, Any]] = {}
+        # Checkpoint debounce state.
+        self._cp_first: float | None = None
+        self._cp_last = 0.0
+        self._cp_timer: asyncio.TimerHandle | None = None
+        self._cp_write: asyncio.Task | None = None
+        # Coalesced deltas not yet broadcast: (chunk_id, offset, [texts]).
+        self._pending: tuple[uuid.UUID, int, list[str]] | None = None
+        self._pending_chars = 0
+        self._pending_timer: asyncio.TimerHandle | None = None
+        self._flushing: asyncio.Task | None = None
+        self.ended_with_error = False
+
+    # --- control (called from the worker consumer) --------------------------
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self._producer is not None:
+            self._producer.cancel()
+        for future in self._approvals.values():
+            if not future.done():
+                future.set_exception(TurnCancelled())
+
+    def approve(self, call_id: str, approved: bool) -> bool:
+        future = self._approvals.get(call_id)
+        if future is None or future.done():
+            return False
+        future.set_result(approved)
+        return True
+
+    def snapshot(self) -> dict[str, Any]:
+        """The exact state a new watcher needs: last sealed seq and the open block."""
+        block = self.reducer.open
+        return {
+            "last_seq": self.last_seq,
+            "open": block_dict(block) if block is not None else None,
+            "status": self.status.as_dict(),
+        }
+
+    # --- the loop ----------------------------------------------------------
+
+    async def run(self) -> None:
+        heartbeat = asyncio.create_task(self._heartbeat())
+        try:
+            while True:
+                await self._run_turn()
+                await self._flush_deltas()
+                # Idle goes out before the lease is released: once it is, a new
+                # runner may start on this tab and its "running" must come last.
+                self.status.state = "idle"
+                self.status.approval = None
+                await self.publish({"op": "status", "status": self.status.as_dict()})
+                next_turn = await database_sync_to_async(self._release_or_continue)()
+                if next_turn is None:
+                    break
+                self._start_turn(next_turn)
+        finally:
+            heartbeat.cancel()
+            with suppress(asyncio.CancelledError):
+                await heartbeat
+            self._cancel_checkpoint()
+
+    def _start_turn(self, turn_id: uuid.UUID) -> None:
+        self.turn_id = turn_id
+        self.reducer = Reducer(turn_id)
+        self.status = TurnStatus(turn_id=str(turn_id))
+        self.cancelled.clear()
+        self.ended_with_error = False
+
+    def _release_or_continue(self) -> uuid.UUID | None:
+        """End of a turn: give the lease back, unless a message is waiting for the next turn."""
+        with transaction.atomic():
+            Tab.objects.select_for_update().filter(pk=self.tab_id).values_list("pk").get()
+            if QueuedMessage.objects.filter(tab_id=self.tab_id).exists():
+                turn_id = uuid.uuid4()
+                RunningTurn.objects.filter(tab_id=self.tab_id).update(
+                    turn_id=turn_id, step=0, cancel_requested=False, status="running"
+                )
+                return turn_id
+            RunningTurn.objects.filter(tab_id=self.tab_id).delete()
+            return None
+
+    async def _run_turn(self) -> None:
+        tab = await Tab.objects.aget(pk=self.tab_id)
+        if self.history is None:
+            chunks = await database_sync_to_async(log.tail)(self.tab_id)
+            self.history = History.build(chunks)
+            self.last_seq = self.history.last_seq
+        config = await database_sync_to_async(TurnConfig.load)(tab)
+        self.status.model = config.model
+        try:
+            await self._steps(tab, config)
+        except TurnCancelled:
+            await self._finish_cancel()
+        except Exception as exc:  # a bug must not leave the tab stuck "running"
+            logger.exception("turn %s on tab %s failed", self.turn_id, self.tab_id)
+            self.ended_with_error = True
+            await self._answer_pending("Not run: the turn stopped on an internal error.")
+            await self._apply(self.reducer.feed(ErrorEvent(f"Internal error: {exc}")))
+
+    async def _steps(self, tab: Tab, config: TurnConfig) -> None:
+        model = config.model
+        step = 0
+        took = await self._take_queued()
+        if not took:
+            return
+        while True:
+            self._check_cancel()
+            if step >= config.max_steps:
+                await self._system("notice", f"Stopped after {config.max_steps} steps (the step limit).")
+                return
+            step += 1
+            self.reducer.step = step
+            self.status.step = step
+            await self._set_step(step)
+            if step > 1:
+                fresh = await database_sync_to_async(TurnConfig.load)(
+                    await Tab.objects.aget(pk=self.tab_id)
+                )
+                if fresh != config:
+                    await self._system("config-reload", _describe_reload(config, fresh))
+                    if fresh.model != config.model:
+                        model = fresh.model
+                    config = fresh
+            await self._status()
+            request = Request(
+                system=tab.system_prompt,
+                tools=tools.tool_specs(),
+                messages=self.history.messages(),
+            )
+            finish = await self._stream_with_retries(request, model, config)
+            if finish is None:
+                return  # an error chunk ended the turn
+            model = finish[1]
+            self.status.model = model
+            if not self.reducer.pending_calls:
+                # The model is done. A message queued meanwhile starts the next
+                # turn (DESIGN §4.1): _release_or_continue picks it up.
+                return
+            await self._run_tools(config)
+            # Mid-turn messages go right after this step's results, so the
+            # next step sees them.
+            await self._take_queued()
+
+    # --- streaming ---------------------------------------------------------
+
+    async def _stream_with_retries(
+        self, request: Request, model: str, config: TurnConfig
+    ) -> tuple[Finish, str] | None:
+        attempt = 0
+        switched = False
+        while True:
+            self._check_cancel()
+            try:
+                finish = await self._stream(request, model)
+                await self._record_usage(model, finish.usage)
+                return finish, model
+            except ProviderError as exc:
+                # Calls of a response that was cut off are never run.
+                await self._answer_pending("Not run: the response was cut off by an error.")
+                await self._apply(self.reducer.seal())
+                if exc.retryable and attempt < len(RETRY_DELAYS):
+                    delay = RETRY_DELAYS[attempt]
+                    if exc.retry_after is not None:
+                        delay = min(max(delay, exc.retry_after), MAX_RETRY_AFTER)
+                    attempt += 1
+                    await self._system(
+                        "notice",
+                        f"{_reason(exc)}; retrying in {delay:g} s "
+                        f"(attempt {attempt + 1} of {len(RETRY_DELAYS) + 1}).",
+                    )
+                    await self._sleep(delay)
+                    continue
+                fallback = config.fallback_model
+                if exc.retryable and fallback and not switched and fallback != model:
+                    switched = True
+                    attempt = 0
+                    await self._system(
+                        "model-changed", f"Switched to {fallback} ({_reason(exc).lower()})."
+                    )
+                    model = fallback
+                    continue
+                self.ended_with_error = True
+                await self._apply(self.reducer.feed(ErrorEvent(exc.message, exc.status_code)))
+                return None
+            except (ValueError, LookupError) as exc:
+                # A misconfigured model (unknown provider, missing key).
+                self.ended_with_error = True
+                await self._apply(self.reducer.seal())
+                await self._apply(self.reducer.feed(ErrorEvent(str(exc))))
+                return None
+
+    async def _stream(self, request: Request, model: str) -> Finish:
+        provider = provider_for(model)
+
+        async def produce(queue: asyncio.Queue) -> None:
+            async with aclosing(provider.stream(request)) as events:
+                async for event in events:
+                    await queue.put(event)
+
+        finish = Finish()
+        async for event in self._produced(produce):
+            if isinstance(event, Finish):
+                finish = event
+            await self._apply(self.reducer.feed(event))
+        await self._apply(self.reducer.seal())
+        return finish
+
+    async def _produced(
+        self, produce: Callable[[asyncio.Queue], Awaitable[None]]
+    ) -> AsyncIterator[Event]:
+        """Run `produce` as a cancellable producer; yield what it queues, in order."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def wrapper() -> None:
+            try:
+                await produce(queue)
+            except BaseException as exc:
+                queue.put_nowait(_ProducerDone(exc))
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                queue.put_nowait(_ProducerDone())
+
+        self._producer = asyncio.create_task(wrapper())
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, _ProducerDone):
+                    if isinstance(item.error, asyncio.CancelledError):
+                        raise TurnCancelled()
+                    if item.error is not None:
+                        raise item.error
+                    return
+                yield item
+        finally:
+            self._producer.cancel()
+            with suppress(BaseException):
+                await self._producer
+            self._producer = None
+
+    # --- tools ---------------------------------------------------------------
+
+    async def _run_tools(self, config: TurnConfig) -> None:
+        for call_id, name in list(self.reducer.pending_calls.items()):
+            self._check_cancel()
+            call = self._args.get(call_id, {})
+            if config.approve_tools and not self.auto_approve and tools.needs_approval(name):
+                approved = await self._wait_for_approval(call_id, name, call)
+                if not approved:
+                    await self._apply(
+                        self.reducer.feed(
+                            ToolResultEvent(call_id, name, "Denied by the user.", is_error=True)
+                        )
+                    )
+                    continue
+            await self._run_tool(call_id, name, call)
+
+    async def _run_tool(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
+        async def produce(queue: asyncio.Queue) -> None:
+            def on_output(text: str) -> None:
+                queue.put_nowait(ShellOutput(call_id, text))
+
+            outcome = await tools.run_tool(
+                name, arguments, self.workspace, on_output=on_output
+            )
+            queue.put_nowait(
+                ToolResultEvent(
+                    call_id, name, outcome.result, outcome.is_error, outcome.truncated
+                )
+            )
+
+        async for event in self._produced(produce):
+            await self._apply(self.reducer.feed(event))
+
+    async def _wait_for_approval(self, call_id: str, name: str, arguments: dict) -> bool:
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._approvals[call_id] = future
+        self.status.state = "waiting"
+        self.status.approval = {"call_id": call_id, "name": name, "arguments": arguments}
+        await database_sync_to_async(
+            RunningTurn.objects.filter(tab_id=self.tab_id).update
+        )(status=RunningTurn.Status.WAITING)
+        await self._status()
+        try:
+            return await future
+        finally:
+            self._approvals.pop(call_id, None)
+            self.status.state = "running"
+            self.status.approval = None
+            await database_sync_to_async(
+                RunningTurn.objects.filter(tab_id=self.tab_id).update
+            )(status=RunningTurn.Status.RUNNING)
+            await self._status()
+
+    # --- cancel ----------------------------------------------------------------
+
+    def _check_cancel(self) -> None:
+        if self.cancelled.is_set():
+            raise TurnCancelled()
+
+    async def _sleep(self, seconds: float) -> None:
+        with suppress(TimeoutError):
+            await asyncio.wait_for(self.cancelled.wait(), seconds)
+        self._check_cancel()
+
+    async def _finish_cancel(self) -> None:
+        # The running call's open result (live shell output) is the first
+        # pending call: answering it seals that block with its output kept.
+        await self._answer_pending("Cancelled by the user.")
+        await self._apply(self.reducer.seal())
+        await self._system("cancelled", "Stopped by the user.")
+
+    async def _answer_pending(self, why: str) -> None:
+        for call_id, name in list(self.reducer.pending_calls.items()):
+            await self._apply(self.reducer.feed(ToolResultEvent(call_id, name, why, True)))
+
+    # --- applying ops -----------------------------------------------------------
+
+    async def _apply(self, ops: list[Op]) -> None:
+        for op in ops:
+            match op:
+                case Delta():
+                    self._queue_delta(op)
+                    self._checkpoint_soon()
+                case Open(block=block):
+                    await self._flush_deltas()
+                    await self.publish({"op": "open", "block": block_dict(block)})
+                    self._checkpoint_soon()
+                case Seal(block=block):
+                    await self._flush_deltas()
+                    await self._seal(block)
+
+    async def _seal(self, block: Block) -> None:
+        self._cancel_checkpoint()
+        if self._cp_write is not None:
+            # A checkpoint write in flight must land before the seal clears it.
+            with suppress(Exception):
+                await self._cp_write
+        if block.type == Kind.TOOL_CALL:
+            self._args[block.data["call_id"]] = block.data["arguments"]
+        await database_sync_to_async(log.append)(self.tab_id, [block], clear_checkpoint=True)
+        self.last_seq = block.seq
+        self.history.add(block)
+        await self.publish({"op": "seal", "block": block_dict(block)})
+
+    async def _system(self, kind: str, text: str) -> None:
+        await self._apply(self.reducer.feed(SystemEvent(kind, text)))
+
+    async def _status(self) -> None:
+        await self._flush_deltas()
+        await self.publish({"op": "status", "status": self.status.as_dict()})
+
+    # Delta coalescing -------------------------------------------------------
+
+    def _queue_delta(self, op: Delta) -> None:
+        pending = self._pending
+        if pending is not None and pending[0] == op.chunk_id:
+            pending[2].append(op.text)
+        else:
+            if pending is not None:
+                self._schedule_flush()
+            self._pending = (op.chunk_id, op.offset, [op.text])
+            self._pending_chars = 0
+        self._pending_chars += len(op.text)
+        if self._pending_chars >= COALESCE_MAX_CHARS:
+            self._schedule_flush()
+        elif self._pending_timer is None:
+            loop = asyncio.get_running_loop()
+            self._pending_timer = loop.call_later(COALESCE_SECONDS, self._schedule_flush)
+
+    def _schedule_flush(self) -> None:
+        if self._pending_timer is not None:
+            self._pending_timer.cancel()
+            self._pending_timer = None
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        message = {
+            "op": "delta",
+            "chunk_id": str(pending[0]),
+            "offset": pending[1],
+            "text": "".join(pending[2]),
+        }
+        previous = self._flushing
+
+        async def send() -> None:
+            if previous is not None:
+                await previous  # keep deltas in order
+            await self.publish(message)
+
+        self._flushing = asyncio.ensure_future(send())
+
+    async def _flush_deltas(self) -> None:
+        self._schedule_flush()
+        if self._flushing is not None:
+            await self._flushing
+            self._flushing = None
+
+    # Checkpoints ------------------------------------------------------------------
+
+    def _checkpoint_soon(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._cp_last = now
+        if self._cp_first is None:
+            self._cp_first = now
+            self._cp_timer = loop.call_later(CHECKPOINT_IDLE, self._checkpoint_due)
+
+    def _checkpoint_due(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        idle_at = self._cp_last + CHECKPOINT_IDLE
+        latest = self._cp_first + CHECKPOINT_MAX
+        if now < idle_at and now < latest:
+            self._cp_timer = loop.call_later(min(idle_at, latest) - now, self._checkpoint_due)
+            return
+        self._cp_first = None
+        self._cp_timer = None
+        block = self.reducer.open
+        if block is None:
+            return
+        snapshot = Block(block.id, block.turn_id, block.step, block.role, block.type,
+                         dict(block.data))
+        previous = self._cp_write
+
+        async def write() -> None:
+            if previous is not None:
+                with suppress(Exception):
+                    await previous
+            await database_sync_to_async(log.checkpoint)(self.tab_id, snapshot)
+
+        self._cp_write = asyncio.ensure_future(write())
+
+    def _cancel_checkpoint(self) -> None:
+        if self._cp_timer is not None:
+            self._cp_timer.cancel()
+        self._cp_timer = None
+        self._cp_first = None
+
+    # --- persistence helpers ------------------------------------------------------
+
+    async def _take_queued(self) -> bool:
+        """Move waiting user messages into the log, in order. True if there were any."""
+        blocks, ids = await database_sync_to_async(self._take_queued_sync)()
+        for block in blocks:
+            self.last_seq = block.seq
+            self.history.add(block)
+            await self.publish({"op": "seal", "block": block_dict(block)})
+        if ids:
+            await self.publish({"op": "taken", "ids": ids})
+        return bool(ids)
+
+    def _take_queued_sync(self) -> tuple[list[Block], list[int]]:
+        with transaction.atomic():
+            queued = list(QueuedMessage.objects.select_for_update().filter(tab_id=self.tab_id))
+            if not queued:
+                return [], []
+            blocks = [
+                Block(uuid.uuid4(), self.turn_id, 0, Role.USER, Kind.TEXT, {"text": q.text})
+                for q in queued
+            ]
+            log.append(self.tab_id, blocks)
+            QueuedMessage.objects.filter(pk__in=[q.pk for q in queued]).delete()
+        return blocks, [q.pk for q in queued]
+
+    async def _set_step(self, step: int) -> None:
+        await database_sync_to_async(RunningTurn.objects.filter(tab_id=self.tab_id).update)(
+            step=step
+        )
+
+    async def _record_usage(self, model: str, usage: Usage) -> None:
+        self.status.usage = self.status.usage + usage
+        tab = await Tab.objects.only("owner_id").aget(pk=self.tab_id)
+        await UsageRecord.objects.acreate(
+            user_id=tab.owner_id, tab_id=self.tab_id, turn_id=self.turn_id,
+            step=self.reducer.step, model=model,
+            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+            cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+        )
+
+    async def _heartbeat(self) -> None:
+        from chat.turns import HEARTBEAT_SECONDS
+
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            cancel = await database_sync_to_async(self._beat)()
+            if cancel and not self.cancelled.is_set():
+                # Cancel requested through the database (the control message was lost).
+                self.cancel()
+
+    def _beat(self) -> bool:
+        RunningTurn.objects.filter(tab_id=self.tab_id).update(heartbeat_at=timezone.now())
+        return RunningTurn.objects.filter(tab_id=self.tab_id, cancel_requested=True).exists()
+
+
+def _reason(exc: ProviderError) -> str:
+    if exc.status_code == 429:
+        return "Rate limited (429)"
+    if exc.status_code in (529, 503) or exc.error_type == "overloaded_error":
+        return f"Provider overloaded ({exc.status_code or 'in-stream'})"
+    if exc.status_code is None:
+        return f"Connection failed: {exc.message}"
+    return f"Provider error {exc.status_code}"
+
+
+def _describe_reload(old: TurnConfig, new: TurnConfig) -> str:
+    changes = []
+    if old.model != new.model:
+        changes.append(f"model {old.model} → {new.model}")
+    if old.fallback_model != new.fallback_model:
+        changes.append(f"fallback model {old.fallback_model or 'none'} → {new.fallback_model or 'none'}")
+    if old.approve_tools != new.approve_tools:
+        changes.append("tool approval " + ("on" if new.approve_tools else "off"))
+    if old.max_steps != new.max_steps:
+        changes.append(f"step limit {old.max_steps} → {new.max_steps}")
+    return "Settings changed: " + ", ".join(changes) + "."

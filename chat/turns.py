@@ -1,0 +1,333 @@
+"""Who runs turns: the lease, and the messages that start, cancel and steer them.
+
+Every user message goes through the QueuedMessage table first: it survives a
+refresh or a restart the moment it is accepted, and the turn that holds the
+tab's lease moves it into the log at its next step (or starts with it). The
+tab row lock orders "queue a message" against "release the lease", so a
+message is never left behind by a turn that was just ending.
+
+Messages between processes go through the channel layer:
+- `WORKER_CHANNEL`: "turn.start" — some worker should run this tab.
+- `control_group(tab_id)`: "turn.cancel", "turn.approve", "turn.snapshot" — only
+  the worker holding the tab's lease is in this group, wherever it runs.
+- `tab_group(tab_id)`: "tab.op" — every op of the tab, for the sockets watching it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from chat.models import QueuedMessage, RunningTurn, Tab, UsageRecord
+
+logger = logging.getLogger(__name__)
+
+WORKER_CHANNEL = "dispatch-turns"
+# A worker refreshes its lease at least this often while a turn runs.
+HEARTBEAT_SECONDS = 5.0
+# A lease whose heartbeat is older than this belongs to a dead worker: three
+# missed heartbeats, so a busy event loop is not mistaken for a crash.
+LEASE_STALE_SECONDS = 15.0
+
+
+def tab_group(tab_id: uuid.UUID | str) -> str:
+    return f"tab.{tab_id}"
+
+
+def control_group(tab_id: uuid.UUID | str) -> str:
+    return f"tabctl.{tab_id}"
+
+
+def _send(channel: str, message: dict[str, Any]) -> None:
+    async_to_sync(get_channel_layer().send)(channel, message)
+
+
+def _group_send(group: str, message: dict[str, Any]) -> None:
+    async_to_sync(get_channel_layer().group_send)(group, message)
+
+
+def submit(tab: Tab, text: str) -> QueuedMessage:
+    """Accept a user message: persist it, show it as queued, and make sure a turn takes it.
+
+    Sync (ORM + channel layer); from async code wrap it in database_sync_to_async.
+    """
+    text = text.strip()
+    if not text:
+        raise ValueError("The message is empty.")
+    with transaction.atomic():
+        Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
+        queued = QueuedMessage.objects.create(tab=tab, text=text)
+        if not tab.title:
+            tab.title = _title_from(text)
+            Tab.objects.filter(pk=tab.pk).update(title=tab.title)
+    _group_send(
+        tab_group(tab.pk),
+        {"type": "tab.op", "op": "queued", "id": queued.pk, "text": queued.text},
+    )
+    _send(WORKER_CHANNEL, {"type": "turn.start", "tab_id": str(tab.pk)})
+    return queued
+
+
+# A title is a label, not the message: the first line, cut at a word.
+TITLE_LENGTH = 60
+
+
+def _title_from(text: str) -> str:
+    line = text.strip().splitlines()[0]
+    if len(line) <= TITLE_LENGTH:
+        return line
+    return line[:TITLE_LENGTH].rsplit(" ", 1)[0] + "…"
+
+
+def cancel(tab_id: uuid.UUID) -> bool:
+    """Ask the turn running on this tab to stop. False when none is running."""
+    updated = RunningTurn.objects.filter(tab_id=tab_id).update(cancel_requested=True)
+    if updated:
+        _group_send(control_group(tab_id), {"type": "turn.cancel", "tab_id": str(tab_id)})
+    return bool(updated)
+
+
+def approve(tab_id: uuid.UUID, call_id: str, approved: bool) -> None:
+    """Answer the approval the running turn waits for on `call_id`."""
+    _group_send(
+        control_group(tab_id),
+        {"type": "turn.approve", "tab_id": str(tab_id), "call_id": call_id, "approved": approved},
+    )
+
+
+def is_stale(running: RunningTurn) -> bool:
+    return running.heartbeat_at < timezone.now() - timedelta(seconds=LEASE_STALE_SECONDS)
+
+
+def turn_usage(turn_id: uuid.UUID) -> dict[str, int]:
+    totals = UsageRecord.objects.filter(turn_id=turn_id).aggregate(
+        input=Sum("input_tokens"),
+        output=Sum("output_tokens"),
+        cache_read=Sum("cache_read_tokens"),
+        cache_write=Sum("cache_write_tokens"),
+    )
+    return {k: v or 0 for k, v in totals.items()}
+
+
+def status(tab_id: uuid.UUID) -> dict[str, Any]:
+    """The tab's turn status as the UI shows it, read from the database."""
+    running = RunningTurn.objects.filter(tab_id=tab_id).first()
+    queued = list(QueuedMessage.objects.filter(tab_id=tab_id).values("id", "text"))
+    if running is None:
+        return {"state": "idle", "queued": queued}
+    return {
+        "state": running.status,
+        "turn_id": str(running.turn_id),
+        "step": running.step,
+        "started_at": running.started_at.isoformat(),
+        "usage": turn_usage(running.turn_id),
+        "queued": queued,
+        "stale": is_stale(running),
+    }
+
+
+# --- The lease --------------------------------------------------------------------
+
+
+def worker_id(channel_name: str) -> str:
+    """Names a worker so that a dead one on this host is recognised at once."""
+    return f"{socket.gethostname()}:{os.getpid()}:{channel_name}"
+
+
+def is_dead(running: RunningTurn) -> bool:
+    """The lease's worker is gone: its heartbeat is stale, or it ran here and its pid is not."""
+    if is_stale(running):
+        return True
+    host, _, rest = running.worker.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def acquire(tab_id: uuid.UUID, worker: str) -> uuid.UUID | None:
+    """Take the tab's lease for a new turn, or None when another worker holds it
+    or there is nothing to run. A dead worker's lease is recovered first.
+    """
+    recovered: list = []
+    with transaction.atomic():
+        if not Tab.objects.select_for_update().filter(pk=tab_id).exists():
+            return None
+        running = RunningTurn.objects.filter(tab_id=tab_id).first()
+        if running is not None:
+            if not is_dead(running):
+                return None
+            recovered = _recover(running)
+        turn_id = None
+        if QueuedMessage.objects.filter(tab_id=tab_id).exists():
+            turn_id = uuid.uuid4()
+            RunningTurn.objects.create(
+                tab_id=tab_id, turn_id=turn_id, worker=worker, heartbeat_at=timezone.now()
+            )
+    _broadcast_recovered(tab_id, recovered)
+    return turn_id
+
+
+def recover_stale(*, everything: bool = False) -> list[uuid.UUID]:
+    """Recover turns whose worker died; returns their tab ids.
+
+    `everything` also takes leases whose worker looks alive: for tests and for
+    an operator who knows no worker runs.
+    Tabs with messages still queued are sent to the workers to run.
+    """
+    recovered = []
+    for running in RunningTurn.objects.all():
+        with transaction.atomic():
+            Tab.objects.select_for_update().filter(pk=running.tab_id).exists()
+            current = RunningTurn.objects.filter(tab_id=running.tab_id).first()
+            if current is None or not (everything or is_dead(current)):
+                continue
+            blocks = _recover(current)
+        _broadcast_recovered(running.tab_id, blocks)
+        recovered.append(running.tab_id)
+        logger.warning("recovered interrupted turn %s on tab %s", running.turn_id, running.tab_id)
+    for tab_id in QueuedMessage.objects.values_list("tab_id", flat=True).distinct():
+        if not RunningTurn.objects.filter(tab_id=tab_id).exists():
+            _send(WORKER_CHANNEL, {"type": "turn.start", "tab_id": str(tab_id)})
+    return recovered
+
+
+def _broadcast_recovered(tab_id: uuid.UUID, blocks: list) -> None:
+    if not blocks:
+        return
+    from chat.agent import block_dict
+
+    for block in blocks:
+        _group_send(tab_group(tab_id), {"type": "tab.op", "op": "seal", "block": block_dict(block)})
+    _group_send(tab_group(tab_id), {"type": "tab.op", "op": "status", "status": status(tab_id)})
+
+
+def _recover(running: RunningTurn) -> list:
+    """Close a turn whose worker is gone, so the log is a valid history again.
+
+    Seals the checkpointed open block marked interrupted, answers the calls
+    left without a result, and says so in a system chunk. Runs inside the
+    caller's transaction, holding the tab lock.
+    """
+    from chat import log
+    from chat.models import Chunk
+    from chat.stream import Block, Kind, Role
+
+    turn_id, tab_id = running.turn_id, running.tab_id
+    blocks: list[Block] = []
+    lost = ""
+    if running.open_chunk:
+        block = log.decode_checkpoint(running.open_chunk)
+        # The seal may have reached the log just before the crash.
+        if not Chunk.objects.filter(pk=block.id).exists():
+            block.data["interrupted"] = True
+            blocks.append(block)
+            lost = " The last block was saved up to its last checkpoint (at most a second lost)."
+    calls = {
+        row["call_id"]: (row["name"], step)
+        for row, step in (
+            (c.data, c.step)
+            for c in Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_CALL)
+        )
+    }
+    answered = set(
+        Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_RESULT)
+        .values_list("data__call_id", flat=True)
+    )
+    answered.update(b.data.get("call_id") for b in blocks if b.type == Kind.TOOL_RESULT)
+    for call_id, (name, step) in calls.items():
+        if call_id in answered:
+            continue
+        blocks.append(
+            Block(uuid.uuid4(), turn_id, step, Role.TOOL, Kind.TOOL_RESULT, {
+                "call_id": call_id, "name": name, "is_error": True,
+                "result": "Not run to completion: the server stopped during this call.",
+            })
+        )
+    for block in blocks:
+        if block.type == Kind.TOOL_RESULT and "result" not in block.data:
+            block.data.update(
+                result="Interrupted: the server stopped while this call ran.", is_error=True
+            )
+    blocks.append(
+        Block(uuid.uuid4(), turn_id, running.step, Role.SYSTEM, Kind.SYSTEM, {
+            "kind": "interrupted",
+            "text": "The server stopped in the middle of this turn." + lost,
+        })
+    )
+    log.append(tab_id, blocks)
+    running.delete()
+    return blocks
+
+
+# --- Worker processes ---------------------------------------------------------------
+
+# How often a worker looks for turns whose worker died. With LEASE_STALE_SECONDS
+# this bounds recovery of a SIGKILLed worker on another host to about 20 s; on
+# the same host a dead pid is seen at the next scan.
+SCAN_SECONDS = 5.0
+
+
+async def run_worker() -> None:
+    """Run turns until cancelled: the TurnWorker on WORKER_CHANNEL, plus the recovery scan."""
+    import asyncio
+
+    from channels.db import database_sync_to_async
+    from channels.routing import ChannelNameRouter
+    from channels.worker import Worker
+
+    from chat.routing import channel_routes
+
+    layer = get_channel_layer()
+    worker = Worker(ChannelNameRouter(channel_routes), [WORKER_CHANNEL], layer)
+
+    async def scan() -> None:
+        while True:
+            try:
+                await database_sync_to_async(recover_stale)()
+            except Exception:
+                logger.exception("recovery scan failed")
+            await asyncio.sleep(SCAN_SECONDS)
+
+    scanner = asyncio.create_task(scan())
+    try:
+        await worker.arun()
+    finally:
+        scanner.cancel()
+        for instance in list(worker.application_instances.values()):
+            instance["future"].cancel()
+
+
+_embedded_task = None
+
+
+def start_embedded_worker() -> None:
+    """Start the turn worker inside this (web) process, once. Embedded mode only."""
+    global _embedded_task
+    import asyncio
+
+    from django.conf import settings
+
+    if settings.REDIS_URL or _embedded_task is not None:
+        return
+    # Called from a running loop (first request) or just before one starts (serve).
+    _embedded_task = asyncio.get_event_loop().create_task(run_worker())
