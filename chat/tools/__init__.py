@@ -1,0 +1,17 @@
+"""The agent's tools: workspace files and a shell, confined to one directory.
+
+Pure asyncio and the standard library: no Django. Callers pass the workspace
+path. The public interface:
+
+- TOOLS: the fixed, ordered tool table (its order is part of the prompt cache).
+- tool_specs(): the same as provider ToolSpecs, in that order.
+- needs_approval(name): whether a call waits for the user.
+- run_tool(name, arguments, workspace, *, on_output=None, timeout=None) -> ToolOutcome.
+"""
+
+from __future__ import annotations
+
+from chat.tools.base import ToolOutcome
+from chat.tools.registry import TOOLS, Tool, needs_approval, run_tool, tool_specs
+
+__all__ = ["TOOLS", "Tool", "ToolOutcome", "needs_approval", "run_tool", "tool_specs"]

@@ -1,0 +1,43 @@
+"""What every tool returns, and the error a tool raises to refuse a call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """The result of one tool call, as the model and the log see it.
+
+    `result` is the text sent back to the model. `truncated` says that a bound
+    cut something out of it (the text itself says what and how to get the rest).
+    `shell_output` is set by the shell tool only: the command's kept output
+    (stdout and stderr merged, capped) without the exit status line, for the UI.
+    """
+
+    result: str
+    is_error: bool
+    truncated: bool = False
+    shell_output: str | None = None
+
+
+class ToolError(Exception):
+    """A refused or failed call; the message is shown to the model as an error result."""
+
+
+def clean_text(text: str) -> str:
+    """Make tool output storable anywhere the log goes.
+
+    PostgreSQL's jsonb and text types reject NUL characters, and a command's
+    output may contain them; U+FFFD marks where they were.
+    """
+    return text.replace("\x00", "\ufffd")
+
+
+def display_name(name: str) -> str:
+    """A file name the model can read: undecodable bytes become U+FFFD.
+
+    os.scandir returns such names with surrogate escapes, which cannot be
+    encoded as UTF-8 later (JSON, the database).
+    """
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")

@@ -1,0 +1,279 @@
+"""The tool table the model sees, argument checking, and the one entry point run_tool.
+
+The order of TOOLS is part of every request's cached prefix: changing it (or
+any name, description or schema) invalidates every tab's prompt cache. Append
+new tools at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chat.providers.base import ToolSpec
+from chat.tools import files, shell
+from chat.tools.base import ToolError, ToolOutcome
+
+logger = logging.getLogger(__name__)
+
+OnOutput = Callable[[str], None]
+Runner = Callable[[Mapping[str, Any], Path, "OnOutput | None", float], Awaitable[ToolOutcome]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    # Never mutated; tool_specs() hands out copies.
+    input_schema: Mapping[str, Any]
+    needs_approval: bool
+    run: Runner
+
+
+async def _list_files(args, root, on_output, timeout) -> ToolOutcome:
+    return await asyncio.to_thread(files.list_files, root, args.get("path", "."))
+
+
+async def _read_file(args, root, on_output, timeout) -> ToolOutcome:
+    return await asyncio.to_thread(
+        files.read_file,
+        root,
+        args["path"],
+        args.get("offset", 1),
+        args.get("limit", files.READ_DEFAULT_LINES),
+    )
+
+
+async def _write_file(args, root, on_output, timeout) -> ToolOutcome:
+    return await asyncio.to_thread(files.write_file, root, args["path"], args["content"])
+
+
+async def _shell(args, root, on_output, timeout) -> ToolOutcome:
+    return await shell.run_shell(args["command"], root, on_output=on_output, timeout=timeout)
+
+
+_PATH = {"type": "string", "description": "A path relative to the workspace."}
+
+TOOLS: tuple[Tool, ...] = (
+    Tool(
+        name="list_files",
+        description=(
+            "List one directory of the workspace (not recursive): each entry's type "
+            "(file, dir, link, other), size in bytes for files, and name, sorted by name; "
+            f"at most {files.MAX_LIST_ENTRIES} entries."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "path": {
+                    "type": "string",
+                    "description": "A directory relative to the workspace; default '.'.",
+                },
+            },
+            "additionalProperties": False,
+        },
+        needs_approval=False,
+        run=_list_files,
+    ),
+    Tool(
+        name="read_file",
+        description=(
+            "Read a text file of the workspace. Returns its lines as they are, without line "
+            f"numbers: {files.READ_DEFAULT_LINES} lines unless `limit` says otherwise, and at "
+            f"most {files.READ_MAX_BYTES // 1024} KiB. When the file goes on, a last line in "
+            "[brackets] says which offset to continue from."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "path": _PATH,
+                "offset": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "The 1-based line number to start at; default 1.",
+                },
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": (f"How many lines to read; default {files.READ_DEFAULT_LINES}."),
+                },
+            },
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+        needs_approval=False,
+        run=_read_file,
+    ),
+    Tool(
+        name="write_file",
+        description=(
+            "Create or overwrite a file of the workspace with the given text (UTF-8). "
+            "Missing parent directories are created."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "path": _PATH,
+                "content": {"type": "string", "description": "The whole new content."},
+            },
+            "required": ["path", "content"],
+            "additionalProperties": False,
+        },
+        needs_approval=True,
+        run=_write_file,
+    ),
+    Tool(
+        name="shell",
+        description=(
+            "Run a command with bash in the workspace directory, which is also $HOME. "
+            "stdin is empty; stdout and stderr are merged. Output past "
+            f"{shell.OUTPUT_CAP // 1024} KiB keeps only its first and last "
+            f"{shell.OUTPUT_HEAD // 1024} KiB. The command is killed after "
+            f"{shell.SHELL_TIMEOUT:g} s, and anything it left running in the background is "
+            "killed when it ends. The environment holds no credentials."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "command": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "The command line, run as `bash -c COMMAND`.",
+                },
+            },
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+        needs_approval=True,
+        run=_shell,
+    ),
+)
+
+_BY_NAME = {tool.name: tool for tool in TOOLS}
+
+# The schema keywords check_arguments understands; a test keeps TOOLS within them.
+SUPPORTED_KEYWORDS = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "description",
+        "minimum",
+        "minLength",
+    }
+)
+
+
+def tool_specs() -> tuple[ToolSpec, ...]:
+    """The tools as sent to the provider, in their fixed order (fresh copies)."""
+    return tuple(
+        ToolSpec(tool.name, tool.description, copy.deepcopy(dict(tool.input_schema)))
+        for tool in TOOLS
+    )
+
+
+def needs_approval(name: str) -> bool:
+    """Whether a call must wait for the user's approval.
+
+    An unknown name needs none: nothing runs, run_tool answers it with an error
+    at once, and the model can correct itself without bothering the user.
+    """
+    tool = _BY_NAME.get(name)
+    return tool is not None and tool.needs_approval
+
+
+async def run_tool(
+    name: str,
+    arguments: Mapping[str, Any],
+    workspace: Path,
+    *,
+    on_output: OnOutput | None = None,
+    timeout: float | None = None,
+) -> ToolOutcome:
+    """Run one tool call in `workspace` (created if missing).
+
+    Bad calls (unknown tool, invalid arguments, a path leaving the workspace, a
+    failing command) come back as an `is_error` outcome, never as an exception;
+    cancelling the awaiting task kills a running command and re-raises.
+    `timeout` (seconds) bounds the shell tool; the file tools ignore it.
+    """
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    tool = _BY_NAME.get(name)
+    if tool is None:
+        known = ", ".join(_BY_NAME)
+        return ToolOutcome(f"unknown tool {name!r}; the tools are: {known}", is_error=True)
+    problem = check_arguments(tool.input_schema, arguments)
+    if problem is not None:
+        return ToolOutcome(f"invalid arguments for {name}: {problem}", is_error=True)
+    # Optional arguments sent as null (as OpenAI-style models do) mean "not given".
+    args = {key: value for key, value in arguments.items() if value is not None}
+    try:
+        root = await asyncio.to_thread(files.ensure_workspace, Path(workspace))
+        return await tool.run(args, root, on_output, timeout or shell.SHELL_TIMEOUT)
+    except ToolError as exc:
+        return ToolOutcome(str(exc), is_error=True)
+    except Exception as exc:
+        # A bug in a tool must not end the turn; the model sees it and the log has it.
+        logger.exception("tool %s failed", name)
+        return ToolOutcome(f"{name} failed unexpectedly: {exc!r}", is_error=True)
+
+
+def check_arguments(schema: Mapping[str, Any], arguments: object) -> str | None:
+    """What is wrong with `arguments` for this schema, or None when they fit."""
+    if not isinstance(arguments, Mapping):
+        return f"the arguments must be a JSON object, not {_json_type(arguments)}"
+    properties: Mapping[str, Any] = schema["properties"]
+    required = schema.get("required", ())
+    unknown = [str(key) for key in arguments if key not in properties]
+    if unknown:
+        expected = ", ".join(properties) or "none"
+        return f"unknown argument {_names(unknown)} (expected: {expected})"
+    missing = [key for key in required if arguments.get(key) is None]
+    if missing:
+        return f"missing required argument {_names(missing)}"
+    for key, value in arguments.items():
+        if value is None:
+            continue
+        rule = properties[key]
+        actual = _json_type(value)
+        if actual != rule["type"]:
+            return f"argument '{key}' must be {_article(rule['type'])}, not {actual}"
+        if "minimum" in rule and value < rule["minimum"]:
+            return f"argument '{key}' must be at least {rule['minimum']}, got {value}"
+        if "minLength" in rule and len(value) < rule["minLength"]:
+            return f"argument '{key}' must not be empty"
+    return None
+
+
+def _json_type(value: object) -> str:
+    # bool before int: True is an int in Python but not an integer in JSON.
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "array"
+    return type(value).__name__
+
+
+def _article(json_type: str) -> str:
+    return ("an " if json_type[0] in "aeiou" else "a ") + json_type
+
+
+def _names(keys: list[str]) -> str:
+    return ", ".join(repr(key) for key in keys)

@@ -1,0 +1,347 @@
+"""The shell tool: one command, in the workspace, bounded in time, output and reach.
+
+The command runs as `bash -c COMMAND` (or `/bin/sh -c` without bash) in a new
+session, so it leads its own process group. When the command ends, times out
+or the call is cancelled, the whole group gets SIGKILL: nothing it started in
+the background outlives the call. The call returns once the group is gone.
+
+Killed orphans must also be reaped, or they stay in the process table as
+zombies (and the group stays visible). Containers often run a PID 1 that reaps
+late or never, so this process makes itself a child subreaper (Linux): the
+orphans of a command become its own children, and it reaps them by group.
+
+stdout and stderr share one pipe, so their interleaving is kept. Output is
+streamed live to `on_output` and kept for the result, both up to a cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import ctypes
+import functools
+import logging
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from chat.tools.base import ToolOutcome, clean_text
+
+logger = logging.getLogger(__name__)
+
+# Long enough for a test suite or a build, short enough that a hung command
+# (waiting on stdin, a server started in the foreground) does not stall a turn.
+SHELL_TIMEOUT = 120.0
+
+# Output kept for the model and shown live: 64 KiB is about 16k tokens. The
+# start (the command's first errors) and the end (the summary, the exit
+# reason) matter most, so past the cap the result keeps half of each.
+OUTPUT_CAP = 64 * 1024
+OUTPUT_HEAD = OUTPUT_CAP // 2
+OUTPUT_TAIL = OUTPUT_CAP - OUTPUT_HEAD
+
+# One read of the pipe: the size of a Linux pipe buffer.
+READ_CHUNK = 64 * 1024
+
+# After the group is killed its members exit at once; this bounds the wait for
+# a process stuck in uninterruptible sleep (a dead NFS mount), after which the
+# call returns anyway and the leftover is logged.
+GROUP_EXIT_GRACE = 5.0
+GROUP_POLL_INTERVAL = 0.01
+
+# A process that left the group (setsid, a daemon) may still hold the pipe
+# open; the output is read for this long after the group is gone, then dropped.
+DRAIN_GRACE = 1.0
+
+# Used when this process has no PATH of its own.
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# The only variables passed through from this process's environment. Everything
+# else (API keys, SECRET_KEY, DATABASE_URL, REDIS_URL, tokens) stays out.
+ENV_PASSTHROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
+
+# Variables set for every command: no colour codes or pagers in output meant
+# for a model, and Python flushing as it prints so output streams live.
+ENV_FIXED = {
+    "TERM": "dumb",
+    "NO_COLOR": "1",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "PYTHONUNBUFFERED": "1",
+}
+
+# Belt and braces: a pass-through name containing one of these is dropped even
+# if someone adds it to ENV_PASSTHROUGH.
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "_URL")
+
+LIVE_STOP_MARKER = (
+    "\n[live output stopped after {cap} KiB; the result keeps the first and last {half} KiB]\n"
+)
+DROP_MARKER = "\n[... {dropped} bytes of output dropped ...]\n"
+
+# prctl(2) option number, from <linux/prctl.h>.
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def shell_path() -> str:
+    return shutil.which("bash") or "/bin/sh"
+
+
+def shell_env(root: Path, source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a command: an allowlist, never a blocklist."""
+    source = os.environ if source is None else source
+    env = {
+        name: source[name]
+        for name in ENV_PASSTHROUGH
+        if name in source and not any(marker in name.upper() for marker in SECRET_MARKERS)
+    }
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("LANG", "C.UTF-8")
+    env.update(ENV_FIXED)
+    env["HOME"] = str(root)
+    env["PWD"] = str(root)
+    env["SHELL"] = shell_path()
+    return env
+
+
+@functools.cache
+def become_subreaper() -> bool:
+    """Adopt the orphans of commands, so they can be reaped (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        logger.warning("cannot become a child subreaper; killed commands may linger: %s", exc)
+        return False
+    return True
+
+
+class _Output:
+    """Keeps the head and tail of the output and forwards it live, both capped."""
+
+    def __init__(self, on_output: Callable[[str], None] | None) -> None:
+        self.total = 0
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.on_output = on_output
+        self.forwarded = 0
+        self.live_stopped = False
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        if len(self.head) < OUTPUT_CAP:
+            self.head += data[: OUTPUT_CAP - len(self.head)]
+        self.tail += data
+        if len(self.tail) > 2 * OUTPUT_TAIL:
+            del self.tail[:-OUTPUT_TAIL]
+        self._forward(data)
+
+    def _forward(self, data: bytes) -> None:
+        if self.on_output is None or self.live_stopped:
+            return
+        piece = data[: OUTPUT_CAP - self.forwarded]
+        self.forwarded += len(piece)
+        capped = len(piece) < len(data)
+        self._emit(self.decoder.decode(piece, final=capped))
+        if capped:
+            self.live_stopped = True
+            self._emit(LIVE_STOP_MARKER.format(cap=OUTPUT_CAP // 1024, half=OUTPUT_HEAD // 1024))
+
+    def finish(self) -> None:
+        if self.on_output is not None and not self.live_stopped:
+            self._emit(self.decoder.decode(b"", final=True))
+
+    def _emit(self, text: str) -> None:
+        if not text or self.on_output is None:
+            return
+        try:
+            self.on_output(clean_text(text))
+        except Exception:
+            # A broken listener must not stop the pipe being read (the command
+            # would block on a full pipe); the result still gets everything.
+            logger.exception("on_output failed; live output stopped")
+            self.on_output = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > OUTPUT_CAP
+
+    def text(self) -> str:
+        if not self.truncated:
+            return clean_text(bytes(self.head).decode("utf-8", errors="replace"))
+        # Cut on character boundaries: a character split by the cut is dropped whole.
+        head = _without_partial_end(bytes(self.head[:OUTPUT_HEAD]))
+        tail = _without_partial_start(bytes(self.tail[-OUTPUT_TAIL:]))
+        dropped = self.total - len(head) - len(tail)
+        return clean_text(
+            head.decode("utf-8", errors="replace")
+            + DROP_MARKER.format(dropped=dropped)
+            + tail.decode("utf-8", errors="replace")
+        )
+
+
+def _without_partial_end(data: bytes) -> bytes:
+    """`data` without a UTF-8 sequence that its end cuts short."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # the last lead (or ASCII) byte
+            if byte >= 0xF0:
+                need = 4
+            elif byte >= 0xE0:
+                need = 3
+            elif byte >= 0xC0:
+                need = 2
+            else:
+                need = 1
+            return data[:-back] if need > back else data
+    return data
+
+
+def _without_partial_start(data: bytes) -> bytes:
+    """`data` without the continuation bytes of a sequence its start cuts into."""
+    skip = 0
+    while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:
+        skip += 1
+    return data[skip:]
+
+
+async def run_shell(
+    command: str,
+    root: Path,
+    *,
+    on_output: Callable[[str], None] | None = None,
+    timeout: float = SHELL_TIMEOUT,
+) -> ToolOutcome:
+    """Run `command` in the resolved workspace `root`; see the module docstring."""
+    become_subreaper()
+    output = _Output(on_output)
+    loop = asyncio.get_running_loop()
+    read_fd, write_fd = os.pipe()
+    try:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                shell_path(),
+                "-c",
+                command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=write_fd,
+                cwd=root,
+                env=shell_env(root),
+                start_new_session=True,
+            )
+        finally:
+            # The children hold the write end now; this process must not, or
+            # the pipe would never reach end of file.
+            os.close(write_fd)
+    except OSError as exc:
+        os.close(read_fd)
+        return ToolOutcome(f"the command could not be started: {exc}", is_error=True)
+    except BaseException:
+        os.close(read_fd)
+        raise
+
+    os.set_blocking(read_fd, False)
+    eof = loop.create_future()
+
+    def readable() -> None:
+        try:
+            data = os.read(read_fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            output.feed(data)
+        else:
+            loop.remove_reader(read_fd)
+            if not eof.done():
+                eof.set_result(None)
+
+    loop.add_reader(read_fd, readable)
+    timed_out = False
+    try:
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            timed_out = True
+        finally:
+            # On cancellation too: the group dies before the call ends.
+            await _end_group(proc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(eof), DRAIN_GRACE)
+    finally:
+        loop.remove_reader(read_fd)
+        os.close(read_fd)
+    output.finish()
+
+    kept = output.text()
+    if timed_out:
+        status = (
+            f"[timed out after {timeout:g} s; the command and everything it started were killed]"
+        )
+    elif proc.returncode is not None and proc.returncode < 0:
+        status = f"[killed by signal {_signal_name(-proc.returncode)}]"
+    else:
+        status = f"[exit code {proc.returncode}]"
+    result = (kept if not kept or kept.endswith("\n") else kept + "\n") + status
+    return ToolOutcome(
+        result,
+        is_error=timed_out or proc.returncode != 0,
+        truncated=output.truncated,
+        shell_output=kept,
+    )
+
+
+async def _end_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the command's process group and wait, bounded, until it is gone."""
+    pgid = proc.pid  # a session leader's pid is its group id
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + GROUP_EXIT_GRACE
+    try:
+        # The leader is asyncio's child: its watcher reaps it, never waitpid here.
+        await asyncio.wait_for(proc.wait(), GROUP_EXIT_GRACE)
+    except TimeoutError:
+        logger.warning("shell leader %d did not exit after SIGKILL", pgid)
+        return
+    while True:
+        _reap_group(pgid)
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            # The group is gone and its number reused by another user's process.
+            return
+        if loop.time() >= deadline:
+            logger.warning("process group %d still has members after SIGKILL", pgid)
+            return
+        await asyncio.sleep(GROUP_POLL_INTERVAL)
+
+
+def _reap_group(pgid: int) -> None:
+    """Reap the group's dead members that were orphaned onto this process."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-pgid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
