@@ -5,7 +5,12 @@ Reducer and applies the ops it returns: `Open` and `Delta` go to the checkpoint
 and the browser, `Seal` goes to the log (which assigns the seq) and the browser.
 
 At most one block is open at a time. Consecutive deltas of one kind extend it;
-any other event seals it first.
+any other event seals it first. An empty text or reasoning delta carries
+nothing, so it neither opens a block nor seals the open one (an empty chunk in
+the log would be an empty bubble and a wasted write). An empty shell-output
+event does open its tool_result: the runner uses it to show that a tool started.
+
+Delta offsets count Python `str` characters (code points), not UTF-16 units.
 """
 
 from __future__ import annotations
@@ -94,8 +99,10 @@ class Reducer:
     step: int = 0
     new_id: Callable[[], uuid.UUID] = uuid.uuid4
     open: Block | None = None
-    # call_id -> name of calls made and not yet answered, in call order.
-    pending_calls: dict[str, str] = field(default_factory=dict)
+    # (call_id, name) of calls made and not yet answered, in call order. A list,
+    # not a dict: some servers repeat or omit call ids, and each result must
+    # still take the name of its own call (first unanswered one with that id).
+    pending_calls: list[tuple[str, str]] = field(default_factory=list)
 
     def feed(self, event: Event) -> list[Op]:
         match event:
@@ -108,7 +115,11 @@ class Reducer:
             case ShellOutput(call_id=call_id, text=text):
                 return self._extend(Role.TOOL, Kind.TOOL_RESULT, call_id, text)
             case ToolCallEvent(call_id=call_id, name=name, arguments=arguments):
-                self.pending_calls[call_id] = name
+                if not name:
+                    # A nameless call can never be sent back; refuse it here
+                    # rather than write a log row that breaks every request.
+                    raise ValueError(f"tool call {call_id!r} has no tool name")
+                self.pending_calls.append((call_id, name))
                 data = {"call_id": call_id, "name": name, "arguments": dict(arguments)}
                 return self._single(Role.ASSISTANT, Kind.TOOL_CALL, data)
             case ToolResultEvent():
@@ -145,13 +156,11 @@ class Reducer:
             and block.type == kind
             and (call_id is None or block.data.get("call_id") == call_id)
         ):
+            if not text and kind != Kind.TOOL_RESULT:
+                return []
             ops: list[Op] = self.seal()
             if kind == Kind.TOOL_RESULT:
-                data = {
-                    "call_id": call_id,
-                    "name": self.pending_calls.get(call_id, ""),
-                    "shell_output": "",
-                }
+                data = {"call_id": call_id, "name": self._call_name(call_id), "shell_output": ""}
             else:
                 data = {"text": ""}
             block = self.open = self._new(role, kind, data)
@@ -169,9 +178,11 @@ class Reducer:
     def _end_reasoning(self, signature: str | None, redacted: str | None) -> list[Op]:
         ops: list[Op] = []
         if self.open is None or self.open.type != Kind.THINKING:
+            ops += self.seal()
+            if not (signature or redacted):
+                return ops  # nothing streamed and nothing to replay: no block
             # Signature-only thinking (display omitted) or redacted thinking
             # arrives with no deltas; it is still a block and must be kept.
-            ops += self.seal()
             self.open = self._new(Role.ASSISTANT, Kind.THINKING, {"text": ""})
         meta = {}
         if signature is not None:
@@ -180,8 +191,18 @@ class Reducer:
             meta["redacted_data"] = redacted
         return ops + self.seal(**meta)
 
+    def _call_name(self, call_id: str) -> str:
+        return next((name for cid, name in self.pending_calls if cid == call_id), "")
+
     def _result(self, event: ToolResultEvent) -> list[Op]:
-        name = self.pending_calls.pop(event.call_id, event.name) or event.name
+        # The call's name wins over the result's: the result event may come
+        # from a runner that does not know it.
+        name = event.name
+        for i, (cid, call_name) in enumerate(self.pending_calls):
+            if cid == event.call_id:
+                del self.pending_calls[i]
+                name = call_name or event.name
+                break
         data: dict[str, Any] = {
             "call_id": event.call_id,
             "name": name,
