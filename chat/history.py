@@ -17,10 +17,14 @@ Normalisations, each deterministic so that rebuilding gives the same bytes:
 - call ids are made safe (`[a-zA-Z0-9_-]`) and unique in the request;
 - tool results go first in the user message that follows their call; a call
   without a result (a crash) gets a synthetic error result; a result without a
-  call is dropped;
+  call is dropped, and so is a tool_result chunk that holds only live output
+  (sealed before its result by a cancel, a crash or another tool's output);
 - roles alternate user/assistant starting with user; adjacent messages of one
   role are merged, and a trailing assistant message without tool calls is
   left out (a request must end with the user's side).
+
+A chunk that no request could hold (an unknown role/type pair, a call without
+an id) raises ValueError: it is a bug in whoever wrote the log.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from chat.providers.base import (
     Message,
@@ -38,8 +42,12 @@ from chat.providers.base import (
     ToolCallPart,
     ToolResultPart,
 )
+from chat.stream import Kind, Role
 
+# Anthropic's tool_use id pattern is ^[a-zA-Z0-9_-]+$; OpenAI accepts it too.
 UNSAFE_ID_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+# The safe id of a call whose id is empty (some OpenAI-compatible servers).
+EMPTY_CALL_ID = "call"
 MISSING_RESULT = "No result was recorded for this call (the turn was interrupted)."
 CONVERSATION_START = "(conversation start)"
 
@@ -62,24 +70,35 @@ def canonical(value: Any) -> Any:
     return value
 
 
+class _Call(NamedTuple):
+    original: str  # the id in the log
+    safe: str  # the id sent to the provider
+    name: str
+
+
 @dataclass(slots=True)
 class _Draft:
+    """The message being folded. Never frozen empty: whoever creates one adds a
+    part, or gives it calls to answer (synthetic results fill the rest)."""
+
     role: str
     parts: list[Part] = field(default_factory=list)
-    # Assistant: original call id -> (safe id, tool name), in call order.
-    calls: dict[str, tuple[str, str]] = field(default_factory=dict)
-    # User: the calls of the assistant message before, and which are answered.
-    expects: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Assistant: the (turn_id, step) of its last chunk, and its calls in order.
+    step: tuple[Any, int] | None = None
+    calls: list[_Call] = field(default_factory=list)
+    # User: the calls of the assistant message before, and the safe ids answered.
+    expects: list[_Call] = field(default_factory=list)
     answered: set[str] = field(default_factory=set)
+
+    def unanswered(self) -> list[_Call]:
+        return [c for c in self.expects if c.safe not in self.answered]
 
     def freeze(self) -> Message:
         parts = self.parts
-        missing = [c for c in self.expects if c not in self.answered]
+        missing = self.unanswered()
         if missing:
             at = _results_end(parts)
-            synthetic = [
-                ToolResultPart(*self.expects[c], MISSING_RESULT, True) for c in missing
-            ]
+            synthetic = [ToolResultPart(c.safe, c.name, MISSING_RESULT, True) for c in missing]
             parts = [*parts[:at], *synthetic, *parts[at:]]
         return Message(self.role, tuple(parts))
 
@@ -104,95 +123,123 @@ class History:
             self.add(chunk)
 
     def add(self, chunk: ChunkLike) -> None:
+        """Fold one more chunk. Raises ValueError on a chunk out of order or unsendable."""
         if chunk.seq is not None:
             if chunk.seq <= self.last_seq:
                 raise ValueError(f"chunk seq {chunk.seq} is not after {self.last_seq}")
             self.last_seq = chunk.seq
         data = chunk.data
         match chunk.role, chunk.type:
-            case "user", "text":
+            case _, Kind.SYSTEM | Kind.ERROR:
+                pass  # the UI's, never the model's
+            case Role.USER, Kind.TEXT:
                 if data.get("text"):
-                    self._to("user").parts.append(TextPart(data["text"]))
-            case "assistant", "text":
+                    self._to(Role.USER).parts.append(TextPart(data["text"]))
+            case Role.ASSISTANT, Kind.TEXT:
                 if data.get("text"):
-                    self._to("assistant").parts.append(TextPart(data["text"]))
-            case "assistant", "thinking":
+                    self._assistant(chunk).parts.append(TextPart(data["text"]))
+            case Role.ASSISTANT, Kind.THINKING:
                 signature = data.get("signature")
                 redacted = data.get("redacted_data")
+                # Replayed unmodified: a signature binds the exact text.
                 if data.get("text") or signature or redacted:
                     part = ThinkingPart(data.get("text", ""), signature, redacted)
-                    self._to("assistant").parts.append(part)
-            case "assistant", "tool_call":
-                draft = self._to("assistant")
-                safe = self._safe_id(data["call_id"], chunk.seq)
-                draft.calls[data["call_id"]] = (safe, data["name"])
+                    self._assistant(chunk).parts.append(part)
+            case Role.ASSISTANT, Kind.TOOL_CALL:
+                original = _call_id(chunk)
+                name = data.get("name")
+                if not isinstance(name, str) or not name:
+                    raise ValueError(f"tool_call chunk {chunk.seq} has no tool name")
+                draft = self._assistant(chunk)
+                call = _Call(original, self._safe_id(original), name)
+                draft.calls.append(call)
                 args = canonical(data.get("arguments") or {})
-                draft.parts.append(ToolCallPart(safe, data["name"], args))
-            case "tool", "tool_result":
-                self._result(data)
-            # system and error chunks are the UI's, never the model's.
+                draft.parts.append(ToolCallPart(call.safe, name, args))
+            case Role.TOOL, Kind.TOOL_RESULT:
+                self._result(chunk)
+            case role, kind:
+                raise ValueError(f"chunk {chunk.seq}: a {role!r} {kind!r} chunk cannot be sent")
 
     def messages(self) -> tuple[Message, ...]:
         """The request messages for the next step."""
         draft = self._draft
         if draft is None:
             return tuple(self._done)
-        if draft.role == "assistant":
+        if draft.role == Role.ASSISTANT:
             if not draft.calls:
                 return tuple(self._done)
             # Calls with no results yet: answer them so the request is valid.
-            answers = _Draft("user", expects=draft.calls)
+            answers = _Draft(Role.USER, expects=draft.calls)
             return (*self._done, draft.freeze(), answers.freeze())
         return (*self._done, draft.freeze())
+
+    def _assistant(self, chunk: ChunkLike) -> _Draft:
+        """The assistant draft for `chunk`'s step."""
+        step = (chunk.turn_id, chunk.step)
+        draft = self._draft
+        if (
+            draft is not None
+            and draft.role == Role.ASSISTANT
+            and draft.calls
+            and draft.step != step
+        ):
+            # Calls left unanswered, then another step: that step's request
+            # held them answered by synthetic errors (see messages()), and its
+            # thinking signatures are bound to that prefix. Fold it the same way.
+            self._to(Role.USER)
+        draft = self._to(Role.ASSISTANT)
+        draft.step = step
+        return draft
 
     def _to(self, role: str) -> _Draft:
         """The draft message of `role`, finishing the other one."""
         draft = self._draft
         if draft is not None and draft.role == role:
             return draft
-        expects = draft.calls if draft is not None else {}
-        if draft is not None and (draft.parts or draft.expects):
+        if draft is not None:
             self._done.append(draft.freeze())
-        if role == "assistant" and not self._done:
+        elif role == Role.ASSISTANT:
             # A request starts with the user; a log that does not gets a marker.
-            self._done.append(Message("user", (TextPart(CONVERSATION_START),)))
-        if self._done and self._done[-1].role == role:
-            # The message between was empty: continue the one before it.
-            previous = self._done.pop()
-            self._draft = _Draft(role, list(previous.parts))
-        else:
-            self._draft = _Draft(role, expects=expects if role == "user" else {})
+            self._done.append(Message(Role.USER, (TextPart(CONVERSATION_START),)))
+        expects = draft.calls if draft is not None and role == Role.USER else []
+        self._draft = _Draft(role, expects=expects)
         return self._draft
 
-    def _result(self, data: Mapping[str, Any]) -> None:
-        draft = self._draft
-        if draft is not None and draft.role == "assistant":
-            expects = draft.calls
-        elif draft is not None:
-            expects = draft.expects
-        else:
-            expects = {}
-        call_id = data["call_id"]
-        if call_id not in expects:
-            return  # no such call in the message before: not sendable
-        draft = self._to("user")
-        if call_id in draft.answered:
+    def _result(self, chunk: ChunkLike) -> None:
+        data = chunk.data
+        original = _call_id(chunk)
+        if "result" not in data:
+            # Live output sealed before its result: the result chunk that
+            # follows answers the call, or else the synthetic error does.
             return
-        draft.answered.add(call_id)
-        safe, name = expects[call_id]
-        part = ToolResultPart(
-            safe, name, str(data.get("result", "")), bool(data.get("is_error"))
-        )
-        draft.parts.insert(_results_end(draft.parts), part)
+        draft = self._draft
+        if draft is None:
+            return
+        open_calls = draft.calls if draft.role == Role.ASSISTANT else draft.unanswered()
+        # First unanswered call with this id: ids may repeat within a message.
+        call = next((c for c in open_calls if c.original == original), None)
+        if call is None:
+            return  # no such call in the message before: not sendable
+        user = self._to(Role.USER)
+        user.answered.add(call.safe)
+        part = ToolResultPart(call.safe, call.name, str(data["result"]), bool(data.get("is_error")))
+        user.parts.insert(_results_end(user.parts), part)
 
-    def _safe_id(self, call_id: str, seq: int | None) -> str:
-        safe = UNSAFE_ID_CHARS.sub("_", call_id) or f"call_{seq}"
+    def _safe_id(self, original: str) -> str:
+        safe = UNSAFE_ID_CHARS.sub("_", original) or EMPTY_CALL_ID
         candidate, n = safe, 1
         while candidate in self._used_ids:
             n += 1
             candidate = f"{safe}_{n}"
         self._used_ids.add(candidate)
         return candidate
+
+
+def _call_id(chunk: ChunkLike) -> str:
+    call_id = chunk.data.get("call_id")
+    if not isinstance(call_id, str):
+        raise ValueError(f"{chunk.type} chunk {chunk.seq} has no call_id")
+    return call_id
 
 
 def _results_end(parts: list[Part]) -> int:
