@@ -75,7 +75,8 @@ def resolve_inside(root: Path, raw: str) -> Path:
 def _stat(target: Path, raw: str) -> os.stat_result | None:
     try:
         return target.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
+        # A path through a file does not exist either.
         return None
     except OSError as exc:
         raise ToolError(f"{raw}: {exc.strerror or exc}") from exc
