@@ -6,7 +6,9 @@ import asyncio
 import json
 import os
 import re
+import signal
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -745,3 +747,22 @@ async def test_it_adopts_the_orphans_of_a_command(ws):
     are reaped at once, even under a PID 1 that reaps late or never."""
     outcome = await sh("bash -c 'sleep 30 & echo $! > pid'; grep PPid /proc/$(cat pid)/status", ws)
     assert outcome.shell_output.split() == ["PPid:", str(os.getpid())]
+
+
+async def test_it_returns_when_an_escaped_process_holds_the_output_open(ws):
+    """A process that left the group (setsid) keeps the pipe open and survives the group
+    kill; the call still returns with the output it has."""
+    outcome = await asyncio.wait_for(
+        sh("setsid sleep 600 & echo escaped=$!", ws), EVENT_WAIT + TEST_TIMEOUT
+    )
+    escaped = number("escaped", outcome.result)
+    try:
+        assert outcome == ToolOutcome(
+            f"escaped={escaped}\n[exit code 0]",
+            is_error=False,
+            shell_output=f"escaped={escaped}\n",
+        )
+    finally:
+        os.kill(escaped, signal.SIGKILL)
+        with suppress(ChildProcessError):
+            os.waitpid(escaped, 0)
