@@ -56,11 +56,11 @@ RETRY_DELAYS = (1.0, 4.0, 15.0)
 MAX_RETRY_AFTER = 60.0
 
 
-def provider_for(model: str):
+async def provider_for(model: str):
     """The provider for a model id. Tests replace this function."""
-    from chat.providers import get_provider
+    from chat.providers import aget_provider
 
-    return get_provider(model)
+    return await aget_provider(model)
 
 
 def setting(key: str, default: Any) -> Any:
@@ -136,6 +136,10 @@ def block_dict(block: Block) -> dict[str, Any]:
     return fields
 
 
+# The runners of this process, by tab: a worker's shutdown waits for them.
+RUNNING: dict[uuid.UUID, TurnRunner] = {}
+
+
 class TurnRunner:
     """Runs turns on one tab for as long as it holds the tab's lease."""
 
@@ -173,10 +177,13 @@ class TurnRunner:
         self._pending_timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task | None = None
         self.ended_with_error = False
+        self.stopping = False
 
     # --- control (called from the worker consumer) --------------------------
 
-    def cancel(self) -> None:
+    def cancel(self, *, stopping: bool = False) -> None:
+        """Stop the turn: by the user, or (`stopping`) because this worker shuts down."""
+        self.stopping = self.stopping or stopping
         self.cancelled.set()
         if self._producer is not None:
             self._producer.cancel()
@@ -204,6 +211,7 @@ class TurnRunner:
 
     async def run(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat())
+        RUNNING[self.tab_id] = self
         try:
             while True:
                 await self._run_turn()
@@ -216,8 +224,14 @@ class TurnRunner:
                 next_turn = await database_sync_to_async(self._release_or_continue)()
                 if next_turn is None:
                     break
+                if self.stopping:
+                    # Shutting down: leave the queued message to another worker.
+                    await database_sync_to_async(self._hand_back)()
+                    break
                 self._start_turn(next_turn)
         finally:
+            if RUNNING.get(self.tab_id) is self:
+                del RUNNING[self.tab_id]
             heartbeat.cancel()
             with suppress(asyncio.CancelledError):
                 await heartbeat
@@ -242,6 +256,12 @@ class TurnRunner:
                 return turn_id
             RunningTurn.objects.filter(tab_id=self.tab_id).delete()
             return None
+
+    def _hand_back(self) -> None:
+        from chat import turns
+
+        RunningTurn.objects.filter(tab_id=self.tab_id).delete()
+        turns.request_run(self.tab_id)
 
     async def _run_turn(self) -> None:
         tab = await Tab.objects.aget(pk=self.tab_id)
@@ -270,7 +290,9 @@ class TurnRunner:
         while True:
             self._check_cancel()
             if step >= config.max_steps:
-                await self._system("notice", f"Stopped after {config.max_steps} steps (the step limit).")
+                await self._system(
+                    "notice", f"Stopped after {config.max_steps} steps (the step limit)."
+                )
                 return
             step += 1
             self.reducer.step = step
@@ -354,7 +376,7 @@ class TurnRunner:
                 return None
 
     async def _stream(self, request: Request, model: str) -> Finish:
-        provider = provider_for(model)
+        provider = await provider_for(model)
 
         async def produce(queue: asyncio.Queue) -> None:
             async with aclosing(provider.stream(request)) as events:
@@ -405,7 +427,7 @@ class TurnRunner:
     # --- tools ---------------------------------------------------------------
 
     async def _run_tools(self, config: TurnConfig) -> None:
-        for call_id, name in list(self.reducer.pending_calls.items()):
+        for call_id, name in list(self.reducer.pending_calls):
             self._check_cancel()
             call = self._args.get(call_id, {})
             if config.approve_tools and not self.auto_approve and tools.needs_approval(name):
@@ -424,13 +446,9 @@ class TurnRunner:
             def on_output(text: str) -> None:
                 queue.put_nowait(ShellOutput(call_id, text))
 
-            outcome = await tools.run_tool(
-                name, arguments, self.workspace, on_output=on_output
-            )
+            outcome = await tools.run_tool(name, arguments, self.workspace, on_output=on_output)
             queue.put_nowait(
-                ToolResultEvent(
-                    call_id, name, outcome.result, outcome.is_error, outcome.truncated
-                )
+                ToolResultEvent(call_id, name, outcome.result, outcome.is_error, outcome.truncated)
             )
 
         async for event in self._produced(produce):
@@ -441,9 +459,9 @@ class TurnRunner:
         self._approvals[call_id] = future
         self.status.state = "waiting"
         self.status.approval = {"call_id": call_id, "name": name, "arguments": arguments}
-        await database_sync_to_async(
-            RunningTurn.objects.filter(tab_id=self.tab_id).update
-        )(status=RunningTurn.Status.WAITING)
+        await database_sync_to_async(RunningTurn.objects.filter(tab_id=self.tab_id).update)(
+            status=RunningTurn.Status.WAITING
+        )
         await self._status()
         try:
             return await future
@@ -451,9 +469,9 @@ class TurnRunner:
             self._approvals.pop(call_id, None)
             self.status.state = "running"
             self.status.approval = None
-            await database_sync_to_async(
-                RunningTurn.objects.filter(tab_id=self.tab_id).update
-            )(status=RunningTurn.Status.RUNNING)
+            await database_sync_to_async(RunningTurn.objects.filter(tab_id=self.tab_id).update)(
+                status=RunningTurn.Status.RUNNING
+            )
             await self._status()
 
     # --- cancel ----------------------------------------------------------------
@@ -470,12 +488,20 @@ class TurnRunner:
     async def _finish_cancel(self) -> None:
         # The running call's open result (live shell output) is the first
         # pending call: answering it seals that block with its output kept.
+        if self.stopping:
+            await self._answer_pending("Interrupted: the worker running this turn shut down.")
+            await self._apply(self.reducer.seal())
+            await self._system(
+                "interrupted",
+                "The server shut down in the middle of this turn. Send a message to go on.",
+            )
+            return
         await self._answer_pending("Cancelled by the user.")
         await self._apply(self.reducer.seal())
         await self._system("cancelled", "Stopped by the user.")
 
     async def _answer_pending(self, why: str) -> None:
-        for call_id, name in list(self.reducer.pending_calls.items()):
+        for call_id, name in list(self.reducer.pending_calls):
             await self._apply(self.reducer.feed(ToolResultEvent(call_id, name, why, True)))
 
     # --- applying ops -----------------------------------------------------------
@@ -583,8 +609,9 @@ class TurnRunner:
         block = self.reducer.open
         if block is None:
             return
-        snapshot = Block(block.id, block.turn_id, block.step, block.role, block.type,
-                         dict(block.data))
+        snapshot = Block(
+            block.id, block.turn_id, block.step, block.role, block.type, dict(block.data)
+        )
         previous = self._cp_write
 
         async def write() -> None:
@@ -636,9 +663,13 @@ class TurnRunner:
         self.status.usage = self.status.usage + usage
         tab = await Tab.objects.only("owner_id").aget(pk=self.tab_id)
         await UsageRecord.objects.acreate(
-            user_id=tab.owner_id, tab_id=self.tab_id, turn_id=self.turn_id,
-            step=self.reducer.step, model=model,
-            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+            user_id=tab.owner_id,
+            tab_id=self.tab_id,
+            turn_id=self.turn_id,
+            step=self.reducer.step,
+            model=model,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
             cache_read_tokens=usage.cache_read_tokens,
             cache_write_tokens=usage.cache_write_tokens,
         )
@@ -673,7 +704,9 @@ def _describe_reload(old: TurnConfig, new: TurnConfig) -> str:
     if old.model != new.model:
         changes.append(f"model {old.model} → {new.model}")
     if old.fallback_model != new.fallback_model:
-        changes.append(f"fallback model {old.fallback_model or 'none'} → {new.fallback_model or 'none'}")
+        changes.append(
+            f"fallback model {old.fallback_model or 'none'} → {new.fallback_model or 'none'}"
+        )
     if old.approve_tools != new.approve_tools:
         changes.append("tool approval " + ("on" if new.approve_tools else "off"))
     if old.max_steps != new.max_steps:

@@ -52,9 +52,10 @@ class TabSocket(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope["user"]
         tab_id = self.scope["url_route"]["kwargs"]["tab_id"]
-        if not user.is_authenticated or not await Tab.objects.filter(
-            pk=tab_id, owner=user
-        ).aexists():
+        if (
+            not user.is_authenticated
+            or not await Tab.objects.filter(pk=tab_id, owner=user).aexists()
+        ):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.tab_id = tab_id
@@ -142,7 +143,7 @@ class TabSocket(AsyncWebsocketConsumer):
         if open_fields is not None and not any(str(c.id) == open_fields["id"] for c in chunks):
             block = block_from(open_fields)
             if self.open_id == str(block.id) and self.open_len <= len(block.text):
-                rest = block.text[self.open_len:]
+                rest = block.text[self.open_len :]
                 if rest:
                     frames.append(render.fragment_delta(block.id, rest))
             else:
@@ -190,8 +191,12 @@ class TabSocket(AsyncWebsocketConsumer):
                 if skip < 0:
                     # Text is missing between what the page has and this delta:
                     # cannot happen with ordered delivery; log it loudly.
-                    logger.error("delta gap on tab %s: have %s, got offset %s",
-                                 self.tab_id, self.open_len, offset)
+                    logger.error(
+                        "delta gap on tab %s: have %s, got offset %s",
+                        self.tab_id,
+                        self.open_len,
+                        offset,
+                    )
                     return None
                 if skip >= len(text):
                     return None
@@ -237,6 +242,8 @@ class TurnWorker(AsyncConsumer):
             logger.exception("turn worker could not handle %r", message.get("type"))
 
     async def turn_start(self, message: dict[str, Any]) -> None:
+        if not turns.accepting_turns:
+            return
         tab_id = uuid.UUID(message["tab_id"])
         worker = turns.worker_id(self.channel_name)
         turn_id = await database_sync_to_async(turns.acquire)(tab_id, worker)

@@ -37,6 +37,25 @@ class Tab(models.Model):
         return self.title or f"Tab {str(self.id)[:8]}"
 
 
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant working in the user's workspace directory. "
+    "Use the tools to look at files and run commands when that helps; "
+    "say what you did and what you found."
+)
+
+
+def new_tab(owner, model: str = "") -> Tab:
+    """A tab with its system prompt frozen now (Setting "system_prompt", else the default)."""
+    from chat.providers import default_model
+
+    prompt = Setting.objects.filter(key="system_prompt").values_list("value", flat=True).first()
+    return Tab.objects.create(
+        owner=owner,
+        model=model or default_model(),
+        system_prompt=prompt if isinstance(prompt, str) and prompt else DEFAULT_SYSTEM_PROMPT,
+    )
+
+
 class Role(models.TextChoices):
     USER = "user"
     ASSISTANT = "assistant"

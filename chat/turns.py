@@ -56,7 +56,7 @@ def _group_send(group: str, message: dict[str, Any]) -> None:
     async_to_sync(get_channel_layer().group_send)(group, message)
 
 
-def submit(tab: Tab, text: str) -> QueuedMessage:
+def submit(tab: Tab, text: str, *, auto_approve: bool = False) -> QueuedMessage:
     """Accept a user message: persist it, show it as queued, and make sure a turn takes it.
 
     Sync (ORM + channel layer); from async code wrap it in database_sync_to_async.
@@ -74,8 +74,16 @@ def submit(tab: Tab, text: str) -> QueuedMessage:
         tab_group(tab.pk),
         {"type": "tab.op", "op": "queued", "id": queued.pk, "text": queued.text},
     )
-    _send(WORKER_CHANNEL, {"type": "turn.start", "tab_id": str(tab.pk)})
+    request_run(tab.pk, auto_approve=auto_approve)
     return queued
+
+
+def request_run(tab_id: uuid.UUID, *, auto_approve: bool = False) -> None:
+    """Ask the workers to run this tab's queued messages."""
+    start = {"type": "turn.start", "tab_id": str(tab_id)}
+    if auto_approve:
+        start["auto_approve"] = True
+    _send(WORKER_CHANNEL, start)
 
 
 # A title is a label, not the message: the first line, cut at a word.
@@ -207,7 +215,7 @@ def recover_stale(*, everything: bool = False) -> list[uuid.UUID]:
         logger.warning("recovered interrupted turn %s on tab %s", running.turn_id, running.tab_id)
     for tab_id in QueuedMessage.objects.values_list("tab_id", flat=True).distinct():
         if not RunningTurn.objects.filter(tab_id=tab_id).exists():
-            _send(WORKER_CHANNEL, {"type": "turn.start", "tab_id": str(tab_id)})
+            request_run(tab_id)
     return recovered
 
 
@@ -250,18 +258,28 @@ def _recover(running: RunningTurn) -> list:
         )
     }
     answered = set(
-        Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_RESULT)
-        .values_list("data__call_id", flat=True)
+        Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_RESULT).values_list(
+            "data__call_id", flat=True
+        )
     )
     answered.update(b.data.get("call_id") for b in blocks if b.type == Kind.TOOL_RESULT)
     for call_id, (name, step) in calls.items():
         if call_id in answered:
             continue
         blocks.append(
-            Block(uuid.uuid4(), turn_id, step, Role.TOOL, Kind.TOOL_RESULT, {
-                "call_id": call_id, "name": name, "is_error": True,
-                "result": "Not run to completion: the server stopped during this call.",
-            })
+            Block(
+                uuid.uuid4(),
+                turn_id,
+                step,
+                Role.TOOL,
+                Kind.TOOL_RESULT,
+                {
+                    "call_id": call_id,
+                    "name": name,
+                    "is_error": True,
+                    "result": "Not run to completion: the server stopped during this call.",
+                },
+            )
         )
     for block in blocks:
         if block.type == Kind.TOOL_RESULT and "result" not in block.data:
@@ -269,10 +287,17 @@ def _recover(running: RunningTurn) -> list:
                 result="Interrupted: the server stopped while this call ran.", is_error=True
             )
     blocks.append(
-        Block(uuid.uuid4(), turn_id, running.step, Role.SYSTEM, Kind.SYSTEM, {
-            "kind": "interrupted",
-            "text": "The server stopped in the middle of this turn." + lost,
-        })
+        Block(
+            uuid.uuid4(),
+            turn_id,
+            running.step,
+            Role.SYSTEM,
+            Kind.SYSTEM,
+            {
+                "kind": "interrupted",
+                "text": "The server stopped in the middle of this turn." + lost,
+            },
+        )
     )
     log.append(tab_id, blocks)
     running.delete()
@@ -297,6 +322,8 @@ async def run_worker() -> None:
 
     from chat.routing import channel_routes
 
+    global accepting_turns
+    accepting_turns = True
     layer = get_channel_layer()
     worker = Worker(ChannelNameRouter(channel_routes), [WORKER_CHANNEL], layer)
 
@@ -309,12 +336,49 @@ async def run_worker() -> None:
             await asyncio.sleep(SCAN_SECONDS)
 
     scanner = asyncio.create_task(scan())
+    listening = asyncio.create_task(worker.arun())
     try:
-        await worker.arun()
+        await listening
     finally:
         scanner.cancel()
-        for instance in list(worker.application_instances.values()):
-            instance["future"].cancel()
+        listening.cancel()
+        await _shut_down(worker)
+
+
+# A worker told to stop lets its turns finish for this long, then interrupts
+# them (each says so in its log) rather than be killed in the middle of a write.
+SHUTDOWN_GRACE_SECONDS = 20.0
+
+
+# False once this process's worker is shutting down: it takes no new turns
+# (another worker's recovery scan asks for them again).
+accepting_turns = True
+
+
+async def _shut_down(worker) -> None:
+    import asyncio
+
+    from chat.agent import RUNNING
+
+    global accepting_turns
+    accepting_turns = False
+
+    async def drain() -> None:
+        while RUNNING:
+            await asyncio.sleep(0.1)
+
+    if RUNNING:
+        logger.info(
+            "waiting up to %ss for %d turn(s) to finish", SHUTDOWN_GRACE_SECONDS, len(RUNNING)
+        )
+        try:
+            await asyncio.wait_for(asyncio.shield(drain()), SHUTDOWN_GRACE_SECONDS)
+        except TimeoutError:
+            for runner in list(RUNNING.values()):
+                runner.cancel(stopping=True)
+            await drain()
+    for instance in list(worker.application_instances.values()):
+        instance["future"].cancel()
 
 
 _embedded_task = None

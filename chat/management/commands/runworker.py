@@ -8,6 +8,7 @@ and stops gracefully on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 
 from django.conf import settings
@@ -33,7 +34,5 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-        except asyncio.CancelledError:
-            pass

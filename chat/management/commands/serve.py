@@ -26,7 +26,9 @@ class Command(BaseCommand):
         from dispatch.asgi import application
 
         model = default_model()
-        note = " (the offline demo model: no API key needed)" if model.startswith("offline/") else ""
+        note = (
+            " (the offline demo model: no API key needed)" if model.startswith("offline/") else ""
+        )
         mode = "scaled: turns run in `manage.py runworker`" if settings.REDIS_URL else "embedded"
         self.stdout.write(
             f"Dispatch on http://{host}:{port}/\n"

@@ -1,0 +1,187 @@
+"""`manage.py send`: run one turn from the command line and stream it to the terminal.
+
+It goes through the same path as the web page: the message is queued, a turn
+worker runs it (in this process unless REDIS_URL points at shared workers),
+and the ops come back through the tab's channel-layer group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from chat import turns
+from chat.models import Tab, new_tab
+
+
+class Command(BaseCommand):
+    help = "Send a message to a tab and stream the turn to the terminal."
+
+    def add_arguments(self, parser):
+        target = parser.add_mutually_exclusive_group(required=True)
+        target.add_argument("--tab", help="id of an existing tab")
+        target.add_argument("--new", action="store_true", help="create a new tab")
+        parser.add_argument(
+            "--model", help="model id, e.g. offline/demo or anthropic/claude-sonnet-4-5"
+        )
+        parser.add_argument(
+            "--yes-to-tools", action="store_true", help="run tools without asking for approval"
+        )
+        parser.add_argument("--json", action="store_true", help="print one JSON object per op")
+        parser.add_argument("message")
+
+    def handle(self, *args, **options):
+        tab = self._tab(options)
+        printer = (
+            JsonPrinter(self.stdout) if options["json"] else TextPrinter(self.stdout, self.stderr)
+        )
+        if not options["json"]:
+            self.stderr.write(f"tab {tab.pk} · model {tab.model}")
+        ok = asyncio.run(self._run(tab, options["message"], options["yes_to_tools"], printer))
+        if not ok:
+            raise CommandError("the turn ended with an error")
+
+    def _tab(self, options) -> Tab:
+        model = options["model"]
+        if options["new"]:
+            owner = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
+            return new_tab(owner, model or "")
+        try:
+            tab = Tab.objects.get(pk=uuid.UUID(options["tab"]))
+        except (ValueError, Tab.DoesNotExist):
+            raise CommandError(f"no tab with id {options['tab']!r}") from None
+        if model and model != tab.model:
+            tab.model = model
+            tab.save(update_fields=["model"])
+        return tab
+
+    async def _run(self, tab: Tab, text: str, auto_approve: bool, printer) -> bool:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(turns.tab_group(tab.pk), channel)
+        worker = None
+        if not settings.REDIS_URL:
+            worker = asyncio.create_task(turns.run_worker())
+        try:
+            try:
+                queued = await database_sync_to_async(turns.submit)(
+                    tab, text, auto_approve=auto_approve
+                )
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+            return await self._follow(layer, channel, tab, queued.pk, printer)
+        finally:
+            await layer.group_discard(turns.tab_group(tab.pk), channel)
+            if worker is not None:
+                worker.cancel()
+                await asyncio.gather(worker, return_exceptions=True)
+
+    async def _follow(self, layer, channel, tab, queued_id, printer) -> bool:
+        taken = False
+        ok = True
+        while True:
+            try:
+                message = await layer.receive(channel)
+            except asyncio.CancelledError:
+                raise
+            op = message.get("op")
+            if op == "taken" and queued_id in message["ids"]:
+                taken = True
+            if not taken:
+                continue
+            printer.op(message)
+            if op == "seal" and message["block"]["type"] == "error":
+                ok = False
+            if op == "status":
+                status = message["status"]
+                if status["state"] == "idle":
+                    return ok
+                if status["state"] == "waiting" and status.get("approval"):
+                    approved = await asyncio.to_thread(printer.ask, status["approval"])
+                    await database_sync_to_async(turns.approve)(
+                        tab.pk, status["approval"]["call_id"], approved
+                    )
+
+
+class JsonPrinter:
+    def __init__(self, out):
+        self.out = out
+
+    def op(self, message: dict[str, Any]) -> None:
+        fields = {k: v for k, v in message.items() if k != "type"}
+        self.out.write(json.dumps(fields, ensure_ascii=False, sort_keys=True))
+
+    def ask(self, approval: dict[str, Any]) -> bool:
+        return False  # --json is for scripts: pass --yes-to-tools to run tools
+
+
+class TextPrinter:
+    """Text as it streams; one line per thinking block, tool call, result, notice and error."""
+
+    def __init__(self, out, err):
+        self.out, self.err = out, err
+        self.open_type: str | None = None
+
+    def write(self, text: str) -> None:
+        self.out.write(text, ending="")
+        self.out.flush()
+
+    def op(self, message: dict[str, Any]) -> None:
+        match message["op"]:
+            case "open":
+                self.open_type = message["block"]["type"]
+                if self.open_type == "thinking":
+                    self.write("[thinking] ")
+                elif self.open_type == "tool_result":
+                    self.write(f"[{message['block']['data'].get('name', 'tool')} output]\n")
+            case "delta":
+                self.write(message["text"])
+            case "seal":
+                self._seal(message["block"])
+            case "status" if message["status"].get("state") == "running":
+                pass
+
+    def _seal(self, block: dict[str, Any]) -> None:
+        data, kind, was_open = block["data"], block["type"], self.open_type == block["type"]
+        self.open_type = None
+        match kind:
+            case "text" if block["role"] == "user":
+                self.write(f"> {data['text']}\n")
+            case "text" | "thinking":
+                if not was_open:
+                    self.write(("[thinking] " if kind == "thinking" else "") + data.get("text", ""))
+                self.write("\n")
+            case "tool_call":
+                args = json.dumps(data.get("arguments", {}), ensure_ascii=False, sort_keys=True)
+                self.write(f"→ {data['name']} {args}\n")
+            case "tool_result":
+                if was_open and not data.get("shell_output", "").endswith("\n"):
+                    self.write("\n")
+                first = (data.get("result") or "").strip().splitlines()[:1]
+                mark = "✗" if data.get("is_error") else "←"
+                self.write(f"{mark} {data['name']}: {first[0] if first else '(empty)'}\n")
+            case "error":
+                code = f" ({data['status_code']})" if data.get("status_code") else ""
+                self.err.write(f"✗ error{code}: {data['message']}")
+            case "system":
+                self.write(f"· {data.get('kind')}: {data.get('text')}\n")
+
+    def ask(self, approval: dict[str, Any]) -> bool:
+        args = json.dumps(approval.get("arguments", {}), ensure_ascii=False)
+        if not sys.stdin.isatty():
+            self.err.write(
+                f"{approval['name']} {args} needs approval; denied (no terminal). "
+                "Pass --yes-to-tools to run tools."
+            )
+            return False
+        answer = input(f"Run {approval['name']} {args}? [y/N] ")
+        return answer.strip().lower() in {"y", "yes"}

@@ -1,0 +1,526 @@
+"""The turn engine: full turns through the worker, with a scripted provider at the boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import pytest
+from channels.db import database_sync_to_async
+
+from chat import agent, log, turns
+from chat.models import QueuedMessage, RunningTurn, Setting, UsageRecord
+from chat.providers.base import (
+    Finish,
+    ProviderError,
+    ReasoningDelta,
+    ReasoningEnd,
+    TextDelta,
+    ToolCallEvent,
+    ToolResultPart,
+    Usage,
+)
+from chat.providers.replay import ScriptedProvider
+from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+@pytest.fixture
+def workspace(tmp_path, settings):
+    settings.DISPATCH_WORKSPACE = tmp_path
+    (tmp_path / "notes.txt").write_text("hello from notes\n")
+    return tmp_path
+
+
+@pytest.fixture
+def script(monkeypatch):
+    """Install a ScriptedProvider for every model; returns a function taking the steps."""
+
+    def install(*steps, delay: float = 0.0, models: dict | None = None) -> ScriptedProvider:
+        provider = ScriptedProvider(list(steps), delay=delay)
+        by_model = models or {}
+
+        async def provider_for(model: str):
+            return by_model.get(model, provider)
+
+        monkeypatch.setattr(agent, "provider_for", provider_for)
+        return provider
+
+    return install
+
+
+def think(text: str, signature: str) -> list:
+    return [ReasoningDelta(text), ReasoningEnd(signature=signature)]
+
+
+def call(call_id: str, name: str, **arguments) -> ToolCallEvent:
+    return ToolCallEvent(call_id, name, arguments)
+
+
+async def run_one(tab, text: str, **kwargs):
+    async with Watcher(tab.pk) as watcher:
+        await submit(tab, text, **kwargs)
+        await watcher.until_idle()
+    return watcher
+
+
+async def test_it_runs_a_multi_step_tool_turn_with_interleaved_thinking(script, workspace):
+    """Thinking, text and a tool call; the result; then a second step that sees the result."""
+    provider = script(
+        [
+            *think("Look first.", "sig-1"),
+            TextDelta("Let me "),
+            TextDelta("look."),
+            call("toolu_1", "list_files", path="."),
+            Finish(Usage(10, 5, 3, 2), "tool_use"),
+        ],
+        [
+            *think("Got it.", "sig-2"),
+            TextDelta("There is notes.txt."),
+            Finish(Usage(20, 6), "end_turn"),
+        ],
+    )
+    async with running_worker():
+        tab = await make_tab()
+        watcher = await run_one(tab, "what is here?")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == [
+        "user/text",
+        "assistant/thinking",
+        "assistant/text",
+        "assistant/tool_call",
+        "tool/tool_result",
+        "assistant/thinking",
+        "assistant/text",
+    ]
+    assert [c.seq for c in rows] == list(range(1, 8))
+    assert rows[1].data == {"text": "Look first.", "signature": "sig-1"}
+    assert rows[2].data["text"] == "Let me look."
+    assert "notes.txt" in rows[4].data["result"] and rows[4].data["is_error"] is False
+    assert [c.step for c in rows] == [0, 1, 1, 1, 1, 2, 2]
+    # The second request replays the first step and answers its call.
+    second = provider.requests[1].messages
+    assert [m.role for m in second] == ["user", "assistant", "user"]
+    assert second[1].parts[0].signature == "sig-1"
+    assert (
+        isinstance(second[2].parts[0], ToolResultPart) and second[2].parts[0].call_id == "toolu_1"
+    )
+    # Usage per step is kept, and the turn's totals reach the watchers.
+    records = await database_sync_to_async(list)(UsageRecord.objects.order_by("step"))
+    assert [(r.step, r.input_tokens, r.cache_read_tokens) for r in records] == [
+        (1, 10, 3),
+        (2, 20, 0),
+    ]
+    idle = watcher.ops[-1]["status"]
+    assert idle["usage"] == {"input": 30, "output": 11, "cache_read": 3, "cache_write": 2}
+    assert not await RunningTurn.objects.aexists()
+
+
+async def test_it_runs_parallel_tool_calls_in_order(script, workspace):
+    """Two calls in one response get two results, in call order, before the next step."""
+    provider = script(
+        [
+            call("a", "read_file", path="notes.txt"),
+            call("b", "list_files", path="."),
+            Finish(stop_reason="tool_use"),
+        ],
+        [TextDelta("Both done."), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab()
+        await run_one(tab, "read and list")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == [
+        "user/text",
+        "assistant/tool_call",
+        "assistant/tool_call",
+        "tool/tool_result",
+        "tool/tool_result",
+        "assistant/text",
+    ]
+    assert [r.data["call_id"] for r in rows[3:5]] == ["a", "b"]
+    assert "hello from notes" in rows[3].data["result"]
+    results = provider.requests[1].messages[-1].parts
+    assert [p.call_id for p in results] == ["a", "b"]
+
+
+async def test_a_tool_error_is_a_result_and_the_turn_goes_on(script, workspace):
+    script(
+        [call("x", "read_file", path="missing.txt"), Finish(stop_reason="tool_use")],
+        [TextDelta("That file does not exist."), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab()
+        await run_one(tab, "read missing.txt")
+    rows = await chunks(tab.pk)
+    assert kinds(rows)[-2:] == ["tool/tool_result", "assistant/text"]
+    assert rows[-2].data["is_error"] is True
+    assert "missing.txt" in rows[-2].data["result"]
+
+
+async def test_it_stops_at_the_step_limit(script, workspace):
+    """A model that always calls a tool is stopped after max_steps with a notice."""
+    loop_step = [call("c", "list_files", path="."), Finish(stop_reason="tool_use")]
+    provider = script(
+        *[[call(f"c{i}", "list_files", path="."), Finish(stop_reason="tool_use")] for i in range(5)]
+    )
+    assert loop_step
+    await database_sync_to_async(Setting.objects.create)(key="max_steps", value=3)
+    async with running_worker():
+        tab = await make_tab()
+        await run_one(tab, "loop")
+    rows = await chunks(tab.pk)
+    assert len(provider.requests) == 3
+    assert rows[-1].type == "system" and rows[-1].data["kind"] == "notice"
+    assert "3 steps" in rows[-1].data["text"]
+
+
+async def test_a_non_retryable_error_ends_the_turn_with_an_error_chunk(script, workspace):
+    script([TextDelta("Partial"), ProviderError("invalid x-api-key", status_code=401)])
+    async with running_worker():
+        tab = await make_tab()
+        await run_one(tab, "hi")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text", "assistant/error"]
+    assert rows[-1].data == {"message": "invalid x-api-key", "status_code": 401}
+
+
+async def test_retryable_errors_are_retried_then_the_fallback_model_takes_over(
+    script, workspace, monkeypatch
+):
+    monkeypatch.setattr(agent, "RETRY_DELAYS", (0.01, 0.01))
+    overloaded = ProviderError("Overloaded", status_code=529, retryable=True, retry_after=0.01)
+    main = ScriptedProvider([[overloaded]] * 3)
+    fallback = ScriptedProvider([[TextDelta("From the fallback."), Finish()]])
+    script(models={"scripted/main": main, "scripted/fallback": fallback})
+    await database_sync_to_async(Setting.objects.create)(
+        key="fallback_model", value="scripted/fallback"
+    )
+    async with running_worker():
+        tab = await make_tab("scripted/main")
+        await run_one(tab, "hi")
+    rows = await chunks(tab.pk)
+    notices = [r.data for r in rows if r.type == "system"]
+    assert [n["kind"] for n in notices] == ["notice", "notice", "model-changed"]
+    assert "retrying" in notices[0]["text"] and "529" in notices[0]["text"]
+    assert notices[2]["text"].startswith("Switched to scripted/fallback")
+    assert rows[-1].data["text"] == "From the fallback."
+
+
+async def test_cancel_during_text_seals_what_streamed(script, workspace):
+    script(
+        [TextDelta("one "), TextDelta("two "), *[TextDelta("more ")] * 200, Finish()], delay=0.02
+    )
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "talk")
+            await watcher.until(lambda m: m["op"] == "delta")
+            assert await database_sync_to_async(turns.cancel)(tab.pk)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text", "system/system"]
+    assert rows[1].data["text"].startswith("one ")
+    assert rows[2].data["kind"] == "cancelled"
+    assert not await RunningTurn.objects.aexists()
+
+
+async def test_cancel_during_thinking_keeps_the_thinking(script, workspace):
+    script([*[ReasoningDelta("hmm ")] * 200, ReasoningEnd("sig"), Finish()], delay=0.02)
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "think")
+            await watcher.until(lambda m: m["op"] == "delta")
+            await database_sync_to_async(turns.cancel)(tab.pk)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/thinking", "system/system"]
+    assert rows[1].data["text"].startswith("hmm")
+    assert "signature" not in rows[1].data
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_cancel_during_a_shell_command_kills_its_process_group(script, workspace):
+    command = "echo started; echo $$ > pgid; sleep 60 & sleep 60"
+    script([call("s", "shell", command=command), Finish(stop_reason="tool_use")])
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "run it")
+            await watcher.until(lambda m: m["op"] == "delta" and "started" in m["text"])
+            for _ in range(100):
+                if (workspace / "pgid").exists() and (workspace / "pgid").read_text().strip():
+                    break
+                await asyncio.sleep(0.02)
+            pgid = int((workspace / "pgid").read_text())
+            assert _group_alive(pgid)
+            await database_sync_to_async(turns.cancel)(tab.pk)
+            await watcher.until_idle()
+    assert not _group_alive(pgid)
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/tool_call", "tool/tool_result", "system/system"]
+    result = rows[2].data
+    assert result["is_error"] is True and result["result"] == "Cancelled by the user."
+    assert "started" in result["shell_output"]
+
+
+async def test_cancel_while_waiting_for_approval(script, workspace):
+    script([call("w", "write_file", path="x.txt", content="x"), Finish(stop_reason="tool_use")])
+    async with running_worker():
+        tab = await make_tab(approve_tools=True)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "write")
+            waiting = await watcher.until(
+                lambda m: m["op"] == "status" and m["status"]["state"] == "waiting"
+            )
+            assert waiting["status"]["approval"]["call_id"] == "w"
+            running = await RunningTurn.objects.aget(tab_id=tab.pk)
+            assert running.status == "waiting"
+            await database_sync_to_async(turns.cancel)(tab.pk)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/tool_call", "tool/tool_result", "system/system"]
+    assert rows[2].data["result"] == "Cancelled by the user."
+    assert not (workspace / "x.txt").exists()
+
+
+async def test_approval_runs_the_tool_and_denial_answers_with_an_error(script, workspace):
+    script(
+        [
+            call("w1", "write_file", path="yes.txt", content="y"),
+            call("w2", "write_file", path="no.txt", content="n"),
+            Finish(stop_reason="tool_use"),
+        ],
+        [TextDelta("ok"), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab(approve_tools=True)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "write two")
+            for call_id, approved in (("w1", True), ("w2", False)):
+                await watcher.until(
+                    lambda m, c=call_id: (
+                        m["op"] == "status"
+                        and (m["status"].get("approval") or {}).get("call_id") == c
+                    )
+                )
+                await database_sync_to_async(turns.approve)(tab.pk, call_id, approved)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    results = [r.data for r in rows if r.type == "tool_result"]
+    assert results[0]["is_error"] is False and (workspace / "yes.txt").read_text() == "y"
+    assert results[1] == {
+        "call_id": "w2",
+        "name": "write_file",
+        "result": "Denied by the user.",
+        "is_error": True,
+    }
+    assert not (workspace / "no.txt").exists()
+
+
+async def test_a_mid_turn_message_arrives_after_the_steps_tool_results(script, workspace):
+    """Sent while the first step waits for approval; the next request contains it."""
+    provider = script(
+        [call("w", "write_file", path="a.txt", content="a"), Finish(stop_reason="tool_use")],
+        [TextDelta("Saw both."), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab(approve_tools=True)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "first")
+            await watcher.until(lambda m: m["op"] == "status" and m["status"]["state"] == "waiting")
+            await submit(tab, "second, mid-turn")
+            await submit(tab, "third, mid-turn")
+            assert await QueuedMessage.objects.acount() == 2
+            await database_sync_to_async(turns.approve)(tab.pk, "w", True)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == [
+        "user/text",
+        "assistant/tool_call",
+        "tool/tool_result",
+        "user/text",
+        "user/text",
+        "assistant/text",
+    ]
+    assert [rows[3].data["text"], rows[4].data["text"]] == ["second, mid-turn", "third, mid-turn"]
+    last_user = provider.requests[1].messages[-1]
+    assert isinstance(last_user.parts[0], ToolResultPart)
+    assert [p.text for p in last_user.parts[1:]] == ["second, mid-turn", "third, mid-turn"]
+    assert len({r.turn_id for r in rows}) == 1
+
+
+async def test_a_message_sent_as_the_turn_ends_starts_the_next_turn(script, workspace):
+    script(
+        [TextDelta("first answer"), *[TextDelta(".")] * 20, Finish()],
+        [TextDelta("second answer"), Finish()],
+        delay=0.01,
+    )
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "one")
+            await watcher.until(lambda m: m["op"] == "delta")
+            await submit(tab, "two")
+            await watcher.until(
+                lambda m: m["op"] == "seal" and m["block"]["data"].get("text") == "second answer"
+            )
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text", "user/text", "assistant/text"]
+    assert rows[0].turn_id == rows[1].turn_id != rows[2].turn_id == rows[3].turn_id
+
+
+async def test_a_queued_message_survives_a_restart(script, workspace):
+    """Queued with no worker running (a crash before it was taken); the next worker runs it."""
+    script([TextDelta("answered after restart"), Finish()])
+    tab = await make_tab()
+    await submit(tab, "while down")
+    assert await QueuedMessage.objects.acount() == 1
+    async with Watcher(tab.pk) as watcher, running_worker():
+        await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert [r.data["text"] for r in rows] == ["while down", "answered after restart"]
+    assert not await QueuedMessage.objects.aexists()
+
+
+async def test_two_workers_asked_to_run_the_same_tab_run_it_once(script, workspace):
+    provider = script([TextDelta("only once"), Finish()], delay=0.01)
+    async with running_worker(count=2):
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "hi")
+            # A second start request goes to whichever worker is free.
+            layer = watcher.layer
+            await layer.send(turns.WORKER_CHANNEL, {"type": "turn.start", "tab_id": str(tab.pk)})
+            await layer.send(turns.WORKER_CHANNEL, {"type": "turn.start", "tab_id": str(tab.pk)})
+            await watcher.until_idle()
+            await asyncio.sleep(0.1)
+    assert len(provider.requests) == 1
+    assert kinds(await chunks(tab.pk)) == ["user/text", "assistant/text"]
+
+
+async def test_acquire_gives_the_lease_to_one_of_two_threads():
+    tab = await make_tab()
+    await submit(tab, "hi")
+    results = await asyncio.gather(
+        database_sync_to_async(turns.acquire, thread_sensitive=False)(tab.pk, "w1"),
+        database_sync_to_async(turns.acquire, thread_sensitive=False)(tab.pk, "w2"),
+    )
+    assert sum(r is not None for r in results) == 1
+
+
+async def test_checkpoint_writes_are_debounced(script, workspace, monkeypatch):
+    """A 3 s stream at 100 deltas/s: one write per sealed chunk, at most ~4 checkpoints a second."""
+    writes = {"append": 0, "checkpoint": 0}
+    original_append, original_checkpoint = log.append, log.checkpoint
+
+    def counting_append(*args, **kwargs):
+        writes["append"] += 1
+        return original_append(*args, **kwargs)
+
+    def counting_checkpoint(*args, **kwargs):
+        writes["checkpoint"] += 1
+        return original_checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(log, "append", counting_append)
+    monkeypatch.setattr(log, "checkpoint", counting_checkpoint)
+    script([*[TextDelta("x")] * 300, Finish()], delay=0.01)
+    async with running_worker():
+        tab = await make_tab()
+        await run_one(tab, "stream")
+    rows = await chunks(tab.pk)
+    assert rows[-1].data["text"] == "x" * 300
+    # user message + the text chunk
+    assert writes["append"] == 2
+    # ~3 s of streaming at most one checkpoint per second (max wait) plus idle flushes.
+    assert 2 <= writes["checkpoint"] <= 4 * 4
+
+
+async def test_the_checkpoint_holds_the_open_block_and_is_cleared_on_seal(script, workspace):
+    script([*[TextDelta("y")] * 150, Finish()], delay=0.01)
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(lambda m: m["op"] == "open" and m["block"]["role"] == "assistant")
+            await asyncio.sleep(1.2)
+            running = await RunningTurn.objects.aget(tab_id=tab.pk)
+            assert running.open_chunk is not None
+            assert set(running.open_chunk["data"]["text"]) == {"y"}
+            await watcher.until_idle()
+    assert not await RunningTurn.objects.aexists()
+
+
+async def test_recovery_seals_the_checkpoint_as_interrupted(workspace):
+    """A turn whose worker died: the checkpoint becomes a chunk, calls get results, a notice."""
+    from chat.stream import Block
+
+    tab = await make_tab()
+    turn_id = uuid.uuid4()
+
+    def crashed_turn():
+        blocks = [
+            Block(uuid.uuid4(), turn_id, 0, "user", "text", {"text": "hi"}),
+            Block(
+                uuid.uuid4(),
+                turn_id,
+                1,
+                "assistant",
+                "tool_call",
+                {"call_id": "c1", "name": "list_files", "arguments": {}},
+            ),
+            Block(
+                uuid.uuid4(),
+                turn_id,
+                1,
+                "tool",
+                "tool_result",
+                {"call_id": "c1", "name": "list_files", "result": "a", "is_error": False},
+            ),
+        ]
+        log.append(tab.pk, blocks)
+        from django.utils import timezone
+
+        RunningTurn.objects.create(
+            tab_id=tab.pk,
+            turn_id=turn_id,
+            worker="elsewhere:1:x",
+            step=2,
+            heartbeat_at=timezone.now(),
+        )
+        log.checkpoint(
+            tab.pk, Block(uuid.uuid4(), turn_id, 2, "assistant", "text", {"text": "half a sent"})
+        )
+        # The worker died a minute ago: no heartbeat since.
+        RunningTurn.objects.update(heartbeat_at=timezone.now() - timezone.timedelta(seconds=60))
+
+    await database_sync_to_async(crashed_turn)()
+    recovered = await database_sync_to_async(turns.recover_stale)()
+    assert recovered == [tab.pk]
+    rows = await chunks(tab.pk)
+    assert kinds(rows)[-2:] == ["assistant/text", "system/system"]
+    assert rows[-2].data == {"text": "half a sent", "interrupted": True}
+    assert rows[-1].data["kind"] == "interrupted"
+    assert not await RunningTurn.objects.aexists()
+
+
+async def test_a_fresh_lease_is_not_recovered():
+    tab = await make_tab()
+    from django.utils import timezone
+
+    await RunningTurn.objects.acreate(
+        tab_id=tab.pk, turn_id=uuid.uuid4(), worker="elsewhere:1:x", heartbeat_at=timezone.now()
+    )
+    assert await database_sync_to_async(turns.recover_stale)() == []
+    assert await RunningTurn.objects.aexists()
