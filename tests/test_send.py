@@ -1,0 +1,187 @@
+"""`manage.py send` as a user runs it: a real subprocess on the test database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from chat import log, turns
+from chat.models import Chunk, RunningTurn, Tab
+from chat.providers.offline import TOKEN_RE
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+# A send of the offline model at full speed takes well under this.
+SEND_TIMEOUT = 60
+
+
+def send_env(workspace: Path, **extra: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "dispatch.settings",
+        "DISPATCH_DATA_DIR": str(settings.DATA_DIR),
+        "DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}",
+        "DISPATCH_WORKSPACE": str(workspace),
+        "DISPATCH_OFFLINE_PACE": "0",
+        "DISPATCH_MODEL": "offline/demo",
+        "LOG_LEVEL": "WARNING",
+    }
+    env.pop("REDIS_URL", None)
+    env.update(extra)
+    return env
+
+
+def send(workspace: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", "send", *args],
+        cwd=ROOT,
+        env=send_env(workspace, **env),
+        capture_output=True,
+        text=True,
+        timeout=SEND_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    (tmp_path / "notes.txt").write_text("some notes\n")
+    return tmp_path
+
+
+def test_it_runs_a_turn_with_a_tool_and_prints_it(workspace):
+    done = send(workspace, "--new", "list the files")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "[thinking] " in out
+    assert '→ list_files {"path": "."}' in out
+    assert "← list_files:" in out and "notes.txt" in out
+    tab = Tab.objects.get()
+    kinds = [f"{c.role}/{c.type}" for c in log.tail(tab.pk)]
+    assert kinds == [
+        "user/text",
+        "assistant/thinking",
+        "assistant/text",
+        "assistant/tool_call",
+        "tool/tool_result",
+        "assistant/thinking",
+        "assistant/text",
+    ]
+    assert not RunningTurn.objects.exists()
+
+
+def test_json_prints_one_op_per_line_and_continues_a_tab(workspace):
+    first = send(workspace, "--new", "hello")
+    assert first.returncode == 0, first.stderr
+    tab = Tab.objects.get()
+    done = send(workspace, "--tab", str(tab.pk), "--json", "hello again")
+    assert done.returncode == 0, done.stderr
+    ops = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {op["op"] for op in ops} >= {"taken", "open", "delta", "seal", "status"}
+    assert ops[-1] == {"op": "status", "status": ops[-1]["status"]}
+    assert ops[-1]["status"]["state"] == "idle"
+    sealed = [op["block"] for op in ops if op["op"] == "seal"]
+    assert [b["seq"] for b in sealed] == [
+        c.seq for c in log.tail(tab.pk, after=sealed[0]["seq"] - 1)
+    ]
+
+
+def test_tools_are_denied_without_a_terminal_unless_told_yes(workspace):
+    denied = send(workspace, "--new", "run `touch made.txt`")
+    assert denied.returncode == 0
+    assert "needs approval; denied (no terminal)" in denied.stderr
+    assert not (workspace / "made.txt").exists()
+    allowed = send(workspace, "--new", "--yes-to-tools", "run `touch made.txt`")
+    assert allowed.returncode == 0, allowed.stderr
+    assert (workspace / "made.txt").exists()
+
+
+def test_bad_input_gets_a_clear_error(workspace):
+    missing = send(workspace, "--tab", "not-a-uuid", "hi")
+    assert missing.returncode != 0 and "no tab with id 'not-a-uuid'" in missing.stderr
+    empty = send(workspace, "--new", "   ")
+    assert empty.returncode != 0 and "The message is empty." in empty.stderr
+    unknown = send(workspace, "--new", "--model", "nowhere/model", "hi")
+    assert unknown.returncode != 0
+    assert "error" in unknown.stderr.lower()
+    error = Chunk.objects.filter(type="error").get()
+    assert "nowhere" in error.data["message"]
+
+
+class Reader(threading.Thread):
+    """Collects a subprocess's stdout as it comes."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.text = stream, ""
+
+    def run(self) -> None:
+        while chunk := self.stream.read(1):
+            self.text += chunk
+
+
+# Pace of the killed turn: slow enough to kill it mid-text.
+CRASH_PACE = 20.0
+
+
+def test_a_killed_runner_loses_at_most_about_a_second_and_is_recovered(workspace):
+    """SIGKILL mid-text: the checkpoint holds all but ~1 s of the text; recovery says so."""
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "send", "--new", "tell me a story"],
+        cwd=ROOT,
+        env=send_env(workspace, DISPATCH_OFFLINE_PACE=str(CRASH_PACE)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    reader = Reader(proc.stdout)
+    reader.start()
+    try:
+        deadline = time.monotonic() + SEND_TIMEOUT
+        while time.monotonic() < deadline:
+            running = RunningTurn.objects.first()
+            cp = running.open_chunk if running else None
+            if cp and cp["type"] == "text" and len(TOKEN_RE.findall(cp["data"]["text"])) >= 10:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the text block was never checkpointed")
+        time.sleep(0.6)  # mid-way between checkpoints
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=5)
+    running = RunningTurn.objects.get()
+    saved = running.open_chunk["data"]["text"]
+    # What the terminal showed of the text block, from its first characters on.
+    printed = reader.text[reader.text.index(saved[:20]) :]
+    assert printed.startswith(saved)
+    lost_tokens = len(TOKEN_RE.findall(printed[len(saved) :]))
+    # At most CHECKPOINT_MAX (1 s) of tokens, with a little slack for scheduling.
+    assert lost_tokens <= CRASH_PACE * 1.5
+
+    # The pid is gone: recovery does not wait for the lease to go stale.
+    assert turns.recover_stale() == [running.tab_id]
+    rows = log.tail(running.tab_id)
+    assert rows[-2].type == "text" and rows[-2].data == {"text": saved, "interrupted": True}
+    assert rows[-1].data["kind"] == "interrupted"
+    assert not RunningTurn.objects.exists()
+
+    # The tab works afterwards.
+    again = send(workspace, "--tab", str(running.tab_id), "hello again")
+    assert again.returncode == 0, again.stderr
+    assert log.tail(running.tab_id)[-1].type == "text"
