@@ -1,0 +1,344 @@
+"""The Anthropic Messages adapter: raw stream events in, provider-neutral events out.
+
+Request rules (each one keeps the prefix byte-stable or the request valid):
+- tools sorted by name, their schemas with sorted keys; the system prompt is sent
+  as given (the caller freezes it per tab);
+- thinking goes back exactly as it came (signature or redacted data), and
+  thinking without either is dropped: Anthropic rejects it;
+- cache breakpoints on the last tool, on the system prompt, on the last block
+  of the request (moving) and on the last block of the request before it,
+  never on thinking or empty text: at most 4, the API's limit.
+
+SDK retries are off: retries belong to the turn engine, which can tell the user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import httpx2
+
+from chat.providers import errors
+from chat.providers.base import (
+    Event,
+    Finish,
+    Message,
+    ProviderError,
+    ReasoningDelta,
+    ReasoningEnd,
+    Request,
+    TextDelta,
+    TextPart,
+    ThinkingPart,
+    ToolCallEvent,
+    ToolCallPart,
+    ToolResultPart,
+    Usage,
+)
+from chat.providers.common import canonical, default_timeout, parse_arguments
+from chat.providers.registry import ModelInfo
+
+NAME = "Anthropic"
+# The API accepts at most this many cache_control breakpoints per request.
+MAX_BREAKPOINTS = 4
+EPHEMERAL = {"type": "ephemeral"}
+# Blocks a breakpoint may sit on. Not thinking: the API refuses it there.
+CACHEABLE = frozenset({"text", "tool_use", "tool_result"})
+
+
+class AnthropicProvider:
+    def __init__(
+        self,
+        model: ModelInfo,
+        *,
+        api_key: str,
+        base_url: str | None = None,
+        timeout: httpx2.Timeout | float | None = None,
+    ) -> None:
+        self.model = model
+        self.api_key = api_key
+        self.base_url = base_url
+        self.timeout = timeout if timeout is not None else default_timeout()
+
+    def __repr__(self) -> str:
+        return f"AnthropicProvider({self.model.id!r}, base_url={self.base_url!r})"
+
+    async def stream(self, request: Request) -> AsyncIterator[Event]:
+        params = build_params(request, self.model)
+        headers = {"anthropic-beta": ",".join(self.model.betas)} if self.model.betas else None
+        # A client per call: closing it closes the connection however the
+        # stream ends, and nothing is bound to an event loop between calls.
+        client = anthropic.AsyncAnthropic(
+            api_key=self.api_key,
+            base_url=self.base_url,
+            max_retries=0,
+            timeout=self.timeout,
+        )
+        async with client:
+            try:
+                stream = await client.messages.create(**params, stream=True, extra_headers=headers)
+            except Exception as exc:
+                raise classify(exc) from exc
+            try:
+                translator = Translator()
+                events = stream.__aiter__()
+                while True:
+                    try:
+                        raw = await anext(events)
+                    except StopAsyncIteration:
+                        break
+                    except Exception as exc:
+                        raise classify(exc) from exc
+                    for event in translator.feed(raw):
+                        yield event
+                if not translator.stopped:
+                    raise errors.connection(
+                        NAME, "the stream ended before the response was complete"
+                    )
+                yield translator.finish()
+            finally:
+                await stream.close()
+
+
+def classify(exc: BaseException) -> ProviderError:
+    """The ProviderError for an exception of the SDK or its HTTP client."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, anthropic.APIStatusError):
+        if exc.status_code == 200:
+            # `event: error` inside the stream: the SDK reports the stream's 200.
+            return errors.in_stream(NAME, exc.body)
+        return errors.from_status(NAME, exc.status_code, exc.body, exc.response.headers)
+    if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
+        return errors.connection(NAME, "the request timed out", timeout=True)
+    if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
+        cause = exc.__cause__ or exc
+        return errors.connection(NAME, f"the connection failed ({type(cause).__name__}: {cause})")
+    if isinstance(exc, ValueError):  # JSONDecodeError, UnicodeDecodeError
+        return errors.bad_stream(NAME, f"malformed event in the stream ({exc})")
+    if isinstance(exc, anthropic.APIError):
+        return errors.bad_stream(NAME, str(exc))
+    return ProviderError(f"{NAME}: unexpected {type(exc).__name__}: {exc}")
+
+
+# --- Request -------------------------------------------------------------------
+
+
+def build_params(request: Request, model: ModelInfo) -> dict[str, Any]:
+    """The keyword arguments of `messages.create` for `request` (without stream)."""
+    tools = [_tool(spec) for spec in sorted(request.tools, key=lambda t: t.name)]
+    system = [{"type": "text", "text": request.system}] if request.system else []
+    messages = wire_messages(request.messages)
+    mark_breakpoints(tools, system, messages)
+    params: dict[str, Any] = {
+        "model": model.name,
+        "max_tokens": model.max_output,
+        "messages": messages,
+    }
+    if system:
+        params["system"] = system
+    if tools:
+        params["tools"] = tools
+    if model.thinking == "manual":
+        params["thinking"] = {"type": "enabled", "budget_tokens": model.thinking_budget}
+    elif model.thinking == "adaptive":
+        params["thinking"] = {"type": "adaptive"}
+    return params
+
+
+def _tool(spec: Any) -> dict[str, Any]:
+    tool: dict[str, Any] = {"name": spec.name}
+    if spec.description:
+        tool["description"] = spec.description
+    tool["input_schema"] = canonical(spec.input_schema)
+    return tool
+
+
+def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
+    """Neutral messages as Anthropic message params.
+
+    A message left with no block (only unsigned thinking, say) is dropped and
+    its neighbours of one role are merged: the API wants non-empty messages
+    with alternating roles.
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        blocks = [b for b in (_block(part) for part in message.parts) if b is not None]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == message.role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": message.role, "content": blocks})
+    return out
+
+
+def _block(part: Any) -> dict[str, Any] | None:
+    match part:
+        case TextPart(text=text):
+            return {"type": "text", "text": text} if text else None
+        case ThinkingPart(text=text, signature=signature, redacted_data=redacted):
+            if redacted:
+                return {"type": "redacted_thinking", "data": redacted}
+            if signature:
+                return {"type": "thinking", "thinking": text, "signature": signature}
+            return None  # reasoning of another provider, or cut off before its signature
+        case ToolCallPart(call_id=call_id, name=name, arguments=arguments):
+            return {"type": "tool_use", "id": call_id, "name": name, "input": canonical(arguments)}
+        case ToolResultPart(call_id=call_id, result=result, is_error=is_error):
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
+            if result:
+                block["content"] = result
+            if is_error:
+                block["is_error"] = True
+            return block
+    raise TypeError(f"not a request part: {part!r}")
+
+
+def mark_breakpoints(
+    tools: list[dict[str, Any]], system: list[dict[str, Any]], messages: list[dict[str, Any]]
+) -> None:
+    """Add cache_control to the blocks that end a reusable prefix.
+
+    The fixed ones (last tool, system) are shared by every request of a tab.
+    The moving one on the last block writes this request's prefix; the one on
+    the last block of the request before (two messages back) reads that
+    prefix exactly, however many blocks this step added: a read only looks
+    back 20 blocks from a breakpoint.
+    """
+    marks: list[dict[str, Any]] = []
+    if tools:
+        marks.append(tools[-1])
+    if system:
+        marks.append(system[-1])
+    tail = _last_cacheable(messages)
+    if tail is not None:
+        marks.append(tail)
+    before = _last_cacheable(messages[:-2])
+    if before is not None and before is not tail:
+        marks.append(before)
+    assert len(marks) <= MAX_BREAKPOINTS
+    for block in marks:
+        block["cache_control"] = dict(EPHEMERAL)
+
+
+def _last_cacheable(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for message in reversed(messages):
+        for block in reversed(message["content"]):
+            if block["type"] in CACHEABLE:
+                return block
+    return None
+
+
+# --- Response ------------------------------------------------------------------
+
+
+class Translator:
+    """Raw stream events (SDK objects, dispatched on their `type` strings, as
+    the SDK builds unknown types as some other class) to neutral events."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.usage: dict[str, int] = {}
+        self.stop_reason: str | None = None
+        self.stopped = False
+
+    def feed(self, raw: Any) -> list[Event]:
+        kind = getattr(raw, "type", None)
+        if kind == "message_start":
+            self._usage(getattr(getattr(raw, "message", None), "usage", None))
+        elif kind == "content_block_start":
+            return self._start(raw.index, raw.content_block)
+        elif kind == "content_block_delta":
+            return self._delta(raw.index, raw.delta)
+        elif kind == "content_block_stop":
+            return self._stop(raw.index)
+        elif kind == "message_delta":
+            self.stop_reason = getattr(raw.delta, "stop_reason", None) or self.stop_reason
+            self._usage(getattr(raw, "usage", None))
+        elif kind == "message_stop":
+            self.stopped = True
+        # ping and event types added later: nothing to do.
+        return []
+
+    def finish(self) -> Finish:
+        u = self.usage
+        return Finish(
+            Usage(
+                input_tokens=u.get("input_tokens", 0),
+                output_tokens=u.get("output_tokens", 0),
+                cache_read_tokens=u.get("cache_read_input_tokens", 0),
+                cache_write_tokens=u.get("cache_creation_input_tokens", 0),
+            ),
+            self.stop_reason or "end_turn",
+        )
+
+    def _usage(self, usage: Any) -> None:
+        # message_delta usage is cumulative, and may omit what message_start had.
+        for name in (
+            "input_tokens",
+            "output_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+        ):
+            value = getattr(usage, name, None)
+            if isinstance(value, int):
+                self.usage[name] = value
+
+    def _start(self, index: int, block: Any) -> list[Event]:
+        kind = getattr(block, "type", None)
+        if kind == "text":
+            self.blocks[index] = {"type": "text"}
+            text = getattr(block, "text", None)
+            return [TextDelta(text)] if text else []
+        if kind == "thinking":
+            self.blocks[index] = {"type": "thinking", "signature": getattr(block, "signature", "")}
+            text = getattr(block, "thinking", None)
+            return [ReasoningDelta(text)] if text else []
+        if kind == "redacted_thinking":
+            # Arrives whole; no deltas follow.
+            return [ReasoningEnd(redacted_data=block.data)]
+        if kind == "tool_use":
+            self.blocks[index] = {
+                "type": "tool_use",
+                "id": block.id,
+                "name": block.name,
+                "input": getattr(block, "input", None) or {},
+                "json": [],
+            }
+        # Server tools and their results run at Anthropic and are not ours.
+        return []
+
+    def _delta(self, index: int, delta: Any) -> list[Event]:
+        block = self.blocks.get(index)
+        if block is None:
+            return []
+        kind = getattr(delta, "type", None)
+        if kind == "text_delta":
+            return [TextDelta(delta.text)] if delta.text else []
+        if kind == "thinking_delta":
+            return [ReasoningDelta(delta.thinking)] if delta.thinking else []
+        if kind == "signature_delta":
+            block["signature"] = (block.get("signature") or "") + (delta.signature or "")
+        elif kind == "input_json_delta":
+            block["json"].append(delta.partial_json or "")
+        return []
+
+    def _stop(self, index: int) -> list[Event]:
+        block = self.blocks.pop(index, None)
+        if block is None:
+            return []
+        if block["type"] == "thinking":
+            return [ReasoningEnd(signature=block["signature"] or None)]
+        if block["type"] == "tool_use":
+            raw = "".join(block["json"])
+            try:
+                arguments = parse_arguments(raw) if raw else dict(block["input"])
+            except ValueError as exc:
+                raise errors.bad_stream(
+                    NAME, f"the arguments of tool call {block['name']} are not JSON ({exc})"
+                ) from exc
+            return [ToolCallEvent(block["id"], block["name"], arguments)]
+        return []

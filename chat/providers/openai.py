@@ -1,0 +1,320 @@
+"""The OpenAI-compatible Chat Completions adapter (OpenAI, DeepSeek, vLLM,
+llama.cpp, Ollama: any base URL).
+
+Raw chunks are accumulated here, not by the SDK's `.stream()` helper: some
+servers repeat a tool call's id and name in every fragment, and the first one
+must win rather than be concatenated.
+
+Request rules: the neutral user message (tool results first, then text) is
+split into `role: "tool"` messages and then a user message; arguments are JSON
+with sorted keys; reasoning goes back as `reasoning_content` only where the
+model's options say the server requires it (DeepSeek's thinking mode, on
+assistant messages with tool calls).
+
+SDK retries are off: retries belong to the turn engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+import openai
+
+from chat.providers import errors
+from chat.providers.base import (
+    Event,
+    Finish,
+    Message,
+    ProviderError,
+    ReasoningDelta,
+    ReasoningEnd,
+    Request,
+    TextDelta,
+    TextPart,
+    ThinkingPart,
+    ToolCallEvent,
+    ToolCallPart,
+    ToolResultPart,
+    Usage,
+)
+from chat.providers.common import arguments_json, canonical, default_timeout, parse_arguments
+from chat.providers.registry import ModelInfo
+
+NAME = "OpenAI-compatible server"
+# finish_reason in the neutral (Anthropic) vocabulary that Finish uses.
+STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
+# Where servers put reasoning text in a delta: DeepSeek and llama.cpp, then
+# vLLM and Ollama.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+# Results of failed calls say so in their text: the wire format has no flag.
+ERROR_PREFIX = "Error: "
+
+
+class OpenAIProvider:
+    def __init__(
+        self,
+        model: ModelInfo,
+        *,
+        api_key: str,
+        base_url: str | None = None,
+        timeout: httpx2.Timeout | float | None = None,
+    ) -> None:
+        self.model = model
+        self.api_key = api_key
+        self.base_url = base_url
+        self.timeout = timeout if timeout is not None else default_timeout()
+
+    def __repr__(self) -> str:
+        return f"OpenAIProvider({self.model.id!r}, base_url={self.base_url!r})"
+
+    async def stream(self, request: Request) -> AsyncIterator[Event]:
+        params = build_params(request, self.model)
+        options: dict[str, Any] = {"api_key": self.api_key, "max_retries": 0}
+        if self.base_url is not None:
+            options["base_url"] = self.base_url
+        # A client per call: closing it closes the connection however the
+        # stream ends, and nothing is bound to an event loop between calls.
+        client = openai.AsyncOpenAI(timeout=self.timeout, **options)
+        async with client:
+            try:
+                stream = await client.chat.completions.create(**params, stream=True)
+            except Exception as exc:
+                raise classify(exc) from exc
+            try:
+                translator = Translator()
+                chunks = stream.__aiter__()
+                while True:
+                    try:
+                        chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    except Exception as exc:
+                        raise classify(exc) from exc
+                    for event in translator.feed(chunk):
+                        yield event
+                for event in translator.end():
+                    yield event
+            finally:
+                await stream.close()
+
+
+def classify(exc: BaseException) -> ProviderError:
+    """The ProviderError for an exception of the SDK or its HTTP client."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, openai.APIStatusError):
+        return errors.from_status(NAME, exc.status_code, exc.body, exc.response.headers)
+    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
+        return errors.connection(NAME, "the request timed out", timeout=True)
+    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
+        cause = exc.__cause__ or exc
+        return errors.connection(NAME, f"the connection failed ({type(cause).__name__}: {cause})")
+    if isinstance(exc, openai.APIError):
+        # `{"error": ...}` inside a 200 stream: the SDK gives it no status.
+        return errors.in_stream(NAME, exc.body)
+    if isinstance(exc, ValueError):  # JSONDecodeError, UnicodeDecodeError
+        return errors.bad_stream(NAME, f"malformed chunk in the stream ({exc})")
+    return ProviderError(f"{NAME}: unexpected {type(exc).__name__}: {exc}")
+
+
+# --- Request -------------------------------------------------------------------
+
+
+def build_params(request: Request, model: ModelInfo) -> dict[str, Any]:
+    """The keyword arguments of `chat.completions.create` (without stream).
+
+    No output limit is sent: OpenAI's newer models want max_completion_tokens,
+    other servers max_tokens, and every one has a sane default.
+    """
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": request.system})
+    for message in request.messages:
+        messages.extend(wire_messages(message, send_reasoning=model.send_reasoning))
+    params: dict[str, Any] = {
+        "model": model.name,
+        "messages": messages,
+        "stream_options": {"include_usage": True},
+    }
+    tools = sorted(request.tools, key=lambda t: t.name)
+    if tools:
+        params["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": canonical(t.input_schema),
+                },
+            }
+            for t in tools
+        ]
+    return params
+
+
+def wire_messages(message: Message, *, send_reasoning: bool = False) -> list[dict[str, Any]]:
+    """One neutral message as Chat Completions messages."""
+    if message.role == "assistant":
+        return [_assistant(message, send_reasoning)]
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for part in message.parts:
+        if isinstance(part, ToolResultPart):
+            content = part.result
+            if part.is_error and not content.startswith(ERROR_PREFIX):
+                content = ERROR_PREFIX + content
+            out.append({"role": "tool", "tool_call_id": part.call_id, "content": content})
+        elif isinstance(part, TextPart) and part.text:
+            texts.append(part.text)
+    if texts:
+        out.append({"role": "user", "content": "\n\n".join(texts)})
+    return out
+
+
+def _assistant(message: Message, send_reasoning: bool) -> dict[str, Any]:
+    texts = [p.text for p in message.parts if isinstance(p, TextPart) and p.text]
+    calls = [p for p in message.parts if isinstance(p, ToolCallPart)]
+    out: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts) or None}
+    if send_reasoning and calls:
+        out["reasoning_content"] = "".join(
+            p.text for p in message.parts if isinstance(p, ThinkingPart)
+        )
+    if calls:
+        out["tool_calls"] = [
+            {
+                "id": c.call_id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": arguments_json(c.arguments)},
+            }
+            for c in calls
+        ]
+    elif out["content"] is None:
+        # Only reasoning was said: an assistant message needs content or calls.
+        out["content"] = ""
+    return out
+
+
+# --- Response ------------------------------------------------------------------
+
+
+class Translator:
+    """Chat Completions chunks (SDK objects) to neutral events.
+
+    Tool calls are complete only at the end of the stream, so they are emitted
+    there, in index order.
+    """
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.reasoning = False
+        self.finish_reason: str | None = None
+        self.usage = Usage()
+
+    def feed(self, chunk: Any) -> list[Event]:
+        out: list[Event] = []
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            self.usage = _usage(usage)
+        for choice in getattr(chunk, "choices", None) or ():
+            if getattr(choice, "index", 0) not in (0, None):
+                continue  # n > 1 is never asked for
+            if reason := getattr(choice, "finish_reason", None):
+                self.finish_reason = reason
+            # Azure sends content-filter chunks with no delta at all.
+            delta = getattr(choice, "delta", None)
+            if delta is not None:
+                out += self._delta(delta)
+        return out
+
+    def end(self) -> list[Event]:
+        """The events after the last chunk: pending reasoning end, calls, Finish."""
+        if self.finish_reason is None:
+            raise errors.connection(NAME, "the stream ended before the response was complete")
+        out = self._end_reasoning()
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            if not call["name"]:
+                raise errors.bad_stream(NAME, f"tool call #{index} has no name")
+            raw = "".join(call["arguments"])
+            try:
+                arguments = parse_arguments(raw)
+            except ValueError as exc:
+                raise errors.bad_stream(
+                    NAME, f"the arguments of tool call {call['name']} are not JSON ({exc})"
+                ) from exc
+            out.append(ToolCallEvent(call["id"] or f"call_{index}", call["name"], arguments))
+        stop = STOP_REASONS.get(self.finish_reason, self.finish_reason)
+        if self.calls:
+            # Some servers (Ollama) say "stop" even when they called tools.
+            stop = "tool_use"
+        out.append(Finish(self.usage, stop))
+        return out
+
+    def _delta(self, delta: Any) -> list[Event]:
+        out: list[Event] = []
+        extra = getattr(delta, "model_extra", None) or {}
+        for name in REASONING_FIELDS:
+            text = extra.get(name)
+            if isinstance(text, str) and text:
+                self.reasoning = True
+                out.append(ReasoningDelta(text))
+                break
+        content = getattr(delta, "content", None)
+        if content:
+            out += self._end_reasoning()
+            out.append(TextDelta(content))
+        for fragment in getattr(delta, "tool_calls", None) or ():
+            out += self._end_reasoning()
+            self._fragment(fragment)
+        return out
+
+    def _end_reasoning(self) -> list[Event]:
+        if not self.reasoning:
+            return []
+        self.reasoning = False
+        return [ReasoningEnd()]
+
+    def _fragment(self, fragment: Any) -> None:
+        index = getattr(fragment, "index", None)
+        if index is None:
+            index = len(self.calls)
+        call = self.calls.setdefault(index, {"id": None, "name": None, "arguments": []})
+        # The first id and name win: some servers repeat them in every fragment.
+        if call["id"] is None and getattr(fragment, "id", None):
+            call["id"] = fragment.id
+        function = getattr(fragment, "function", None)
+        if function is None:
+            return
+        if call["name"] is None and getattr(function, "name", None):
+            call["name"] = function.name
+        if getattr(function, "arguments", None):
+            call["arguments"].append(function.arguments)
+
+
+def _usage(usage: Any) -> Usage:
+    """Neutral usage: input_tokens excludes cache reads, as Anthropic counts it."""
+    prompt = _int(getattr(usage, "prompt_tokens", 0))
+    completion = _int(getattr(usage, "completion_tokens", 0))
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = _int(getattr(details, "cached_tokens", 0))
+    if not cached:
+        # DeepSeek's own name for it.
+        extra = getattr(usage, "model_extra", None) or {}
+        cached = _int(extra.get("prompt_cache_hit_tokens", 0))
+    return Usage(
+        input_tokens=max(prompt - cached, 0),
+        output_tokens=completion,
+        cache_read_tokens=cached,
+    )
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) else 0

@@ -1,0 +1,371 @@
+"""Which models exist, how each is configured, and where its credentials come from.
+
+Model ids are `provider/model`: `anthropic/claude-sonnet-4-5`, `openai/gpt-4.1`,
+`deepseek/deepseek-chat`, `offline/demo`. Known models carry their options here
+(thinking mode, budget, beta headers, limits, reasoning send-back); a model a
+known provider serves but this table does not list works with that provider's
+defaults, so a new model needs no code change.
+
+Credentials: the environment first (`ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL`,
+`OPENAI_API_KEY`, `OPENAI_BASE_URL`, `DEEPSEEK_API_KEY`, `DEEPSEEK_BASE_URL`),
+else the database (`ApiKey`, `ProviderEndpoint`). No base URL is written here:
+an unset one means the SDK's own default.
+
+This module imports neither Django nor the SDKs at import time, so importing
+`chat.providers` (as the pure `chat.history` does) stays cheap and pure. The
+functions that read the database are sync; from async code use the `a*` twins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from chat.providers.base import ProviderError
+
+if TYPE_CHECKING:
+    from chat.providers.base import Provider
+
+OFFLINE_MODEL = "offline/demo"
+
+THINKING_MODES = ("none", "manual", "adaptive")
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+# The API refuses a smaller thinking budget.
+MIN_THINKING_BUDGET = 1024
+# Limits for a model the table does not know. The output limit is sent as
+# max_tokens, so it has to be one every current model accepts: too high is a 400.
+DEFAULT_CONTEXT_WINDOW = 200_000
+DEFAULT_MAX_OUTPUT = 32_000
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """One model and its options, as the adapters and the UI picker see it.
+
+    `thinking`: "none" sends no thinking parameter, "manual" a fixed
+    `thinking_budget` (with the `betas` the model needs for interleaved
+    thinking), "adaptive" lets the model decide. `send_reasoning` makes the
+    OpenAI-compatible adapter send reasoning back as `reasoning_content` on
+    assistant messages with tool calls (DeepSeek's thinking mode requires it).
+    `available` is whether a key is configured (set by `list_models`).
+    """
+
+    id: str
+    label: str = ""
+    thinking: str = "none"
+    thinking_budget: int = 0
+    betas: tuple[str, ...] = ()
+    context_window: int = DEFAULT_CONTEXT_WINDOW
+    max_output: int = DEFAULT_MAX_OUTPUT
+    send_reasoning: bool = False
+    known: bool = True
+    available: bool = True
+
+    def __post_init__(self) -> None:
+        provider, _, name = self.id.partition("/")
+        if not provider or not name:
+            raise ValueError(f"model id {self.id!r} is not of the form provider/model")
+        if self.thinking not in THINKING_MODES:
+            raise ValueError(f"{self.id}: thinking must be one of {THINKING_MODES}")
+        if self.thinking == "manual":
+            if self.thinking_budget < MIN_THINKING_BUDGET:
+                raise ValueError(f"{self.id}: thinking budget must be >= {MIN_THINKING_BUDGET}")
+            # Interleaved thinking lets the budget span a whole turn; without it
+            # the API wants the budget below max_tokens.
+            interleaved = INTERLEAVED_THINKING_BETA in self.betas
+            if not interleaved and self.thinking_budget >= self.max_output:
+                raise ValueError(f"{self.id}: thinking budget must be below max_output")
+
+    @property
+    def provider(self) -> str:
+        return self.id.partition("/")[0]
+
+    @property
+    def name(self) -> str:
+        """The model name the provider's API knows."""
+        return self.id.partition("/")[2]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSpec:
+    name: str
+    label: str
+    adapter: str  # "anthropic" | "openai" | "offline"
+    default_model: str
+    key_env: str = ""
+    url_env: str = ""
+    # Providers riding another SDK (DeepSeek on the OpenAI one) have no SDK
+    # default URL of their own, and no URL is hard-coded here.
+    needs_base_url: bool = False
+    url_hint: str = ""
+    defaults: dict[str, object] = field(default_factory=dict)
+
+
+PROVIDERS: dict[str, ProviderSpec] = {
+    spec.name: spec
+    for spec in (
+        ProviderSpec(
+            "anthropic",
+            "Anthropic",
+            "anthropic",
+            "anthropic/claude-sonnet-4-5",
+            key_env="ANTHROPIC_API_KEY",
+            url_env="ANTHROPIC_BASE_URL",
+        ),
+        ProviderSpec(
+            "openai",
+            "OpenAI-compatible",
+            "openai",
+            "openai/gpt-4.1",
+            key_env="OPENAI_API_KEY",
+            url_env="OPENAI_BASE_URL",
+        ),
+        ProviderSpec(
+            "deepseek",
+            "DeepSeek",
+            "openai",
+            "deepseek/deepseek-chat",
+            key_env="DEEPSEEK_API_KEY",
+            url_env="DEEPSEEK_BASE_URL",
+            needs_base_url=True,
+            url_hint="https://api.deepseek.com",
+        ),
+        ProviderSpec("offline", "Offline", "offline", OFFLINE_MODEL),
+    )
+}
+
+# Budget of manual thinking: enough for real planning, well below the output limit.
+MANUAL_BUDGET = 8_000
+
+MODELS: dict[str, ModelInfo] = {
+    m.id: m
+    for m in (
+        # Manual thinking; interleaving between tool calls needs the beta header.
+        ModelInfo(
+            "anthropic/claude-sonnet-4-5",
+            "Claude Sonnet 4.5",
+            thinking="manual",
+            thinking_budget=MANUAL_BUDGET,
+            betas=(INTERLEAVED_THINKING_BETA,),
+            max_output=64_000,
+        ),
+        ModelInfo(
+            "anthropic/claude-opus-4-1",
+            "Claude Opus 4.1",
+            thinking="manual",
+            thinking_budget=MANUAL_BUDGET,
+            betas=(INTERLEAVED_THINKING_BETA,),
+            max_output=32_000,
+        ),
+        ModelInfo(
+            "anthropic/claude-haiku-4-5",
+            "Claude Haiku 4.5",
+            thinking="manual",
+            thinking_budget=MANUAL_BUDGET,
+            max_output=64_000,
+        ),
+        # Adaptive thinking: the model decides, and interleaves on its own.
+        ModelInfo("anthropic/claude-sonnet-4-6", "Claude Sonnet 4.6", thinking="adaptive"),
+        ModelInfo("anthropic/claude-opus-4-6", "Claude Opus 4.6", thinking="adaptive"),
+        ModelInfo("anthropic/claude-opus-4-7", "Claude Opus 4.7", thinking="adaptive"),
+        ModelInfo("anthropic/claude-sonnet-5", "Claude Sonnet 5", thinking="adaptive"),
+        ModelInfo("anthropic/claude-opus-5", "Claude Opus 5", thinking="adaptive"),
+        ModelInfo("openai/gpt-4.1", "GPT-4.1", context_window=1_047_576, max_output=32_768),
+        ModelInfo(
+            "openai/gpt-4.1-mini", "GPT-4.1 mini", context_window=1_047_576, max_output=32_768
+        ),
+        ModelInfo(
+            "deepseek/deepseek-chat", "DeepSeek Chat", context_window=128_000, max_output=8_000
+        ),
+        # Thinking mode: its reasoning must go back with the tool calls it led to.
+        ModelInfo(
+            "deepseek/deepseek-reasoner",
+            "DeepSeek Reasoner",
+            context_window=128_000,
+            max_output=64_000,
+            send_reasoning=True,
+        ),
+        ModelInfo(OFFLINE_MODEL, "Offline demo (no network)", max_output=1_000),
+    )
+}
+
+
+def model_info(model_id: str) -> ModelInfo:
+    """The options of `model_id`; a provider's defaults for a model it does not list.
+
+    Raises ValueError for a malformed id or an unknown provider.
+    """
+    if not isinstance(model_id, str) or model_id.count("/") < 1:
+        raise ValueError(
+            f"model id {model_id!r} is not of the form provider/model "
+            f"(for example {PROVIDERS['anthropic'].default_model} or {OFFLINE_MODEL})"
+        )
+    model_id = model_id.strip()
+    provider, _, name = model_id.partition("/")
+    if provider not in PROVIDERS:
+        known = ", ".join(sorted(PROVIDERS))
+        raise ValueError(f"unknown model provider {provider!r} in {model_id!r} (known: {known})")
+    if not name:
+        raise ValueError(f"model id {model_id!r} names no model after the provider")
+    if model_id in MODELS:
+        return MODELS[model_id]
+    if provider == "offline":
+        raise ValueError(f"the offline provider has one model, {OFFLINE_MODEL}, not {model_id!r}")
+    return ModelInfo(model_id, name, known=False)
+
+
+# --- Credentials -----------------------------------------------------------------
+
+
+class ProviderConfigError(ProviderError, ValueError):
+    """A provider that cannot be used as configured (no key, no endpoint).
+
+    Both a ProviderError (not retryable) and a ValueError, so callers that
+    catch either see it.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, error_type="configuration_error", retryable=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    api_key: str | None
+    base_url: str | None
+
+
+def credentials(provider: str) -> Credentials:
+    """The key and base URL of `provider`: the environment wins over the database."""
+    spec = PROVIDERS[provider]
+    if spec.adapter == "offline":
+        return Credentials(None, None)
+    key = os.environ.get(spec.key_env, "").strip() or None
+    url = os.environ.get(spec.url_env, "").strip() or None
+    if key is None or url is None:
+        stored_key, stored_url = _stored(provider, want_key=key is None, want_url=url is None)
+        key = key or stored_key
+        url = url or stored_url
+    return Credentials(key, url)
+
+
+def _stored(provider: str, *, want_key: bool, want_url: bool) -> tuple[str | None, str | None]:
+    from chat.models import ApiKey, ProviderEndpoint
+
+    key = url = None
+    if want_key:
+        row = ApiKey.objects.filter(provider=provider).first()
+        if row is not None:
+            key = row.get_key()
+            if key is None:
+                raise ProviderConfigError(
+                    f"The stored {provider} API key cannot be decrypted (SECRET_KEY changed "
+                    f"since it was saved): enter it again in Settings, or set "
+                    f"{PROVIDERS[provider].key_env}."
+                )
+    if want_url:
+        url = (
+            ProviderEndpoint.objects.filter(provider=provider)
+            .values_list("base_url", flat=True)
+            .first()
+        ) or None
+    return key, url
+
+
+def has_key(provider: str) -> bool:
+    """Whether `provider` could be used now (offline always can)."""
+    spec = PROVIDERS[provider]
+    if spec.adapter == "offline":
+        return True
+    try:
+        creds = credentials(provider)
+    except ProviderConfigError:
+        return False
+    return creds.api_key is not None and (creds.base_url is not None or not spec.needs_base_url)
+
+
+# --- Public entry points --------------------------------------------------------
+
+
+def get_provider(model_id: str) -> Provider:
+    """A provider streaming `model_id`.
+
+    Raises ValueError for a malformed id or an unknown provider, and
+    ProviderConfigError (a ProviderError and a ValueError) when the provider's
+    key or required base URL is missing, naming the environment variable to set.
+    Reads the database when the environment has no key: call `aget_provider`
+    from async code.
+    """
+    info = model_info(model_id)
+    spec = PROVIDERS[info.provider]
+    if spec.adapter == "offline":
+        from chat.providers.offline import OfflineProvider
+
+        return OfflineProvider(model=info)
+    creds = credentials(spec.name)
+    if creds.api_key is None:
+        raise ProviderConfigError(
+            f"No API key for {spec.label} ({model_id}): set {spec.key_env} in the "
+            f"environment or add a {spec.name} key in Settings."
+        )
+    if creds.base_url is None and spec.needs_base_url:
+        raise ProviderConfigError(
+            f"No endpoint for {spec.label} ({model_id}): set {spec.url_env} in the "
+            f"environment (for example {spec.url_hint}) or add a {spec.name} endpoint "
+            f"in Settings."
+        )
+    if spec.adapter == "anthropic":
+        from chat.providers.anthropic import AnthropicProvider
+
+        return AnthropicProvider(info, api_key=creds.api_key, base_url=creds.base_url)
+    from chat.providers.openai import OpenAIProvider
+
+    return OpenAIProvider(info, api_key=creds.api_key, base_url=creds.base_url)
+
+
+def default_model() -> str:
+    """settings.DISPATCH_MODEL, else the default model of the first provider with a
+    key (Anthropic, OpenAI, DeepSeek), else the offline demo."""
+    from django.conf import settings
+
+    configured = (getattr(settings, "DISPATCH_MODEL", "") or "").strip()
+    if configured:
+        return configured
+    for spec in PROVIDERS.values():
+        if spec.adapter != "offline" and has_key(spec.name):
+            return spec.default_model
+    return OFFLINE_MODEL
+
+
+def list_models() -> list[ModelInfo]:
+    """Every known model (plus DISPATCH_MODEL when the table lacks it), each
+    marked available or not by whether its provider has a key."""
+    from django.conf import settings
+
+    available = {name: has_key(name) for name in PROVIDERS}
+    models = list(MODELS.values())
+    configured = (getattr(settings, "DISPATCH_MODEL", "") or "").strip()
+    if configured and configured not in MODELS:
+        # A bad DISPATCH_MODEL is reported when a turn uses it, not here.
+        with contextlib.suppress(ValueError):
+            models.append(model_info(configured))
+    return [replace(m, available=available[m.provider]) for m in models]
+
+
+async def aget_provider(model_id: str) -> Provider:
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(get_provider)(model_id)
+
+
+async def adefault_model() -> str:
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(default_model)()
+
+
+async def alist_models() -> list[ModelInfo]:
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(list_models)()
