@@ -1,29 +1,529 @@
+"""The operator's view of Dispatch in the Django admin (staff only).
+
+The chunk log is append-only: chunks are read here, never added, edited or
+deleted. Tabs are not added or deleted here either (a tab's system prompt is
+frozen by the app when it creates one; history goes away with the app's own
+delete or `manage.py wipe_history`). API keys are only ever shown masked.
+"""
+
 from __future__ import annotations
 
-from django.contrib import admin
+import json
+import uuid
+from typing import Any
 
-from chat.models import Chunk, Tab
+from django import forms
+from django.contrib import admin
+from django.contrib.admin.views.main import ERROR_FLAG, IGNORED_PARAMS, PAGE_VAR, SEARCH_VAR
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.db.models import Count, OuterRef, Subquery, Sum
+from django.http import Http404, HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, path, reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import JsonLexer
+
+from chat.models import (
+    ApiKey,
+    Chunk,
+    ChunkType,
+    ProviderEndpoint,
+    RunningTurn,
+    Setting,
+    Tab,
+    UsageRecord,
+)
+from chat.turns import is_stale, turn_usage
+
+# A list row is one line: long enough to recognise a chunk, short enough not
+# to wrap on a laptop screen next to the other columns.
+PREVIEW_CHARS = 120
+# Pygments needs about a second per megabyte; above this a payload is shown
+# as plain (escaped) text so a huge tool result cannot stall the page.
+HIGHLIGHT_MAX_CHARS = 200_000
+# Counting more rows than this for a filtered chunk list costs more than the
+# page itself; past it the list says "more than" and pages up to this bound.
+CHUNK_COUNT_CAP = 10_000
+# One turn is at most DISPATCH_MAX_STEPS steps of a few chunks each; this
+# bound only stops a runaway turn from producing a page nobody can load.
+TURN_VIEW_MAX_CHUNKS = 2_000
+# Real provider keys are 40+ characters. A shorter one is a paste error, and
+# the four characters the mask shows must stay a small part of the key.
+API_KEY_MIN_LENGTH = 16
+
+_JSON_FORMATTER = HtmlFormatter(cssclass="chunk-json", wrapcode=True)
+PYGMENTS_CSS = mark_safe(_JSON_FORMATTER.get_style_defs(".chunk-json"))
+
+
+def pretty_json(data: Any) -> SafeString:
+    """The payload as indented, syntax-coloured JSON (HTML-escaped by Pygments)."""
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    if len(text) > HIGHLIGHT_MAX_CHARS:
+        return format_html(
+            '<div class="chunk-json"><pre>{}</pre></div>'
+            '<p class="help">{} characters: shown without colours.</p>',
+            text,
+            len(text),
+        )
+    return mark_safe(highlight(text, JsonLexer(), _JSON_FORMATTER))
+
+
+def payload_preview(chunk_type: str, data: Any, limit: int = PREVIEW_CHARS) -> str:
+    """One line that says what the chunk holds, cut to `limit` characters."""
+    if not isinstance(data, dict):
+        line = json.dumps(data, ensure_ascii=False)
+    elif chunk_type in (ChunkType.TEXT, ChunkType.THINKING):
+        line = data.get("text") or ""
+        if not line and chunk_type == ChunkType.THINKING:
+            line = "[redacted thinking]" if data.get("redacted_data") else "[signature only]"
+    elif chunk_type == ChunkType.TOOL_CALL:
+        line = f"{data.get('name', '?')}({_compact(data.get('arguments', {}))})"
+    elif chunk_type == ChunkType.TOOL_RESULT:
+        result = data.get("result")
+        body = result if isinstance(result, str) else _compact(result)
+        mark = "error: " if data.get("is_error") else ""
+        line = f"{data.get('name', '?')} → {mark}{body}"
+    elif chunk_type == ChunkType.ERROR:
+        status = data.get("status_code")
+        line = f"[{status}] {data.get('message', '')}" if status else str(data.get("message", ""))
+    elif chunk_type == ChunkType.SYSTEM:
+        line = f"{data.get('kind', '?')}: {data.get('text', '')}"
+    else:
+        line = _compact(data)
+    line = " ".join(str(line).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _tab_page_url(tab_id: uuid.UUID) -> str | None:
+    """The app's page for the tab, or None while the app has no "tab" route."""
+    try:
+        return reverse("tab", kwargs={"tab_id": tab_id})
+    except NoReverseMatch:
+        return None
+
+
+def _chunks_of_tab_url(tab_id: uuid.UUID) -> str:
+    return f"{reverse('admin:chat_chunk_changelist')}?tab__id__exact={tab_id}"
+
+
+def _turn_url(turn_id: uuid.UUID) -> str:
+    return reverse("admin:chat_chunk_turn", kwargs={"turn_id": turn_id})
+
+
+def _running_of(tab: Tab) -> RunningTurn | None:
+    try:
+        return tab.runningturn
+    except RunningTurn.DoesNotExist:
+        return None
+
+
+# --- Tabs ---------------------------------------------------------------------
 
 
 @admin.register(Tab)
 class TabAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "owner", "model", "created_at", "updated_at"]
+    list_display = [
+        "__str__",
+        "owner",
+        "created_at",
+        "updated_at",
+        "chunk_count",
+        "turn_count",
+        "running_state",
+        "last_activity",
+        "links",
+    ]
+    list_select_related = ["owner", "runningturn"]
     search_fields = ["title"]
+    fields = [
+        "title",
+        "owner",
+        "model",
+        "system_prompt",
+        "created_at",
+        "updated_at",
+        "chunk_count",
+        "turn_count",
+        "running_state",
+        "last_activity",
+        "links",
+    ]
+    readonly_fields = [
+        "model",
+        "system_prompt",
+        "created_at",
+        "updated_at",
+        "chunk_count",
+        "turn_count",
+        "running_state",
+        "last_activity",
+        "links",
+    ]
+
+    def get_queryset(self, request: HttpRequest):
+        chunks = Chunk.objects.filter(tab=OuterRef("pk"))
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                turns=Subquery(
+                    chunks.order_by()
+                    .values("tab")
+                    .annotate(n=Count("turn_id", distinct=True))
+                    .values("n")
+                ),
+                # Walks the (tab, seq) index backwards: one row per tab.
+                last_chunk_at=Subquery(chunks.order_by("-seq").values("created_at")[:1]),
+            )
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Tab | None = None) -> bool:
+        # The delete page would collect every chunk of the tab into memory to
+        # list them, and chunks are not deletable here anyway.
+        return False
+
+    @admin.display(description="chunks", ordering="last_seq")
+    def chunk_count(self, tab: Tab) -> int:
+        # Exact: chat.log.append hands out seqs 1, 2, 3… under the tab lock and
+        # chunks are never deleted one by one, so the last seq is the count.
+        return tab.last_seq
+
+    @admin.display(description="turns", ordering="turns")
+    def turn_count(self, tab: Tab) -> int:
+        return tab.turns or 0
+
+    @admin.display(description="running")
+    def running_state(self, tab: Tab) -> str:
+        running = _running_of(tab)
+        if running is None:
+            return "idle"
+        state = f"{running.get_status_display().lower()}, step {running.step}"
+        if running.cancel_requested:
+            state += ", cancel requested"
+        if is_stale(running):
+            state += " (stale lease)"
+        return state
+
+    @admin.display(description="last activity")
+    def last_activity(self, tab: Tab):
+        running = _running_of(tab)
+        moments = [m for m in (tab.last_chunk_at, running and running.heartbeat_at) if m]
+        return max(moments) if moments else tab.created_at
+
+    @admin.display(description="links")
+    def links(self, tab: Tab) -> SafeString:
+        chunks = format_html('<a href="{}">chunks</a>', _chunks_of_tab_url(tab.pk))
+        page = _tab_page_url(tab.pk)
+        if page is None:
+            return chunks
+        return format_html('{} · <a href="{}">open tab</a>', chunks, page)
 
 
-@admin.register(Chunk)
+# --- Chunks -------------------------------------------------------------------
+
+
+class ChunkPaginator(Paginator):
+    """A paginator that never counts a long tab's chunks row by row.
+
+    `known_count` is a count the caller got for free (see ChunkAdmin); without
+    one, rows are counted up to CHUNK_COUNT_CAP and `capped` says when there
+    are more than that.
+    """
+
+    def __init__(self, *args: Any, known_count: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.known_count = known_count
+        self.capped = False
+
+    @cached_property
+    def count(self) -> int:
+        if self.known_count is not None:
+            return self.known_count
+        counted = self.object_list[: CHUNK_COUNT_CAP + 1].count()
+        if counted > CHUNK_COUNT_CAP:
+            self.capped = True
+            return CHUNK_COUNT_CAP
+        return counted
+
+
 class ChunkAdmin(admin.ModelAdmin):
     """Read-only: the log is append-only."""
 
-    list_display = ["tab", "seq", "turn_id", "step", "role", "type"]
-    list_filter = ["type", "role"]
-    ordering = ["tab", "seq"]
+    list_display = ["tab", "seq", "turn", "step", "role", "type", "preview"]
+    list_display_links = ["seq"]
+    list_select_related = ["tab"]
+    list_filter = ["type", "role", "tab", "created_at"]
+    # Key transforms search the decoded strings (so "café" matches on SQLite,
+    # which stores JSON \u-escaped); a pasted turn id matches the turn exactly.
+    search_fields = [
+        "data__text",
+        "data__message",
+        "data__name",
+        "data__arguments",
+        "data__result",
+        "data__shell_output",
+        "turn_id__exact",
+    ]
+    search_help_text = "Searches the payload text (text, message, tool name, arguments, result)."
+    # tab_id, not tab: "tab" would order by Tab's own ordering through a join
+    # and lose the (tab, seq) index.
+    ordering = ["tab_id", "seq"]
+    show_full_result_count = False
+    # Facet counts are one full count per filter choice.
+    show_facets = admin.ShowFacets.NEVER
+    fields = ["tab", "seq", "turn", "step", "role", "type", "created_at", "payload"]
+    readonly_fields = fields
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Chunk | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Chunk | None = None) -> bool:
         return False
+
+    def get_paginator(
+        self, request, queryset, per_page, orphans=0, allow_empty_first_page=True
+    ) -> ChunkPaginator:
+        return ChunkPaginator(
+            queryset,
+            per_page,
+            orphans,
+            allow_empty_first_page,
+            known_count=self._free_count(request),
+        )
+
+    def _free_count(self, request: HttpRequest) -> int | None:
+        """The list's row count when the tabs' last seqs give it for free, else None.
+
+        No filter: the sum of every tab's last seq. Only a tab filter: that
+        tab's last seq (see TabAdmin.chunk_count for why that is exact).
+        """
+        if request.GET.get(SEARCH_VAR):
+            return None
+        params = {
+            key: values
+            for key, values in request.GET.lists()
+            if key not in IGNORED_PARAMS and key not in (PAGE_VAR, ERROR_FLAG)
+        }
+        if not params:
+            return Tab.objects.aggregate(n=Sum("last_seq"))["n"] or 0
+        if params.keys() == {"tab__id__exact"} and len(params["tab__id__exact"]) == 1:
+            try:
+                tab_id = uuid.UUID(params["tab__id__exact"][0])
+            except ValueError:
+                return None
+            found = Tab.objects.filter(pk=tab_id).values_list("last_seq", flat=True).first()
+            return found or 0
+        return None
+
+    def get_urls(self):
+        turn_view = self.admin_site.admin_view(self.turn_view)
+        return [
+            path("turn/<uuid:turn_id>/", turn_view, name="chat_chunk_turn"),
+            *super().get_urls(),
+        ]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = {**(extra_context or {}), "pygments_css": PYGMENTS_CSS}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    @admin.display(description="turn", ordering="turn_id")
+    def turn(self, chunk: Chunk) -> SafeString | str:
+        if chunk.turn_id is None:
+            return "-"
+        return format_html(
+            '<a href="{}" title="{}">{}</a>',
+            _turn_url(chunk.turn_id),
+            chunk.turn_id,
+            str(chunk.turn_id)[:8],
+        )
+
+    @admin.display(description="payload")
+    def preview(self, chunk: Chunk) -> str:
+        return payload_preview(chunk.type, chunk.data)
+
+    @admin.display(description="payload")
+    def payload(self, chunk: Chunk) -> SafeString:
+        return pretty_json(chunk.data)
+
+    def turn_view(self, request: HttpRequest, turn_id: uuid.UUID) -> TemplateResponse:
+        """Every chunk of one turn in seq order, grouped by step, with each step's usage."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        chunks = list(
+            Chunk.objects.filter(turn_id=turn_id)
+            .select_related("tab")
+            .order_by("seq")[: TURN_VIEW_MAX_CHUNKS + 1]
+        )
+        running = RunningTurn.objects.filter(turn_id=turn_id).select_related("tab").first()
+        if not chunks and running is None:
+            raise Http404("No chunk belongs to this turn.")
+        truncated = len(chunks) > TURN_VIEW_MAX_CHUNKS
+        chunks = chunks[:TURN_VIEW_MAX_CHUNKS]
+
+        usage_by_step: dict[int, dict[str, int]] = {}
+        for record in UsageRecord.objects.filter(turn_id=turn_id):
+            step = usage_by_step.setdefault(
+                record.step, {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
+            )
+            step["input"] += record.input_tokens
+            step["output"] += record.output_tokens
+            step["cache_read"] += record.cache_read_tokens
+            step["cache_write"] += record.cache_write_tokens
+
+        steps: dict[int, list[dict[str, Any]]] = {}
+        for chunk in chunks:
+            steps.setdefault(chunk.step, []).append(
+                {
+                    "chunk": chunk,
+                    "url": reverse("admin:chat_chunk_change", args=[chunk.pk]),
+                    "preview": payload_preview(chunk.type, chunk.data),
+                    "json": pretty_json(chunk.data),
+                }
+            )
+        tab = chunks[0].tab if chunks else running.tab
+        open_chunk = running.open_chunk if running else None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Turn {str(turn_id)[:8]}",
+            "turn_id": turn_id,
+            "tab": tab,
+            "tab_chunks_url": _chunks_of_tab_url(tab.pk),
+            "steps": [
+                {"step": step, "chunks": rows, "usage": usage_by_step.get(step)}
+                for step, rows in steps.items()
+            ],
+            "totals": turn_usage(turn_id),
+            "truncated": truncated,
+            "max_chunks": TURN_VIEW_MAX_CHUNKS,
+            "running": running,
+            "running_stale": running is not None and is_stale(running),
+            "open_chunk_preview": (
+                payload_preview(open_chunk.get("type", ""), open_chunk.get("data"))
+                if isinstance(open_chunk, dict)
+                else None
+            ),
+            "pygments_css": PYGMENTS_CSS,
+        }
+        return TemplateResponse(request, "admin/chat/chunk/turn.html", context)
+
+
+admin.site.register(Chunk, ChunkAdmin)
+
+
+# --- Kept state ---------------------------------------------------------------
+
+
+@admin.register(Setting)
+class SettingAdmin(admin.ModelAdmin):
+    list_display = ["key", "value", "updated_at"]
+    search_fields = ["key"]
+
+
+@admin.register(ProviderEndpoint)
+class ProviderEndpointAdmin(admin.ModelAdmin):
+    list_display = ["provider", "base_url", "updated_at"]
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):
+    """Usage is a record of what happened: viewable and deletable, never edited."""
+
+    list_display = [
+        "created_at",
+        "user",
+        "model",
+        "tab_id",
+        "turn",
+        "step",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+    ]
+    list_filter = ["model", "created_at"]
+    list_select_related = ["user"]
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: UsageRecord | None = None) -> bool:
+        return False
+
+    @admin.display(description="turn", ordering="turn_id")
+    def turn(self, record: UsageRecord) -> SafeString:
+        return format_html(
+            '<a href="{}" title="{}">{}</a>',
+            _turn_url(record.turn_id),
+            record.turn_id,
+            str(record.turn_id)[:8],
+        )
+
+
+class ApiKeyForm(forms.ModelForm):
+    """Takes the key in plain text once and stores it encrypted; never shows it back."""
+
+    key = forms.CharField(
+        label="API key",
+        required=False,
+        strip=True,
+        # render_value=False: a re-displayed form (after an error) must not
+        # carry the key back into the page.
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+        help_text="Stored encrypted. Leave empty to keep the current key.",
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = ["provider"]
+
+    def clean_key(self) -> str:
+        key = self.cleaned_data["key"]
+        if not key:
+            if self.instance._state.adding:
+                raise ValidationError("Enter the API key.")
+            return ""
+        if any(char.isspace() for char in key):
+            raise ValidationError("An API key has no spaces or line breaks: check what was pasted.")
+        if len(key) < API_KEY_MIN_LENGTH:
+            raise ValidationError(
+                f"This is too short for an API key (at least {API_KEY_MIN_LENGTH} characters)."
+            )
+        return key
+
+    def save(self, commit: bool = True) -> ApiKey:
+        api_key = super().save(commit=False)
+        if self.cleaned_data.get("key"):
+            api_key.set_key(self.cleaned_data["key"])
+        if commit:
+            api_key.save()
+        return api_key
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    form = ApiKeyForm
+    list_display = ["provider", "masked_key", "updated_at"]
+    fields = ["provider", "key", "masked_key", "created_at", "updated_at"]
+    readonly_fields = ["masked_key", "created_at", "updated_at"]
+
+    @admin.display(description="key")
+    def masked_key(self, api_key: ApiKey) -> str:
+        return api_key.masked if api_key.last4 else "-"
