@@ -15,6 +15,7 @@ Normalisations, each deterministic so that rebuilding gives the same bytes:
 - tool arguments are re-ordered with sorted keys (PostgreSQL's jsonb re-orders
   keys on its own, which would otherwise change the bytes after a reload);
 - call ids are made safe (`[a-zA-Z0-9_-]`) and unique in the request;
+- an empty tool result is sent as EMPTY_RESULT;
 - tool results go first in the user message that follows their call; a call
   without a result (a crash) gets a synthetic error result; a result without a
   call is dropped, and so is a tool_result chunk that holds only live output
@@ -49,6 +50,9 @@ UNSAFE_ID_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 # The safe id of a call whose id is empty (some OpenAI-compatible servers).
 EMPTY_CALL_ID = "call"
 MISSING_RESULT = "No result was recorded for this call (the turn was interrupted)."
+# Sent for a tool that printed nothing: some Anthropic routes reject an empty
+# tool_result content (anomalyco/opencode#15371), and the model reads it better.
+EMPTY_RESULT = "(no output)"
 CONVERSATION_START = "(conversation start)"
 
 
@@ -222,7 +226,8 @@ class History:
             return  # no such call in the message before: not sendable
         user = self._to(Role.USER)
         user.answered.add(call.safe)
-        part = ToolResultPart(call.safe, call.name, str(data["result"]), bool(data.get("is_error")))
+        text = str(data["result"]) or EMPTY_RESULT
+        part = ToolResultPart(call.safe, call.name, text, bool(data.get("is_error")))
         user.parts.insert(_results_end(user.parts), part)
 
     def _safe_id(self, original: str) -> str:

@@ -104,8 +104,9 @@ def assert_valid_request(messages: Sequence[Message]) -> None:
                     assert call_id not in seen_ids, f"call id {call_id!r} used twice"
                     seen_ids.add(call_id)
                     assert list(part.arguments) == sorted(part.arguments)
-                case ToolResultPart():
+                case ToolResultPart(result=result):
                     assert message.role == Role.USER
+                    assert result, f"message {i} has an empty tool result"
                 case _:
                     raise AssertionError(f"unknown part {part!r}")
         calls = [p for p in message.parts if isinstance(p, ToolCallPart)]

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from chat import history
-from chat.history import CONVERSATION_START, MISSING_RESULT, History, canonical
+from chat.history import CONVERSATION_START, EMPTY_RESULT, MISSING_RESULT, History, canonical
 from chat.providers.base import (
     Finish,
     Message,
@@ -163,6 +163,10 @@ NORMALISATIONS = {
     "result named after its call": (
         [U("q"), C("c1", "grep"), R("c1", name="something-else")],
         [user("q"), asst(call("c1", "grep")), user(result("c1", name="grep"))],
+    ),
+    "an empty result sent as a placeholder": (
+        [U("q"), C("c1"), R("c1", "")],
+        [user("q"), asst(call("c1")), user(result("c1", EMPTY_RESULT))],
     ),
     "error results keep is_error": (
         [U("q"), C("c1"), R("c1", "denied", is_error=True)],

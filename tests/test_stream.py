@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -509,3 +512,20 @@ def test_block_text_is_the_streamable_body():
     text = Block(uuid.uuid4(), None, 0, Role.ASSISTANT, Kind.TEXT, {"text": "t"})
     result = Block(uuid.uuid4(), None, 0, Role.TOOL, Kind.TOOL_RESULT, {"result": "r"})
     assert (text.text, result.text) == ("t", "")
+
+
+# A fresh interpreter imports in well under a second; the bound only stops a hang.
+IMPORT_TIMEOUT_S = 30
+
+
+def test_the_pure_core_imports_nothing_from_django():
+    """stream.py and history.py load without Django (DESIGN.md section 1's boundary)."""
+    code = (
+        "import sys, chat.stream, chat.history\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'django')\n"
+        "assert not loaded, loaded\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        [sys.executable, "-c", code], cwd=root, check=True, timeout=IMPORT_TIMEOUT_S, env={}
+    )
