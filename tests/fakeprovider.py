@@ -328,3 +328,9 @@ def fake_server_factory() -> Iterator[Any]:
 def fake_server(fake_server_factory: Any) -> FakeProviderServer:
     """A running fake provider server."""
     return fake_server_factory()
+
+
+async def collect(stream: Any) -> list[Any]:
+    """Every event of a provider stream, closing it whatever happens."""
+    async with contextlib.aclosing(stream) as events:
+        return [event async for event in events]

@@ -5,9 +5,10 @@ Request rules (each one keeps the prefix byte-stable or the request valid):
   as given (the caller freezes it per tab);
 - thinking goes back exactly as it came (signature or redacted data), and
   thinking without either is dropped: Anthropic rejects it;
-- cache breakpoints on the last tool, on the system prompt, on the last block
-  of the request (moving) and on the last block of the request before it,
-  never on thinking or empty text: at most 4, the API's limit.
+- cache breakpoints on the last tool, on the system prompt and on the last
+  block of the request (moving), never on thinking or empty text: 3 of the 4
+  the API allows. No breakpoint sits on an earlier message, so every message
+  but the last goes out with the same bytes in every later request.
 
 SDK retries are off: retries belong to the turn engine, which can tell the user.
 """
@@ -202,11 +203,12 @@ def mark_breakpoints(
 ) -> None:
     """Add cache_control to the blocks that end a reusable prefix.
 
-    The fixed ones (last tool, system) are shared by every request of a tab.
-    The moving one on the last block writes this request's prefix; the one on
-    the last block of the request before (two messages back) reads that
-    prefix exactly, however many blocks this step added: a read only looks
-    back 20 blocks from a breakpoint.
+    The fixed ones (last tool, system) are shared by every request of a tab;
+    the moving one on the last block writes this request's prefix, which the
+    next request reads by looking back from its own last block. (A read looks
+    back at most 20 blocks: a step adding more than that misses once. A
+    breakpoint on the previous request's tail would fix that, but would also
+    change the bytes of an earlier message between requests.)
     """
     marks: list[dict[str, Any]] = []
     if tools:
@@ -216,9 +218,6 @@ def mark_breakpoints(
     tail = _last_cacheable(messages)
     if tail is not None:
         marks.append(tail)
-    before = _last_cacheable(messages[:-2])
-    if before is not None and before is not tail:
-        marks.append(before)
     assert len(marks) <= MAX_BREAKPOINTS
     for block in marks:
         block["cache_control"] = dict(EPHEMERAL)
