@@ -186,7 +186,8 @@ def _answer(text: str) -> Plan:
     thinking = (
         f"The user wants me to {_join(steps)}. "
         f"The {_join([f'`{n}`' for n in names])} tool{'s' if len(names) > 1 else ''} "
-        f"can do that, so I'll call {'them' if len(calls) > 1 else 'it'} and look at the result."
+        f"can do that, so I'll call {'them' if len(calls) > 1 else 'it'} "
+        "and look at what comes back."
     )
     intro = "I'm the offline demo model, so I work from simple rules, but I can use real tools."
     text = f"{intro} Let me {_join([_describe(c, markdown=True) for c in calls])}."
@@ -198,13 +199,13 @@ def _greeting(text: str) -> Plan:
         "No file name, file listing or command in this message, so there is no tool to "
         "call. I'll say what I am and suggest something to try."
     )
-    echo = ""
+    about = ""
     if text:
         quoted = text if len(text) <= MAX_ECHO_CHARS else text[: MAX_ECHO_CHARS - 1] + "…"
-        echo = f"You wrote: “{' '.join(quoted.split())}”.\n\n"
+        about = f" about “{' '.join(quoted.split())}”"
     body = (
-        f"{echo}Hello! I'm **offline/demo**, the offline demo model built into Dispatch. "
-        "I run without a network or an API key, so my replies follow a few simple rules, "
+        "Hello! I'm **offline/demo**, the offline demo model built into Dispatch. "
+        f"I run without a network or an API key, so I can't hold a real conversation{about}, "
         "but I can use the workspace tools like a real agent. Try:\n\n"
         "- *list the files*\n"
         "- *read README.md*\n"
