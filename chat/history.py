@@ -114,6 +114,9 @@ class History:
     _done: list[Message] = field(default_factory=list)
     _draft: _Draft | None = None
     _used_ids: set[str] = field(default_factory=set)
+    # Safe id -> the last suffix tried for it. Servers that reuse one id every
+    # step would otherwise make each new call probe all earlier ones.
+    _suffixes: dict[str, int] = field(default_factory=dict)
     last_seq: int = 0
 
     @classmethod
@@ -232,10 +235,14 @@ class History:
 
     def _safe_id(self, original: str) -> str:
         safe = UNSAFE_ID_CHARS.sub("_", original) or EMPTY_CALL_ID
-        candidate, n = safe, 1
+        # Suffixes below the remembered one are all taken (ids are never
+        # released), so starting there gives the same id as starting at 1.
+        n = self._suffixes.get(safe, 1)
+        candidate = safe if n == 1 else f"{safe}_{n}"
         while candidate in self._used_ids:
             n += 1
             candidate = f"{safe}_{n}"
+        self._suffixes[safe] = n
         self._used_ids.add(candidate)
         return candidate
 

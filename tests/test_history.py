@@ -144,12 +144,31 @@ NORMALISATIONS = {
             user(result("call_0_2")),
         ],
     ),
-    "a safe id colliding with a made one stays unique": (
-        [U("q"), C("a.b"), C("a_b"), R("a_b", "second"), R("a.b", "first")],
+    "an id reused every step numbered in order": (
+        [
+            U("q"),
+            *[spec for n in range(4) for spec in (C("call_0", step=n), R("call_0", step=n))],
+        ],
         [
             user("q"),
-            asst(call("a_b"), call("a_b_2")),
-            user(result("a_b_2", "second"), result("a_b", "first")),
+            *[
+                m
+                for cid in ["call_0", "call_0_2", "call_0_3", "call_0_4"]
+                for m in (asst(call(cid)), user(result(cid)))
+            ],
+        ],
+    ),
+    "a safe id colliding with a made one stays unique": (
+        [U("q"), C("a.b"), C("a_b"), C("a_b_2"), C("a.b"), R("a_b", "second"), R("a.b", "first")],
+        [
+            user("q"),
+            asst(call("a_b"), call("a_b_2"), call("a_b_2_2"), call("a_b_3")),
+            user(
+                result("a_b_2", "second"),
+                result("a_b", "first"),
+                missing("a_b_2_2"),
+                missing("a_b_3"),
+            ),
         ],
     ),
     "repeated ids in one message answered in call order": (
