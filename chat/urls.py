@@ -1,7 +1,28 @@
+from __future__ import annotations
+
 from django.urls import path
 
 from chat import views
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("setup/", views.setup, name="setup"),
+    path("login/", views.login_view, name="login"),
+    path("logout/", views.logout_view, name="logout"),
+    path("settings/", views.settings_view, name="settings"),
+    path("settings/keys/<str:provider>/delete/", views.apikey_delete, name="apikey_delete"),
+    path(
+        "settings/endpoints/<str:provider>/delete/",
+        views.endpoint_delete,
+        name="endpoint_delete",
+    ),
+    path("t/new/", views.tab_new, name="tab_new"),
+    path("t/<uuid:tab_id>/", views.tab, name="tab"),
+    path("t/<uuid:tab_id>/older/", views.tab_older, name="tab_older"),
+    path("t/<uuid:tab_id>/rename/", views.tab_rename, name="tab_rename"),
+    path("t/<uuid:tab_id>/delete/", views.tab_delete, name="tab_delete"),
+    path("t/<uuid:tab_id>/model/", views.tab_model, name="tab_model"),
+    path("t/<uuid:tab_id>/send/", views.tab_send, name="tab_send"),
+    path("t/<uuid:tab_id>/stop/", views.tab_stop, name="tab_stop"),
+    path("t/<uuid:tab_id>/approve/", views.tab_approve, name="tab_approve"),
 ]

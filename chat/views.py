@@ -1,8 +1,406 @@
+"""The web UI's views: accounts, tabs, the chat page and its actions, settings.
+
+Thin: rendering of chunks is chat.render's, turns are chat.turns'. Every view
+but the first-run page and the login page needs a logged-in user, and a tab is
+only ever looked up together with its owner.
+"""
+
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+import uuid
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth import get_user_model, login
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.middleware import HtmxDetails
+
+from chat import log, turns
+from chat import render as chat_render
+from chat.forms import (
+    DEFAULT_SYSTEM_PROMPT,
+    MAX_MESSAGE_CHARS,
+    OFFLINE_MODEL,
+    ApiKeyForm,
+    EndpointForm,
+    MessageForm,
+    OwnerForm,
+    RenameForm,
+    SettingsForm,
+    TabModelForm,
+    get_setting,
+    key_providers,
+    known_models,
+    model_choices,
+    new_tab_model,
+    ui_settings,
+)
+from chat.models import ApiKey, Chunk, ProviderEndpoint, RunningTurn, Setting, Tab
+
+# The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
+SIDEBAR_TABS = 100
+# The row whose lock makes "no user yet, create the owner" one step across processes.
+SETUP_LOCK_KEY = "owner_setup"
 
 
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def _get_tab_for_user(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
+    return get_object_or_404(Tab, pk=tab_id, owner=request.user)
+
+
+def _sidebar_tabs(request: HttpRequest) -> list[Tab]:
+    running = RunningTurn.objects.filter(tab=OuterRef("pk"))
+    return list(
+        Tab.objects.filter(owner=request.user)
+        .annotate(running=Exists(running))
+        .order_by("-updated_at")[:SIDEBAR_TABS]
+    )
+
+
+def _staff(request: HttpRequest) -> None:
+    # Settings hold every user's API keys: only the install's staff may see them.
+    if not request.user.is_staff:
+        raise PermissionDenied("Only staff can change the settings.")
+
+
+# --- Accounts ------------------------------------------------------------------------
+
+
+def setup(request: HttpRequest) -> HttpResponse:
+    """First run: create the owner account. Gone once any user exists."""
+    User = get_user_model()
+    if User.objects.exists():
+        return redirect("login")
+    form = OwnerForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        with transaction.atomic():
+            lock, _ = Setting.objects.get_or_create(key=SETUP_LOCK_KEY, defaults={"value": True})
+            Setting.objects.select_for_update().filter(pk=lock.pk).get()
+            if User.objects.exists():
+                # Someone else finished the form first.
+                return redirect("login")
+            user = form.save(commit=False)
+            user.is_staff = True
+            user.is_superuser = True
+            user.save()
+        login(request, user)
+        return redirect("home")
+    return render(request, "chat/setup.html", {"form": form})
+
+
+def login_view(request: HttpRequest) -> HttpResponse:
+    if not get_user_model().objects.exists():
+        return redirect("setup")
+    return auth_views.LoginView.as_view(
+        template_name="chat/login.html", redirect_authenticated_user=True
+    )(request)
+
+
+logout_view = auth_views.LogoutView.as_view()
+
+
+# --- Tabs ---------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "chat/home.html")
+    tabs = _sidebar_tabs(request)
+    if tabs:
+        return redirect("tab", tab_id=tabs[0].id)
+    return render(request, "chat/home.html", {"tabs": tabs})
+
+
+@login_required
+@require_POST
+def tab_new(request: HttpRequest) -> HttpResponse:
+    tab = Tab.objects.create(
+        owner=request.user,
+        model=new_tab_model(),
+        system_prompt=get_setting("system_prompt", "") or DEFAULT_SYSTEM_PROMPT,
+    )
+    return redirect("tab", tab_id=tab.id)
+
+
+def _page_bounds(tab_id: uuid.UUID, chunks: list[Chunk]) -> tuple[bool, bool]:
+    """(more chunks before this page, the first chunk's turn began before it)."""
+    if not chunks:
+        return False, False
+    first = chunks[0]
+    before = (
+        Chunk.objects.filter(tab_id=tab_id, seq__lt=first.seq)
+        .order_by("-seq")
+        .values_list("turn_id", flat=True)[:1]
+    )
+    if not before:
+        return False, False
+    return True, first.turn_id is not None and before[0] == first.turn_id
+
+
+@login_required
+@require_GET
+def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    tab = _get_tab_for_user(request, tab_id)
+    conf = ui_settings()
+    chunks = log.page(tab.id, limit=conf.page_size)
+    has_more, continues = _page_bounds(tab.id, chunks)
+    items, status = chat_render.page_items(chunks, turns.status(tab.id), continues=continues)
+    return render(
+        request,
+        "chat/tab.html",
+        {
+            "tab": tab,
+            "tabs": _sidebar_tabs(request),
+            "current_tab": tab,
+            "items": items,
+            "s": status,
+            "page": True,
+            "expand_thinking": conf.expand_thinking,
+            "dom_window": conf.dom_window,
+            "has_more": has_more,
+            "tab_id": tab.id,
+            "before": chunks[0].seq if chunks else 0,
+            "model_choices": model_choices(tab.model),
+            "tab_model": tab.model,
+            "offline_model": OFFLINE_MODEL,
+            "max_message": MAX_MESSAGE_CHARS,
+        },
+    )
+
+
+@login_required
+@require_GET
+def tab_older(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """The page of chunks before `?before=<seq>`, and the trigger for the one before it."""
+    tab = _get_tab_for_user(request, tab_id)
+    try:
+        before = int(request.GET.get("before", ""))
+    except ValueError:
+        return HttpResponseBadRequest("?before= must be a chunk seq (a whole number).")
+    if before < 1:
+        return HttpResponseBadRequest("?before= must be at least 1.")
+    conf = ui_settings()
+    chunks = log.page(tab.id, before=before, limit=conf.page_size)
+    has_more, continues = _page_bounds(tab.id, chunks)
+    items = chat_render.group(chunks, continues=continues)
+    return render(
+        request,
+        "chat/tab.html#older_page",
+        {
+            "items": items,
+            "page": True,
+            "expand_thinking": conf.expand_thinking,
+            "has_more": has_more,
+            "tab_id": tab.id,
+            "before": chunks[0].seq if chunks else before,
+        },
+    )
+
+
+@login_required
+@require_POST
+def tab_rename(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    tab = _get_tab_for_user(request, tab_id)
+    form = RenameForm(request.POST)
+    if form.is_valid():
+        tab.title = form.cleaned_data["title"].strip()
+        tab.save(update_fields=["title", "updated_at"])
+    else:
+        _form_errors(request, form)
+    return redirect("tab", tab_id=tab.id)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tab_delete(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    tab = _get_tab_for_user(request, tab_id)
+    if request.method == "POST":
+        # A running turn must stop writing before its tab goes.
+        turns.cancel(tab.id)
+        title = str(tab)
+        tab.delete()
+        messages.success(request, f"Deleted “{title}”.")
+        return redirect("home")
+    return render(
+        request,
+        "chat/tab_delete.html",
+        {
+            "tab": tab,
+            "tabs": _sidebar_tabs(request),
+            "current_tab": tab,
+            "chunk_count": log.count(tab.id),
+        },
+    )
+
+
+@login_required
+@require_POST
+def tab_model(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    tab = _get_tab_for_user(request, tab_id)
+    form = TabModelForm(request.POST, current=tab.model)
+    if form.is_valid():
+        tab.model = form.cleaned_data["model"]
+        tab.save(update_fields=["model", "updated_at"])
+    else:
+        _form_errors(request, form)
+    return redirect("tab", tab_id=tab.id)
+
+
+def _form_errors(request: HttpRequest, form: Any) -> None:
+    for errors in form.errors.values():
+        for error in errors:
+            messages.error(request, error)
+
+
+# --- The composer -------------------------------------------------------------------------
+
+
+def _composer_error(request: HttpRequest, tab: Tab, error: str, status: int) -> HttpResponse:
+    if not getattr(request, "htmx", False):
+        messages.error(request, error)
+        return redirect("tab", tab_id=tab.id)
+    html = render_to_string("chat/tab.html#composer_error", {"error": error})
+    return HttpResponse(html, status=status)
+
+
+@login_required
+@require_POST
+def tab_send(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    tab = _get_tab_for_user(request, tab_id)
+    form = MessageForm(request.POST)
+    if not form.is_valid():
+        return _composer_error(request, tab, form.errors["text"][0], 422)
+    try:
+        turns.submit(tab, form.cleaned_data["text"])
+    except ValueError as exc:
+        return _composer_error(request, tab, str(exc), 422)
+    if not getattr(request, "htmx", False):
+        return redirect("tab", tab_id=tab.id)
+    # The message shows up over the socket (queued, then in the log); clearing the
+    # error is all this response does.
+    return HttpResponse(render_to_string("chat/tab.html#composer_error", {"error": ""}))
+
+
+@login_required
+@require_POST
+def tab_stop(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    tab = _get_tab_for_user(request, tab_id)
+    turns.cancel(tab.id)
+    if not getattr(request, "htmx", False):
+        return redirect("tab", tab_id=tab.id)
+    return HttpResponse(status=204)
+
+
+@login_required
+@require_POST
+def tab_approve(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Answer a pending approval: the button says approve=<call_id> or deny=<call_id>."""
+    tab = _get_tab_for_user(request, tab_id)
+    approve, deny = request.POST.get("approve"), request.POST.get("deny")
+    if bool(approve) == bool(deny):
+        return HttpResponseBadRequest("Send either approve=<call id> or deny=<call id>.")
+    turns.approve(tab.id, approve or deny, bool(approve))
+    if not getattr(request, "htmx", False):
+        return redirect("tab", tab_id=tab.id)
+    return HttpResponse(status=204)
+
+
+# --- Settings ----------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def settings_view(request: HttpRequest) -> HttpResponse:
+    _staff(request)
+    conf = ui_settings()
+    settings_form = SettingsForm(initial=SettingsForm.initial_from(conf))
+    key_form = ApiKeyForm()
+    endpoint_form = EndpointForm()
+    status = 200
+    if request.method == "POST":
+        action = request.POST.get("action")
+        if action == "settings":
+            settings_form = SettingsForm(request.POST)
+            if settings_form.is_valid():
+                settings_form.save()
+                messages.success(request, "Settings saved.")
+                return redirect("settings")
+        elif action == "key":
+            key_form = ApiKeyForm(request.POST)
+            if key_form.is_valid():
+                provider = key_form.cleaned_data["provider"]
+                row = ApiKey.objects.filter(provider=provider).first() or ApiKey(provider=provider)
+                row.set_key(key_form.cleaned_data["key"])
+                row.save()
+                messages.success(request, f"Saved the {provider} key ({row.masked}).")
+                return redirect("settings")
+        elif action == "endpoint":
+            endpoint_form = EndpointForm(request.POST)
+            if endpoint_form.is_valid():
+                provider = endpoint_form.cleaned_data["provider"]
+                ProviderEndpoint.objects.update_or_create(
+                    provider=provider,
+                    defaults={"base_url": endpoint_form.cleaned_data["base_url"]},
+                )
+                messages.success(request, f"Saved the {provider} endpoint.")
+                return redirect("settings")
+        else:
+            return HttpResponseBadRequest("Unknown settings action.")
+        status = 422
+    labels = dict(key_providers())
+    return render(
+        request,
+        "chat/settings.html",
+        {
+            "tabs": _sidebar_tabs(request),
+            "settings_form": settings_form,
+            "key_form": key_form,
+            "endpoint_form": endpoint_form,
+            "keys": [
+                (labels.get(k.provider, k.provider), k) for k in ApiKey.objects.order_by("provider")
+            ],
+            "endpoints": [
+                (labels.get(e.provider, e.provider), e)
+                for e in ProviderEndpoint.objects.order_by("provider")
+            ],
+            "models": known_models(),
+            "offline_model": OFFLINE_MODEL,
+        },
+        status=status,
+    )
+
+
+@login_required
+@require_POST
+def apikey_delete(request: HttpRequest, provider: str) -> HttpResponse:
+    _staff(request)
+    deleted, _ = ApiKey.objects.filter(provider=provider).delete()
+    if deleted:
+        messages.success(request, f"Deleted the {provider} key.")
+    else:
+        messages.error(request, f"There is no stored {provider} key.")
+    return redirect(reverse("settings"))
+
+
+@login_required
+@require_POST
+def endpoint_delete(request: HttpRequest, provider: str) -> HttpResponse:
+    _staff(request)
+    deleted, _ = ProviderEndpoint.objects.filter(provider=provider).delete()
+    if deleted:
+        messages.success(request, f"Removed the {provider} endpoint; the SDK default applies.")
+    else:
+        messages.error(request, f"There is no stored {provider} endpoint.")
+    return redirect(reverse("settings"))

@@ -1,0 +1,322 @@
+"""The web UI's forms, and the settings they read and write.
+
+Settings live in `Setting` rows (key -> JSON value); `ui_settings()` is the one
+place that knows their keys, defaults and bounds. The turn runner reads
+"approve_tools" and "fallback_model" itself (chat.agent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.contrib.auth.forms import UserCreationForm
+from django.core.validators import URLValidator
+
+from chat import log
+from chat.models import Setting
+
+OFFLINE_MODEL = "offline/demo"
+OFFLINE_LABEL = "Offline demo model"
+
+# Frozen into each new tab (a changing prompt would lose every prompt-cache hit).
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful assistant working in the user's workspace directory. "
+    "Use the tools to look at files, change them and run commands there; check "
+    "your work, and say plainly what you did and what you could not do."
+)
+# A message is typed or pasted: past this it is an accident, not a question.
+MAX_MESSAGE_CHARS = 100_000
+# Long enough for a detailed brief; it is sent with every request.
+MAX_SYSTEM_PROMPT_CHARS = 20_000
+
+PAGE_SIZE_DEFAULT = log.PAGE_SIZE
+# Fewer than this barely fills a screen, so scrolling up would load page after page.
+PAGE_SIZE_MIN = 20
+# A tab page renders in time independent of the tab's length only if the page is bounded.
+PAGE_SIZE_MAX = 1000
+# Enough for several pages of a long conversation; a browser keeps that many
+# rich elements without strain.
+DOM_WINDOW_DEFAULT = 600
+DOM_WINDOW_MAX = 5000
+# An API key is a long token: anything this short is a typo or a partial paste.
+API_KEY_MIN_CHARS = 8
+API_KEY_MAX_CHARS = 500
+
+
+def get_setting(key: str, default: Any) -> Any:
+    value = Setting.objects.filter(key=key).values_list("value", flat=True).first()
+    return default if value is None else value
+
+
+def set_setting(key: str, value: Any) -> None:
+    Setting.objects.update_or_create(key=key, defaults={"value": value})
+
+
+@dataclass(frozen=True)
+class UiSettings:
+    page_size: int
+    dom_window: int
+    expand_thinking: bool
+    approve_tools: bool
+    default_model: str
+    fallback_model: str
+    system_prompt: str
+
+
+def _int(value: Any, default: int, low: int, high: int) -> int:
+    # A value written by hand in the admin may be anything; the page must still render.
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return default
+    return min(max(number, low), high)
+
+
+def ui_settings() -> UiSettings:
+    rows = dict(
+        Setting.objects.filter(
+            key__in=[
+                "page_size",
+                "dom_window",
+                "expand_thinking",
+                "approve_tools",
+                "default_model",
+                "fallback_model",
+                "system_prompt",
+            ]
+        ).values_list("key", "value")
+    )
+    page_size = _int(rows.get("page_size"), PAGE_SIZE_DEFAULT, PAGE_SIZE_MIN, PAGE_SIZE_MAX)
+    return UiSettings(
+        page_size=page_size,
+        dom_window=_int(rows.get("dom_window"), DOM_WINDOW_DEFAULT, page_size, DOM_WINDOW_MAX),
+        expand_thinking=bool(rows.get("expand_thinking", False)),
+        approve_tools=bool(rows.get("approve_tools", True)),
+        default_model=str(rows.get("default_model") or ""),
+        fallback_model=str(rows.get("fallback_model") or ""),
+        system_prompt=str(rows.get("system_prompt") or ""),
+    )
+
+
+# --- Models --------------------------------------------------------------------------
+
+
+def known_models() -> list[Any]:
+    from chat.providers import list_models
+
+    return list(list_models())
+
+
+def model_label(model: Any) -> str:
+    if model.id == OFFLINE_MODEL:
+        return OFFLINE_LABEL
+    label = model.label or model.id
+    return label if model.available else f"{label} (no key)"
+
+
+def model_choices(current: str = "") -> list[tuple[str, str]]:
+    """The picker's options; a tab's model the table no longer lists stays selectable."""
+    choices = [(m.id, model_label(m)) for m in known_models()]
+    if current and current not in {value for value, _ in choices}:
+        choices.append((current, current))
+    return choices
+
+
+def new_tab_model() -> str:
+    """The model a new tab starts with: the Settings choice, else the providers' default."""
+    from chat.providers import default_model
+
+    return get_setting("default_model", "") or default_model()
+
+
+def key_providers() -> list[tuple[str, str]]:
+    """Providers that take an API key or an endpoint (every one but the offline demo)."""
+    from chat.providers.registry import PROVIDERS
+
+    return [(name, spec.label) for name, spec in PROVIDERS.items() if spec.adapter != "offline"]
+
+
+def validate_model_id(value: str) -> str:
+    """A model id the providers serve: listed, or `provider/name` of a listed provider."""
+    value = value.strip()
+    models = known_models()
+    if value in {m.id for m in models}:
+        return value
+    providers = sorted({m.provider for m in models})
+    provider, _, name = value.partition("/")
+    if not provider or not name:
+        raise forms.ValidationError(
+            f"“{value}” is not a model id: write provider/model, for example "
+            f"{models[0].id if models else OFFLINE_MODEL}."
+        )
+    if provider not in providers:
+        raise forms.ValidationError(
+            f"Unknown provider “{provider}”. Known providers: {', '.join(providers)}."
+        )
+    if provider == "offline":
+        raise forms.ValidationError(f"The offline provider has one model: {OFFLINE_MODEL}.")
+    return value
+
+
+# --- Accounts ------------------------------------------------------------------------
+
+
+class OwnerForm(UserCreationForm):
+    """The first account: it owns the install (superuser and staff)."""
+
+
+# --- Tabs ---------------------------------------------------------------------------------
+
+
+class MessageForm(forms.Form):
+    text = forms.CharField(
+        max_length=MAX_MESSAGE_CHARS,
+        error_messages={
+            "required": "The message is empty.",
+            "max_length": "The message is too long (at most %(limit_value)s characters).",
+        },
+    )
+
+
+class RenameForm(forms.Form):
+    title = forms.CharField(
+        max_length=200,
+        required=False,
+        error_messages={"max_length": "A title has at most %(limit_value)s characters."},
+    )
+
+
+class TabModelForm(forms.Form):
+    model = forms.ChoiceField(
+        error_messages={"invalid_choice": "“%(value)s” is not a model this server offers."}
+    )
+
+    def __init__(self, *args: Any, current: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model"].choices = model_choices(current)
+
+
+# --- Settings --------------------------------------------------------------------------
+
+
+class SettingsForm(forms.Form):
+    default_model = forms.CharField(
+        required=False,
+        max_length=200,
+        widget=forms.TextInput(attrs={"list": "model-options", "autocomplete": "off"}),
+        help_text="For new tabs. Empty: the first provider with a key, else the offline demo.",
+    )
+    fallback_model = forms.CharField(
+        required=False,
+        max_length=200,
+        widget=forms.TextInput(attrs={"list": "model-options", "autocomplete": "off"}),
+        help_text="Used when the tab's model keeps failing (overloaded, rate limited).",
+    )
+    system_prompt = forms.CharField(
+        required=False,
+        max_length=MAX_SYSTEM_PROMPT_CHARS,
+        widget=forms.Textarea(attrs={"rows": 5}),
+        help_text="For new tabs; a tab keeps the prompt it was created with.",
+    )
+    expand_thinking = forms.BooleanField(
+        required=False, label="Show the model's reasoning expanded"
+    )
+    approve_tools = forms.BooleanField(required=False, label="Ask before running a tool call")
+    page_size = forms.IntegerField(
+        min_value=PAGE_SIZE_MIN,
+        max_value=PAGE_SIZE_MAX,
+        help_text="Chunks a tab page opens with; older ones load as you scroll up.",
+    )
+    dom_window = forms.IntegerField(
+        max_value=DOM_WINDOW_MAX,
+        label="DOM window",
+        help_text="Most chunks a page keeps while it follows a long run.",
+    )
+
+    @classmethod
+    def initial_from(cls, conf: UiSettings) -> dict[str, Any]:
+        return {
+            "default_model": conf.default_model,
+            "fallback_model": conf.fallback_model,
+            "system_prompt": conf.system_prompt or DEFAULT_SYSTEM_PROMPT,
+            "expand_thinking": conf.expand_thinking,
+            "approve_tools": conf.approve_tools,
+            "page_size": conf.page_size,
+            "dom_window": conf.dom_window,
+        }
+
+    def clean_default_model(self) -> str:
+        value = self.cleaned_data["default_model"].strip()
+        return validate_model_id(value) if value else ""
+
+    def clean_fallback_model(self) -> str:
+        value = self.cleaned_data["fallback_model"].strip()
+        return validate_model_id(value) if value else ""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        default, fallback = data.get("default_model"), data.get("fallback_model")
+        if fallback and default and fallback == default:
+            self.add_error("fallback_model", "The fallback must differ from the default model.")
+        page_size, window = data.get("page_size"), data.get("dom_window")
+        if page_size is not None and window is not None and window < page_size:
+            # A smaller window would drop part of the first page at the first update.
+            self.add_error(
+                "dom_window", f"The DOM window must hold at least one page ({page_size} chunks)."
+            )
+        return data
+
+    def save(self) -> None:
+        for key, value in self.cleaned_data.items():
+            if key == "system_prompt" and value.strip() == DEFAULT_SYSTEM_PROMPT:
+                value = ""  # keep following the built-in default
+            set_setting(key, value)
+
+
+class ApiKeyForm(forms.Form):
+    provider = forms.ChoiceField()
+    key = forms.CharField(
+        label="API key",
+        strip=True,
+        min_length=API_KEY_MIN_CHARS,
+        max_length=API_KEY_MAX_CHARS,
+        widget=forms.PasswordInput(attrs={"autocomplete": "off"}, render_value=False),
+        error_messages={
+            "required": "Paste the key.",
+            "min_length": "That is too short for an API key (at least %(limit_value)s characters).",
+            "max_length": "That is too long for an API key (at most %(limit_value)s characters).",
+        },
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["provider"].choices = key_providers()
+
+    def clean_key(self) -> str:
+        key = self.cleaned_data["key"]
+        if any(ch.isspace() for ch in key):
+            raise forms.ValidationError("An API key has no spaces or line breaks in it.")
+        if not key.isascii() or not key.isprintable():
+            raise forms.ValidationError("An API key is plain ASCII text; check what was pasted.")
+        return key
+
+
+class EndpointForm(forms.Form):
+    provider = forms.ChoiceField()
+    base_url = forms.CharField(
+        label="Base URL",
+        max_length=500,
+        validators=[
+            URLValidator(
+                schemes=["http", "https"],
+                message="Enter an http:// or https:// URL, e.g. https://api.example.com/v1.",
+            )
+        ],
+        error_messages={"required": "Enter the base URL, e.g. https://api.example.com/v1."},
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["provider"].choices = key_providers()

@@ -1,0 +1,603 @@
+"""Chunks to HTML: markdown and sanitising, the page's view of the log, and the live fragments.
+
+Everything here renders the partials of `chat/tab.html`, so a chunk looks the
+same whether it came with the page, with an older page, or over the socket.
+Nothing here touches the database: the socket consumer calls these functions
+from async code.
+
+The log in the page is flat: `#log` holds one element per chunk, in seq order,
+and only a tool call's results nest (in its card's result slot). Assistant
+chunks of a turn look like one bubble through CSS adjacency, not through a
+wrapper, so every live update is one insert or one replace by id.
+
+Live frames (DESIGN §5) are plain HTML whose top-level elements carry
+`hx-swap-oob`; the htmx ws extension swaps each one. Inserts use
+`beforeend:<target>` on a wrapper (the wrapper itself is dropped); the page's
+JS (static/chat/app.js) turns an insert of an id already on the page into a
+replace in place, so a frame sent twice is harmless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+import nh3
+from django.template.loader import render_to_string
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+from markdown_it import MarkdownIt
+from pygments import highlight as pygments_highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_by_name
+from pygments.util import ClassNotFound
+
+from chat.stream import Block, Kind, Role
+
+TEMPLATE = "chat/tab.html"
+
+# Highlighting is for reading code, not for megabyte dumps: past this size a
+# code block is shown plain, so one huge paste cannot stall a page render.
+MAX_HIGHLIGHT_CHARS = 50_000
+# Tool arguments longer than this many lines start collapsed (a write_file call
+# carries a whole file; the card should still fit on a screen).
+ARGS_OPEN_LINES = 12
+# The one-line summary of a call's arguments in its card header.
+ARGS_SUMMARY_CHARS = 120
+# Argument names that say best what a call does, in order of preference.
+SUMMARY_KEYS = ("command", "cmd", "path", "file", "query", "url", "pattern", "name")
+
+SYSTEM_LABELS = {
+    "notice": "Notice",
+    "model-changed": "Model changed",
+    "config-reload": "Settings reloaded",
+    "cancelled": "Cancelled",
+    "interrupted": "Interrupted",
+}
+STATE_LABELS = {
+    "idle": "Idle",
+    "running": "Running",
+    "waiting": "Waiting for approval",
+    "stopping": "Stopping",
+}
+
+
+# --- Markdown ---------------------------------------------------------------------
+
+_formatter = HtmlFormatter(nowrap=True)
+
+
+def _highlight(code: str, lang: str, _attrs: str) -> str:
+    """Pygments spans for a fenced block; "" lets markdown-it escape it as plain code."""
+    if not lang or len(code) > MAX_HIGHLIGHT_CHARS:
+        return ""
+    try:
+        lexer = get_lexer_by_name(lang, stripnl=False, ensurenl=False)
+    except ClassNotFound:
+        return ""
+    return pygments_highlight(code, lexer, _formatter)
+
+
+def _image_as_link(self, tokens, idx, options, env) -> str:
+    # A remote image loads by itself: a model (or a page it read) could leak
+    # the conversation through the image URL. A link needs a click.
+    token = tokens[idx]
+    alt = self.renderInlineAsText(token.children or [], options, env) or "image"
+    return f'<a href="{escape(token.attrGet("src") or "")}">{escape("Image: " + alt)}</a>'
+
+
+# html=False: raw HTML in a message is shown as text (a model writing "<br>" in
+# prose means the characters); nh3 below is the second line of defence.
+_md = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable(
+    ["table", "strikethrough"]
+)
+_md.add_render_rule("image", _image_as_link)
+
+_cleaner = nh3.Cleaner(
+    tags={
+        "a",
+        "p",
+        "br",
+        "hr",
+        "em",
+        "strong",
+        "del",
+        "s",
+        "code",
+        "pre",
+        "blockquote",
+        "ul",
+        "ol",
+        "li",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "table",
+        "thead",
+        "tbody",
+        "tr",
+        "th",
+        "td",
+        "span",
+    },
+    attributes={
+        "a": {"href", "title"},
+        "code": {"class"},
+        "span": {"class"},
+        "ol": {"start"},
+        "th": {"style"},
+        "td": {"style"},
+    },
+    url_schemes={"http", "https", "mailto"},
+    link_rel="noopener noreferrer",
+    set_tag_attribute_values={"a": {"target": "_blank"}},
+    filter_style_properties={"text-align"},
+)
+
+
+def markdown(text: str) -> SafeString:
+    """Sanitised HTML for a message: CommonMark + tables, code highlighted."""
+    return mark_safe(_cleaner.clean(_md.render(text)))
+
+
+def stream_text(text: str) -> SafeString:
+    """Escaped text whose length in the DOM is exactly `len(text)` code points.
+
+    The page reports its open body's length on reconnect, so the HTML parser
+    must not change it: a raw CR would be folded into LF and a NUL dropped,
+    while character references survive parsing (NUL still becomes U+FFFD,
+    which keeps the count).
+    """
+    return mark_safe(str(escape(text)).replace("\r", "&#13;").replace("\x00", "&#xFFFD;"))
+
+
+def slot_key(turn_id: Any, step: int, call_id: str) -> str:
+    """The result slot of one call. Servers reuse call ids across steps and turns, so
+    the key includes both; it is hashed to be a safe CSS value whatever the id holds."""
+    raw = f"{turn_id}:{step}:{call_id}".encode()
+    return "s" + hashlib.blake2s(raw, digest_size=8).hexdigest()
+
+
+def approve_key(call_id: str) -> str:
+    """Where a call's approval buttons go (the pending approval names the call only)."""
+    return "a" + hashlib.blake2s(call_id.encode(), digest_size=8).hexdigest()
+
+
+# --- The page's view of a chunk ------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Item:
+    """One chunk element as the templates see it."""
+
+    id: uuid.UUID
+    seq: int | None
+    turn_id: uuid.UUID | None
+    step: int
+    role: str
+    type: str
+    data: dict[str, Any]
+    open: bool = False
+    # A tool call's results, in seq order (live output, then the result).
+    results: list[Item] = field(default_factory=list)
+    turn_start: bool = True
+    # The first chunk of a page whose turn began on an earlier page.
+    partial: bool = False
+    # A result whose call is not in the same run of chunks: it is shown on its
+    # own, or (live) sent to its card's slot.
+    orphan: bool = False
+    pending_approval: bool = False
+
+    @classmethod
+    def of(cls, chunk: Any, *, open: bool = False) -> Item:
+        """From a Chunk row or a stream Block (anything with the chunk fields)."""
+        return cls(
+            id=chunk.id,
+            seq=chunk.seq,
+            turn_id=chunk.turn_id,
+            step=chunk.step,
+            role=chunk.role,
+            type=chunk.type,
+            data=chunk.data or {},
+            open=open,
+        )
+
+    @property
+    def seq_attr(self) -> str:
+        return "" if self.seq is None else str(self.seq)
+
+    @property
+    def turn_attr(self) -> str:
+        return "" if self.turn_id is None else str(self.turn_id)
+
+    @property
+    def assistant_side(self) -> bool:
+        """Part of a turn's bubble (the user's own messages and lone notices are not)."""
+        if self.role == Role.USER:
+            return False
+        if self.type in (Kind.SYSTEM, Kind.ERROR):
+            return self.turn_id is not None
+        return True
+
+    @property
+    def css(self) -> str:
+        names = ["chunk", f"t-{self.type.replace('_', '-')}"]
+        if self.role == Role.USER:
+            names.append("user")
+        elif self.assistant_side:
+            names.append("a")
+        else:
+            names.append("alone")
+        if self.open:
+            names.append("open")
+        if self.turn_start:
+            names.append("turn-start")
+        if self.partial:
+            names.append("partial")
+        if self.type == Kind.TOOL_RESULT:
+            if self.has_result:
+                names.append("has-result")
+            if self.data.get("is_error"):
+                names.append("is-error")
+        return " ".join(names)
+
+    # Text and thinking -------------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        if self.type == Kind.TOOL_RESULT:
+            return self.data.get("shell_output") or ""
+        return self.data.get("text") or ""
+
+    @property
+    def body(self) -> SafeString:
+        """The streamed body of an open chunk, escaped."""
+        return stream_text(self.text)
+
+    @cached_property
+    def html(self) -> SafeString:
+        return markdown(self.text)
+
+    @property
+    def redacted(self) -> bool:
+        return bool(self.data.get("redacted_data")) and not self.text
+
+    @property
+    def duration(self) -> str:
+        ms = self.data.get("duration_ms")
+        if not isinstance(ms, int | float) or ms < 0:
+            return ""
+        seconds = ms / 1000
+        return (
+            f"{seconds:.1f} s"
+            if seconds < 60
+            else f"{int(seconds // 60)} min {int(seconds % 60)} s"
+        )
+
+    # Tool calls and results ----------------------------------------------------------
+
+    @property
+    def call_id(self) -> str:
+        return str(self.data.get("call_id") or "")
+
+    @property
+    def name(self) -> str:
+        return str(self.data.get("name") or "")
+
+    @property
+    def slot(self) -> str:
+        return slot_key(self.turn_id, self.step, self.call_id)
+
+    @property
+    def approve(self) -> str:
+        return approve_key(self.call_id)
+
+    @property
+    def arguments(self) -> Any:
+        return self.data.get("arguments") or {}
+
+    @cached_property
+    def args_json(self) -> str:
+        return json.dumps(self.arguments, indent=2, ensure_ascii=False)
+
+    @property
+    def args_long(self) -> bool:
+        return self.args_json.count("\n") >= ARGS_OPEN_LINES
+
+    @property
+    def command(self) -> str:
+        """A shell command to show as a terminal line, if the call is one."""
+        args = self.arguments
+        if isinstance(args, dict):
+            for key in ("command", "cmd"):
+                if isinstance(args.get(key), str):
+                    return args[key]
+        return ""
+
+    @property
+    def show_args(self) -> bool:
+        """A shell call shows its command; its JSON only if it has more than that."""
+        args = self.arguments
+        return not self.command or (isinstance(args, dict) and len(args) > 1)
+
+    @property
+    def args_summary(self) -> str:
+        args = self.arguments
+        if not isinstance(args, dict) or not args:
+            return ""
+        value = next((args[k] for k in SUMMARY_KEYS if isinstance(args.get(k), str)), None)
+        if value is None:
+            value = next((v for v in args.values() if isinstance(v, str)), "")
+        line = " ".join(value.split())
+        if len(line) > ARGS_SUMMARY_CHARS:
+            line = line[: ARGS_SUMMARY_CHARS - 1] + "…"
+        return line
+
+    @property
+    def has_result(self) -> bool:
+        return "result" in self.data
+
+    @property
+    def result(self) -> str:
+        return str(self.data.get("result") or "")
+
+    @property
+    def answered(self) -> bool:
+        return any(r.has_result for r in self.results)
+
+    # Errors and system chunks --------------------------------------------------------
+
+    @property
+    def message(self) -> str:
+        return str(self.data.get("message") or "")
+
+    @property
+    def status_code(self) -> Any:
+        return self.data.get("status_code")
+
+    @property
+    def kind(self) -> str:
+        return str(self.data.get("kind") or "notice")
+
+    @property
+    def kind_label(self) -> str:
+        return SYSTEM_LABELS.get(self.kind, self.kind.replace("-", " ").capitalize())
+
+
+def group(chunks: Iterable[Any], *, continues: bool = False) -> list[Item]:
+    """The top-level items of a run of chunks (seq order), results placed in their cards.
+
+    `continues`: the chunk before the first one belongs to the same turn, so
+    the first bubble is partial.
+    """
+    items: list[Item] = []
+    cards: dict[str, list[Item]] = {}
+    for chunk in chunks:
+        item = Item.of(chunk)
+        if item.type == Kind.TOOL_RESULT:
+            card = _card_for(cards.get(item.slot, []))
+            if card is not None:
+                card.results.append(item)
+                continue
+            item.orphan = True
+        elif item.type == Kind.TOOL_CALL:
+            cards.setdefault(item.slot, []).append(item)
+        items.append(item)
+    previous: Item | None = None
+    for item in items:
+        item.turn_start = previous is None or previous.turn_id != item.turn_id
+        previous = item
+    if items and continues:
+        items[0].partial = True
+        items[0].turn_start = False
+    return items
+
+
+def _card_for(cards: list[Item]) -> Item | None:
+    """The call a result answers: the first with this key still unanswered.
+
+    Some servers repeat a call id within a step; each result then goes to the
+    first call not yet answered, as the reducer pairs them.
+    """
+    for card in cards:
+        if not card.answered:
+            return card
+    return cards[-1] if cards else None
+
+
+def page_items(
+    chunks: Sequence[Any], status: dict[str, Any], *, continues: bool = False
+) -> tuple[list[Item], dict[str, Any]]:
+    """A page render's items and status context.
+
+    The status in the database says "waiting" but not for which call (the
+    runner holds that); it is the running turn's call that has no result yet.
+    """
+    status = dict(status)
+    items = group(chunks, continues=continues)
+    if status.get("state") == "waiting" and not status.get("approval"):
+        for item in reversed(items):
+            if item.type == Kind.TOOL_CALL and item.turn_attr == str(status.get("turn_id")):
+                if not item.answered:
+                    status["approval"] = {
+                        "call_id": item.call_id,
+                        "name": item.name,
+                        "arguments": item.arguments,
+                    }
+                break
+    approval = status.get("approval")
+    if approval:
+        _mark_pending(items, str(approval.get("call_id") or ""))
+    return items, status_context(status)
+
+
+def _mark_pending(items: Sequence[Item], call_id: str) -> None:
+    for item in reversed(items):
+        if item.type == Kind.TOOL_CALL and item.call_id == call_id and not item.answered:
+            item.pending_approval = True
+            return
+
+
+# --- Status -----------------------------------------------------------------------------
+
+
+def _epoch_ms(value: Any) -> int | None:
+    if isinstance(value, int | float):
+        return int(value * 1000)
+    if isinstance(value, str) and value:
+        try:
+            return int(datetime.fromisoformat(value).timestamp() * 1000)
+        except ValueError:
+            return None
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    return None
+
+
+def tokens(n: Any) -> str:
+    """A token count for a glance: 950, 12.3k, 1.2M."""
+    n = int(n or 0)
+    if n < 1000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n / 1000:.1f}k".replace(".0k", "k")
+    return f"{n / 1_000_000:.1f}M".replace(".0M", "M")
+
+
+def elapsed(ms: int | None, now: float | None = None) -> str:
+    if ms is None:
+        return ""
+    seconds = max(0, int((now if now is not None else time.time()) - ms / 1000))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, Any]:
+    """What the status partials need, from chat.turns.status() or the runner's status."""
+    state = status.get("state") or "idle"
+    usage = status.get("usage") or {}
+    started = _epoch_ms(status.get("started_at")) if state != "idle" else None
+    approval = status.get("approval") or None
+    if approval:
+        call = Item(
+            id=uuid.uuid4(),
+            seq=None,
+            turn_id=None,
+            step=0,
+            role=Role.ASSISTANT,
+            type=Kind.TOOL_CALL,
+            data=dict(approval),
+        )
+        approval = {
+            "call_id": call.call_id,
+            "name": call.name,
+            "key": call.approve,
+            "summary": call.command or call.args_summary,
+        }
+    label = STATE_LABELS.get(state, state.capitalize())
+    if status.get("stale"):
+        label = "Not responding"
+    return {
+        "oob": oob,
+        "state": state,
+        "label": label,
+        "running": state != "idle",
+        "turn_id": status.get("turn_id") or "",
+        "step": status.get("step") or 0,
+        "model": status.get("model") or "",
+        "started_ms": started,
+        "elapsed": elapsed(started),
+        "usage": {
+            "input": tokens(usage.get("input")),
+            "output": tokens(usage.get("output")),
+            "cache_read": tokens(usage.get("cache_read")),
+            "cache_write": tokens(usage.get("cache_write")),
+            "has_cache_write": bool(usage.get("cache_write")),
+        },
+        "has_usage": any(usage.get(k) for k in ("input", "output", "cache_read", "cache_write")),
+        "approval": approval,
+        "has_queued": "queued" in status,
+        "queued": status.get("queued") or [],
+    }
+
+
+# --- Fragments for the socket ------------------------------------------------------------
+
+
+def _render(partial: str, context: dict[str, Any]) -> str:
+    return render_to_string(f"{TEMPLATE}#{partial}", context)
+
+
+def _target(item: Item) -> tuple[str, str]:
+    """Where an inserted item goes, and where it goes if that is not on the page."""
+    if item.type == Kind.TOOL_RESULT:
+        return f'[data-slot="{item.slot}"]', "#log"
+    return "#log", ""
+
+
+def _insert(items: list[Item]) -> str:
+    target, fallback = _target(items[0])
+    return _render("insert", {"items": items, "target": target, "fallback": fallback})
+
+
+def fragment_open(block: Block) -> str:
+    """Insert an open chunk (seq None; body empty or the block's text so far).
+
+    Also the snapshot of the open block on (re)connect: if the page already has
+    that chunk, the page's JS replaces it in place.
+    """
+    return _insert([Item.of(block, open=True)])
+
+
+def fragment_delta(chunk_id: uuid.UUID, text: str) -> str:
+    """Append escaped text to the open chunk's body."""
+    return _render("delta", {"chunk_id": chunk_id, "text": stream_text(text)})
+
+
+def fragment_seal(block: Block) -> str:
+    """The chunk's final rendering: replaces the open element by id, else is inserted."""
+    return _insert([Item.of(block)])
+
+
+def fragment_chunks(chunks: Iterable[Any]) -> str:
+    """A batch of sealed chunks (catch-up): results nest in cards of the same batch."""
+    frames: list[str] = []
+    run: list[Item] = []
+    for item in group(chunks):
+        if item.orphan:
+            if run:
+                frames.append(_insert(run))
+                run = []
+            frames.append(_insert([item]))
+        else:
+            run.append(item)
+    if run:
+        frames.append(_insert(run))
+    return "".join(frames)
+
+
+def fragment_status(status: dict[str, Any]) -> str:
+    """Status line, composer buttons and approval bar; the queued list when the status has one.
+
+    A pending approval also fills the buttons of its call's card.
+    """
+    return _render("status_frame", {"s": status_context(status, oob=True)})
+
+
+def fragment_queued(id: int, text: str) -> str:
+    """A message waiting for the running turn to take it."""
+    return _render("queued_insert", {"q": {"id": id, "text": text}})
+
+
+def fragment_taken(ids: Iterable[int]) -> str:
+    """Remove queued messages the turn has moved into the log."""
+    return _render("taken", {"ids": list(ids)})

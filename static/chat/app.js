@@ -1,0 +1,287 @@
+// Dispatch: the little the page does beyond htmx and its ws extension.
+//
+// - Inserts are idempotent: an inserted element whose id is already on the page
+//   replaces it in place (a frame may arrive twice around a reconnect).
+// - On every (re)connect the page says what it holds, so the server sends what
+//   is missing (DESIGN §5).
+// - The log follows the stream only while the reader is at the bottom, keeps a
+//   bounded number of chunks, and loads older pages without jumping.
+(function () {
+  'use strict';
+
+  // Within this many pixels of the bottom the reader is "at the bottom": about a line.
+  var FOLLOW_SLACK_PX = 48;
+  // The composer grows with its text up to this share of the window, then scrolls.
+  var COMPOSER_MAX_SHARE = 0.4;
+
+  function $(id) { return document.getElementById(id); }
+  function all(root, selector) { return Array.prototype.slice.call(root.querySelectorAll(selector)); }
+  function scroller() { return document.scrollingElement || document.documentElement; }
+  function atBottom() {
+    var s = scroller();
+    return s.scrollHeight - s.scrollTop - s.clientHeight <= FOLLOW_SLACK_PX;
+  }
+  function toBottom() { var s = scroller(); s.scrollTop = s.scrollHeight; }
+
+  // --- Idempotent inserts ----------------------------------------------------------
+
+  // What the reader did to an element survives its replacement.
+  function carryState(old, el) {
+    if (old.tagName === 'DETAILS' && el.tagName === 'DETAILS' && old.hasAttribute('data-seen')) {
+      el.open = old.open;
+      el.setAttribute('data-seen', '');
+    }
+    var oldSlot = old.querySelector('.slot');
+    var newSlot = el.querySelector('.slot');
+    if (oldSlot && newSlot && !newSlot.firstElementChild) {
+      while (oldSlot.firstChild) newSlot.appendChild(oldSlot.firstChild);
+    }
+    if (old.parentElement && old.parentElement.id === 'log') {
+      el.classList.toggle('turn-start', old.classList.contains('turn-start'));
+      el.classList.toggle('partial', old.classList.contains('partial'));
+    }
+  }
+
+  function upsert(el, parent) {
+    var old = el.id ? document.getElementById(el.id) : null;
+    if (old) {
+      carryState(old, el);
+      old.replaceWith(el);
+    } else {
+      parent.appendChild(el);
+    }
+    htmx.process(el);
+  }
+
+  document.addEventListener('htmx:oobBeforeSwap', function (evt) {
+    var d = evt.detail;
+    var frag = d.fragment;
+    if (!frag || !frag.children) return;
+    var replaced = false;
+    Array.prototype.slice.call(frag.children).forEach(function (el) {
+      if (!el.id) return;
+      var old = document.getElementById(el.id);
+      // The target itself is an ordinary replace (hx-swap-oob="true").
+      if (!old || old === d.target) return;
+      upsert(el);
+      replaced = true;
+    });
+    if (replaced && !frag.firstElementChild && !(frag.textContent || '').trim()) {
+      d.shouldSwap = false;
+      return;
+    }
+    // A result goes to the first card with its key that has no result yet
+    // (servers that repeat call ids make several cards share a key).
+    var key = d.target.getAttribute && d.target.getAttribute('data-slot');
+    if (key && frag.firstElementChild) {
+      var slots = all(document, '.slot[data-slot="' + key + '"]');
+      if (slots.length > 1) {
+        var free = slots.filter(function (s) { return !s.querySelector(':scope > .has-result'); })[0];
+        if ((free || slots[slots.length - 1]) !== d.target) d.shouldSwap = false;
+      }
+    }
+  });
+
+  // An insert aimed at a card that is not on the page (paged out) lands in the log.
+  document.addEventListener('htmx:oobErrorNoTarget', function (evt) {
+    var content = evt.detail.content;
+    var fallback = content && content.getAttribute && content.getAttribute('data-fallback');
+    var target = fallback && document.querySelector(fallback);
+    if (!target) return;
+    Array.prototype.slice.call(content.children).forEach(function (el) { upsert(el, target); });
+    settleLog();
+  });
+
+  // --- Reconnect: say what the page holds now -----------------------------------------
+
+  document.addEventListener('htmx:wsOpen', function (evt) {
+    var log = $('log');
+    if (!log) return;
+    var last = 0;
+    all(log, '[data-seq]').forEach(function (el) {
+      var n = parseInt(el.getAttribute('data-seq'), 10);
+      if (n > last) last = n;
+    });
+    var open = all(log, '.chunk.open').pop();
+    var id = open ? open.id.slice('chunk-'.length) : '';
+    var body = id ? $('body-' + id) : null;
+    evt.detail.socketWrapper.send(JSON.stringify({
+      type: 'hello',
+      last_seq: last,
+      open_id: id,
+      // Code points, as the server counts them (not UTF-16 units).
+      open_len: body ? [...body.textContent].length : 0
+    }), evt.detail.elt);
+  });
+
+  // --- The log: grouping, thinking, following, the DOM window --------------------------
+
+  function settleLog() {
+    var log = $('log');
+    if (!log) return;
+    var prev = null;
+    all(log, ':scope > .chunk').forEach(function (el) {
+      if (prev) {
+        el.classList.remove('partial');
+        el.classList.toggle('turn-start', prev.getAttribute('data-turn') !== el.getAttribute('data-turn'));
+      }
+      prev = el;
+    });
+    var expand = log.getAttribute('data-expand-thinking') === '1';
+    all(log, 'details.t-thinking:not([data-seen])').forEach(function (el) {
+      el.open = expand;
+      el.setAttribute('data-seen', '');
+    });
+    var hint = $('empty-hint');
+    if (hint && (log.querySelector('.chunk') || document.querySelector('#queued > li'))) hint.remove();
+    var status = $('status');
+    var current = document.querySelector('.tab-link.current');
+    if (status && current) current.classList.toggle('running', status.getAttribute('data-state') !== 'idle');
+  }
+
+  function restoreOlder(log) {
+    var min = Infinity;
+    all(log, '[data-seq]').forEach(function (el) {
+      var n = parseInt(el.getAttribute('data-seq'), 10);
+      if (n < min) min = n;
+    });
+    var older = $('older');
+    if (older) older.remove();
+    if (!isFinite(min)) return;
+    // The same element as the "older" partial in chat/tab.html.
+    older = document.createElement('div');
+    older.id = 'older';
+    older.className = 'older';
+    older.setAttribute('hx-get', log.getAttribute('data-older-url') + '?before=' + min);
+    older.setAttribute('hx-trigger', 'revealed');
+    older.setAttribute('hx-swap', 'outerHTML');
+    older.textContent = 'Loading earlier messages…';
+    log.insertBefore(older, log.firstChild);
+    htmx.process(older);
+  }
+
+  // Drop the oldest chunks past the window; never the running turn's.
+  function trim() {
+    var log = $('log');
+    var max = log ? parseInt(log.getAttribute('data-dom-window'), 10) : 0;
+    if (!max) return;
+    var count = log.querySelectorAll('.chunk').length;
+    if (count <= max) return;
+    var status = $('status');
+    var running = status && status.getAttribute('data-state') !== 'idle' ? status.getAttribute('data-turn') : '';
+    var el = log.querySelector(':scope > .chunk');
+    var removed = null;
+    while (el && count > max) {
+      if (running && el.getAttribute('data-turn') === running) break;
+      var next = el.nextElementSibling;
+      count -= 1 + el.querySelectorAll('.chunk').length;
+      el.remove();
+      removed = el;
+      el = next;
+    }
+    if (!removed) return;
+    var first = log.querySelector(':scope > .chunk');
+    if (first && first.getAttribute('data-turn') && first.getAttribute('data-turn') === removed.getAttribute('data-turn')) {
+      first.classList.add('partial');
+      first.classList.remove('turn-start');
+    }
+    restoreOlder(log);
+  }
+
+  var follow = true;
+  document.addEventListener('htmx:wsBeforeMessage', function () { follow = atBottom(); });
+  document.addEventListener('htmx:wsAfterMessage', function () {
+    settleLog();
+    if (follow) {
+      trim();
+      toBottom();
+    }
+  });
+
+  // Older pages go in above what the reader looks at: keep it where it is.
+  var olderFromBottom = null;
+  document.addEventListener('htmx:beforeSwap', function (evt) {
+    if (evt.detail.target && evt.detail.target.id === 'older') {
+      var s = scroller();
+      olderFromBottom = s.scrollHeight - s.scrollTop;
+    }
+  });
+  document.addEventListener('htmx:afterSwap', function () {
+    if (olderFromBottom === null) return;
+    var s = scroller();
+    s.scrollTop = s.scrollHeight - olderFromBottom;
+    olderFromBottom = null;
+    // Results that came before their call's page now go into its card.
+    var log = $('log');
+    all(log, ':scope > .t-tool-result[data-for]').forEach(function (result) {
+      var slots = all(log, '.slot[data-slot="' + result.getAttribute('data-for') + '"]');
+      var slot = slots.filter(function (x) { return !x.querySelector(':scope > .has-result'); })[0] || slots.pop();
+      if (!slot) return;
+      var head = result.querySelector(':scope > .result-head');
+      if (head) head.remove();
+      slot.appendChild(result);
+    });
+    settleLog();
+  });
+
+  // --- The composer -------------------------------------------------------------------
+
+  function grow(textarea) {
+    textarea.style.height = 'auto';
+    var max = Math.round(window.innerHeight * COMPOSER_MAX_SHARE);
+    textarea.style.height = Math.min(textarea.scrollHeight + 2, max) + 'px';
+  }
+
+  document.addEventListener('keydown', function (e) {
+    var t = e.target;
+    if (t && t.id === 'composer-text' && e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      t.form.requestSubmit();
+      return;
+    }
+    if (e.key === 'Escape') {
+      var stop = document.querySelector('[data-stop]');
+      if (stop) {
+        e.preventDefault();
+        stop.click();
+      }
+    }
+  });
+
+  document.addEventListener('input', function (e) {
+    if (e.target && e.target.id === 'composer-text') grow(e.target);
+  });
+
+  document.addEventListener('htmx:afterRequest', function (evt) {
+    var form = evt.detail.elt;
+    if (form && form.id === 'composer' && evt.detail.successful) {
+      form.reset();
+      grow($('composer-text'));
+      follow = true;
+      toBottom();
+    }
+  });
+
+  document.addEventListener('change', function (e) {
+    if (e.target && e.target.matches('[data-autosubmit]')) e.target.form.requestSubmit();
+  });
+
+  document.addEventListener('submit', function (e) {
+    var message = e.target.getAttribute && e.target.getAttribute('data-confirm');
+    if (message && !window.confirm(message)) e.preventDefault();
+  }, true);
+
+  // --- Clock ---------------------------------------------------------------------------
+
+  setInterval(function () {
+    all(document, '.elapsed[data-since]').forEach(function (el) {
+      var seconds = Math.max(0, Math.floor((Date.now() - parseInt(el.getAttribute('data-since'), 10)) / 1000));
+      var rest = seconds % 60;
+      el.textContent = Math.floor(seconds / 60) + ':' + (rest < 10 ? '0' : '') + rest;
+    });
+  }, 1000);
+
+  // The deferred script runs once the page is parsed: start at the newest message.
+  settleLog();
+  if ($('log')) toBottom();
+})();
