@@ -324,8 +324,22 @@ async def run_worker() -> None:
 
     global accepting_turns
     accepting_turns = True
+
+    class StoppableWorker(Worker):
+        """Channels' Worker leaves its listeners running when cancelled; a listener
+        left blocked in Redis would still take (and lose) the next turn.start."""
+
+        async def handle(self) -> None:
+            listeners = [asyncio.ensure_future(self.listener(c)) for c in self.channels]
+            try:
+                await asyncio.gather(*listeners)
+            finally:
+                for listener in listeners:
+                    listener.cancel()
+                await asyncio.gather(*listeners, return_exceptions=True)
+
     layer = get_channel_layer()
-    worker = Worker(ChannelNameRouter(channel_routes), [WORKER_CHANNEL], layer)
+    worker = StoppableWorker(ChannelNameRouter(channel_routes), [WORKER_CHANNEL], layer)
 
     async def scan() -> None:
         while True:
@@ -342,6 +356,8 @@ async def run_worker() -> None:
     finally:
         scanner.cancel()
         listening.cancel()
+        # Stop listening before anything else: a turn.start taken now would be lost.
+        await asyncio.gather(scanner, listening, return_exceptions=True)
         await _shut_down(worker)
 
 
