@@ -487,12 +487,19 @@ class ApiKeyForm(forms.ModelForm):
         # render_value=False: a re-displayed form (after an error) must not
         # carry the key back into the page.
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
-        help_text="Stored encrypted. Leave empty to keep the current key.",
     )
 
     class Meta:
         model = ApiKey
         fields = ["provider"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["key"].help_text = (
+            "Stored encrypted; shown afterwards only by its last four characters."
+            if self.instance._state.adding
+            else "Type a new key to replace the stored one; leave empty to keep it."
+        )
 
     def clean_key(self) -> str:
         key = self.cleaned_data["key"]
@@ -524,6 +531,6 @@ class ApiKeyAdmin(admin.ModelAdmin):
     fields = ["provider", "key", "masked_key", "created_at", "updated_at"]
     readonly_fields = ["masked_key", "created_at", "updated_at"]
 
-    @admin.display(description="key")
+    @admin.display(description="stored key")
     def masked_key(self, api_key: ApiKey) -> str:
         return api_key.masked if api_key.last4 else "-"

@@ -13,7 +13,7 @@ from django.urls import path, reverse
 from django.utils.http import urlencode
 
 from chat import log
-from chat.admin import CHUNK_COUNT_CAP, payload_preview
+from chat.admin import CHUNK_COUNT_CAP, HIGHLIGHT_MAX_CHARS, payload_preview
 from chat.models import ApiKey, Chunk, Setting, Tab
 from tests import opsdata
 
@@ -229,6 +229,19 @@ def test_it_shows_a_chunks_payload_as_coloured_escaped_json(client, staff):
     assert "<script>alert(1)</script>" not in html
     assert '\n<span class="w">  </span><span class="nt">"call_id"</span>' in html
     assert reverse("admin:chat_chunk_turn", kwargs={"turn_id": turn_id}) in html
+
+
+def test_it_shows_a_huge_payload_plain_but_escaped(client, staff):
+    """Past the highlighting bound the payload is still shown whole, escaped, without colours."""
+    tab = opsdata.make_tab(staff, "Huge")
+    text = "<b>bold</b> " + "z" * HIGHLIGHT_MAX_CHARS
+    [chunk] = log.append(tab.pk, [opsdata.block(uuid.uuid4(), 0, "tool", "text", {"text": text})])
+
+    html = client.get(reverse("admin:chat_chunk_change", args=[chunk.pk])).content.decode()
+
+    assert "shown without colours" in html
+    assert "&lt;b&gt;bold&lt;/b&gt; " + "z" * HIGHLIGHT_MAX_CHARS in html
+    assert "<b>bold</b>" not in html
 
 
 def test_it_refuses_to_add_change_or_delete_chunks(client, history):

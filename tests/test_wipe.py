@@ -147,6 +147,19 @@ def test_it_changes_nothing_on_a_dry_run(filled):
     assert output.rstrip().endswith("Dry run: nothing was deleted.")
 
 
+def test_it_says_on_a_dry_run_that_a_running_turn_would_block(filled):
+    """A dry run with a live turn names it, says a real run would refuse, and still succeeds."""
+    opsdata.start_turn(filled["tabs"][2])
+    before = opsdata.history_counts()
+
+    output = _wipe(dry_run=True)
+
+    assert 'Turns running on: "History tab 2"' in output
+    assert "A real run would refuse while these turns run" in output
+    assert opsdata.history_counts() == before
+    assert not RunningTurn.objects.filter(cancel_requested=True).exists()
+
+
 def test_it_refuses_without_a_terminal_to_ask_on(filled):
     """Without --yes and with stdin not a terminal it refuses and deletes nothing."""
     before = opsdata.history_counts()
