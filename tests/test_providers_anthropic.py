@@ -340,6 +340,40 @@ def test_it_sorts_tools_by_name_and_schema_keys():
     assert list(params["tools"][0]["input_schema"]) == ["properties", "required", "type"]
 
 
+async def test_it_refuses_a_request_with_nothing_to_send(fake_server):
+    """No message with content is a ValueError before any HTTP request."""
+    empty = Request(SYSTEM, TOOLS, (Message("user", (TextPart(""),)),))
+    with pytest.raises(ValueError, match="nothing to send"):
+        await collect(provider(fake_server).stream(empty))
+    assert fake_server.requests == []
+
+
+def broken_tool_call(stop_reason: str) -> list[dict[str, Any]]:
+    """A response whose tool call ends mid-arguments."""
+    events = fixture_events(JSON_TOOL)
+    events[4]["delta"]["partial_json"] = '{"elements": [{"loca'  # and no closing "}"
+    del events[5]
+    events[-2]["delta"]["stop_reason"] = stop_reason
+    return events
+
+
+async def test_it_drops_a_tool_call_cut_off_by_max_tokens(fake_server):
+    """Arguments cut off by the output limit: no call, and Finish says max_tokens."""
+    fake_server.add(Reply(events=broken_tool_call("max_tokens")))
+    events = await collect(provider(fake_server).stream(ask()))
+    assert events == [Finish(Usage(input_tokens=849, output_tokens=47), "max_tokens")]
+
+
+async def test_it_fails_on_tool_arguments_that_are_not_json(fake_server):
+    """Broken arguments without the output limit to explain them: a retryable error."""
+    fake_server.add(Reply(events=broken_tool_call("tool_use")))
+    with pytest.raises(ProviderError) as raised:
+        await collect(provider(fake_server).stream(ask()))
+    assert raised.value.error_type == "invalid_response"
+    assert "not JSON" in raised.value.message
+    assert raised.value.retryable
+
+
 # --- Errors -----------------------------------------------------------------------
 
 

@@ -324,6 +324,44 @@ def test_its_request_prefix_is_byte_stable_as_the_conversation_grows():
         assert after.startswith(before[:-1])
 
 
+async def test_it_drops_a_tool_call_cut_off_by_the_length_limit(fake_server):
+    """finish_reason "length" with unfinished arguments: no call, Finish says max_tokens."""
+    fake_server.add(
+        Reply(
+            events=[
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {
+                                "content": "Calling.",
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "id": "c",
+                                        "function": {"name": "weather", "arguments": '{"loc'},
+                                    }
+                                ],
+                            },
+                            "finish_reason": "length",
+                        }
+                    ]
+                }
+            ]
+        )
+    )
+    events = await collect(provider(fake_server).stream(ask()))
+    assert events == [TextDelta("Calling."), Finish(Usage(), "max_tokens")]
+
+
+async def test_it_refuses_a_request_with_nothing_to_send(fake_server):
+    """No message with content is a ValueError before any HTTP request."""
+    empty = Request(SYSTEM, (WEATHER,), (Message("user", (TextPart(""),)),))
+    with pytest.raises(ValueError, match="nothing to send"):
+        await collect(provider(fake_server).stream(empty))
+    assert fake_server.requests == []
+
+
 # --- Errors -----------------------------------------------------------------------
 
 
@@ -379,7 +417,7 @@ ERRORS = {
                                     }
                                 ]
                             },
-                            "finish_reason": "length",
+                            "finish_reason": "tool_calls",
                         }
                     ]
                 }

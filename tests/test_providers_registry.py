@@ -182,6 +182,14 @@ def test_the_environment_wins_over_the_database(monkeypatch):
     assert (provider.api_key, provider.base_url) == ("sk-env", "http://127.0.0.1:1/stored")
 
 
+def test_an_endpoint_that_is_not_an_http_url_names_the_variable_to_fix(monkeypatch):
+    """A base URL without http(s):// is a configuration error, not a retryable failure."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    monkeypatch.setenv("OPENAI_BASE_URL", "localhost:8080/v1")
+    with pytest.raises(ProviderConfigError, match="OPENAI_BASE_URL"):
+        get_provider("openai/gpt-4.1")
+
+
 @pytest.mark.django_db
 def test_no_endpoint_anywhere_leaves_the_sdk_default():
     """Without a base URL the adapter passes none: the SDK's own default applies."""

@@ -132,6 +132,8 @@ def build_params(request: Request, model: ModelInfo) -> dict[str, Any]:
     tools = [_tool(spec) for spec in sorted(request.tools, key=lambda t: t.name)]
     system = [{"type": "text", "text": request.system}] if request.system else []
     messages = wire_messages(request.messages)
+    if not messages:
+        raise ValueError("nothing to send: the request has no message with content")
     mark_breakpoints(tools, system, messages)
     params: dict[str, Any] = {
         "model": model.name,
@@ -243,6 +245,10 @@ class Translator:
         self.usage: dict[str, int] = {}
         self.stop_reason: str | None = None
         self.stopped = False
+        # A tool call whose arguments are not JSON. When the response was cut
+        # at max_tokens the call is dropped and the stop reason says why;
+        # otherwise the stream is broken.
+        self.broken: ProviderError | None = None
 
     def feed(self, raw: Any) -> list[Event]:
         kind = getattr(raw, "type", None)
@@ -263,6 +269,9 @@ class Translator:
         return []
 
     def finish(self) -> Finish:
+        """The Finish of a complete stream; raises if a tool call was broken."""
+        if self.broken is not None and self.stop_reason != "max_tokens":
+            raise self.broken
         u = self.usage
         return Finish(
             Usage(
@@ -336,8 +345,9 @@ class Translator:
             try:
                 arguments = parse_arguments(raw) if raw else dict(block["input"])
             except ValueError as exc:
-                raise errors.bad_stream(
+                self.broken = errors.bad_stream(
                     NAME, f"the arguments of tool call {block['name']} are not JSON ({exc})"
-                ) from exc
+                )
+                return []
             return [ToolCallEvent(block["id"], block["name"], arguments)]
         return []

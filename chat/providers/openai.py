@@ -135,10 +135,12 @@ def build_params(request: Request, model: ModelInfo) -> dict[str, Any]:
     other servers max_tokens, and every one has a sane default.
     """
     messages: list[dict[str, Any]] = []
-    if request.system:
-        messages.append({"role": "system", "content": request.system})
     for message in request.messages:
         messages.extend(wire_messages(message, send_reasoning=model.send_reasoning))
+    if not messages:
+        raise ValueError("nothing to send: the request has no message with content")
+    if request.system:
+        messages.insert(0, {"role": "system", "content": request.system})
     params: dict[str, Any] = {
         "model": model.name,
         "messages": messages,
@@ -239,20 +241,25 @@ class Translator:
         if self.finish_reason is None:
             raise errors.connection(NAME, "the stream ended before the response was complete")
         out = self._end_reasoning()
+        stop = STOP_REASONS.get(self.finish_reason, self.finish_reason)
+        calls: list[Event] = []
         for index in sorted(self.calls):
             call = self.calls[index]
-            if not call["name"]:
-                raise errors.bad_stream(NAME, f"tool call #{index} has no name")
-            raw = "".join(call["arguments"])
             try:
-                arguments = parse_arguments(raw)
+                if not call["name"]:
+                    raise ValueError("the call has no name")
+                arguments = parse_arguments("".join(call["arguments"]))
             except ValueError as exc:
+                if stop == "max_tokens":
+                    # Cut off by the output limit: the call is dropped and the
+                    # stop reason says why.
+                    continue
                 raise errors.bad_stream(
-                    NAME, f"the arguments of tool call {call['name']} are not JSON ({exc})"
+                    NAME, f"tool call #{index} ({call['name']}) is broken: {exc}"
                 ) from exc
-            out.append(ToolCallEvent(call["id"] or f"call_{index}", call["name"], arguments))
-        stop = STOP_REASONS.get(self.finish_reason, self.finish_reason)
-        if self.calls:
+            calls.append(ToolCallEvent(call["id"] or f"call_{index}", call["name"], arguments))
+        out += calls
+        if calls:
             # Some servers (Ollama) say "stop" even when they called tools.
             stop = "tool_use"
         out.append(Finish(self.usage, stop))

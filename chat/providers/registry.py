@@ -315,6 +315,11 @@ def get_provider(model_id: str) -> Provider:
             f"environment (for example {spec.url_hint}) or add a {spec.name} endpoint "
             f"in Settings."
         )
+    if creds.base_url is not None and not creds.base_url.startswith(("http://", "https://")):
+        raise ProviderConfigError(
+            f"The {spec.label} endpoint {creds.base_url!r} is not an http:// or https:// URL: "
+            f"fix {spec.url_env} or the {spec.name} endpoint in Settings."
+        )
     if spec.adapter == "anthropic":
         from chat.providers.anthropic import AnthropicProvider
 
