@@ -257,6 +257,23 @@ async def test_the_async_entry_points_read_the_database():
     assert await adefault_model() == PROVIDERS["anthropic"].default_model
 
 
+@pytest.mark.django_db(transaction=True)
+async def test_the_sync_entry_points_also_work_from_async_code():
+    """get_provider called inside an event loop still reads the stored key (on a thread),
+    and a key that cannot be decrypted still gives the clear error."""
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(store)("openai", key="sk-db", url="http://127.0.0.1:1/v1")
+    provider = get_provider("openai/gpt-4.1")
+    assert (provider.api_key, provider.base_url) == ("sk-db", "http://127.0.0.1:1/v1")
+    assert default_model() == PROVIDERS["openai"].default_model
+    await sync_to_async(ApiKey.objects.create)(
+        provider="anthropic", encrypted="not-a-fernet-token", last4="abcd"
+    )
+    with pytest.raises(ProviderConfigError, match="cannot be decrypted"):
+        get_provider("anthropic/claude-sonnet-4-5")
+
+
 # --- End to end -----------------------------------------------------------------------
 
 

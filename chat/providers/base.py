@@ -54,6 +54,9 @@ class ToolResultEvent:
     result: str
     is_error: bool = False
     truncated: bool = False
+    # The tool's own record of its output (capped head and tail); when given it
+    # replaces what streamed live, which stops at the cap.
+    shell_output: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,16 @@ an unset one means the SDK's own default.
 
 This module imports neither Django nor the SDKs at import time, so importing
 `chat.providers` (as the pure `chat.history` does) stays cheap and pure. The
-functions that read the database are sync; from async code use the `a*` twins.
+functions that read the database are sync and also work from async code (the
+reads hop to a thread); the `a*` twins do it without holding the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import os
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -251,6 +255,41 @@ def credentials(provider: str) -> Credentials:
 
 
 def _stored(provider: str, *, want_key: bool, want_url: bool) -> tuple[str | None, str | None]:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _read_stored(provider, want_key, want_url)
+    # Called from async code (the turn engine asks for a provider inside its
+    # loop). Django forbids the ORM on a loop's thread, so the two small reads
+    # run on a thread of their own while the loop waits: milliseconds, once a
+    # step. `aget_provider` avoids even that.
+    future = _db_thread().submit(_read_stored_and_close, provider, want_key, want_url)
+    return future.result(timeout=DB_READ_TIMEOUT)
+
+
+# How long a credentials read from async code may hold the event loop: far
+# more than two indexed single-row reads take, far less than a hang.
+DB_READ_TIMEOUT = 10.0
+
+
+@functools.cache
+def _db_thread() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="provider-credentials")
+
+
+def _read_stored_and_close(
+    provider: str, want_key: bool, want_url: bool
+) -> tuple[str | None, str | None]:
+    from django.db import connections
+
+    try:
+        return _read_stored(provider, want_key, want_url)
+    finally:
+        # This thread serves no requests, so nothing else closes its connections.
+        connections.close_all()
+
+
+def _read_stored(provider: str, want_key: bool, want_url: bool) -> tuple[str | None, str | None]:
     from chat.models import ApiKey, ProviderEndpoint
 
     key = url = None
