@@ -341,10 +341,20 @@ class TurnRunner:
                 await self._record_usage(model, finish.usage)
                 return finish, model
             except ProviderError as exc:
-                # Calls of a response that was cut off are never run.
-                await self._answer_pending("Not run: the response was cut off by an error.")
+                retry = exc.retryable and attempt < len(RETRY_DELAYS)
+                fallback = config.fallback_model
+                switch = exc.retryable and not retry and fallback and not switched
+                switch = switch and fallback != model
+                if not (retry or switch):
+                    self.ended_with_error = True
+                    await self._answer_pending("Not run: the response was cut off by an error.")
+                    await self._apply(self.reducer.feed(ErrorEvent(exc.message, exc.status_code)))
+                    return None
+                # The cut-off attempt stays in the log; the retry notice tells
+                # history not to send it, and its calls are never run.
+                self.reducer.pending_calls.clear()
                 await self._apply(self.reducer.seal())
-                if exc.retryable and attempt < len(RETRY_DELAYS):
+                if retry:
                     delay = RETRY_DELAYS[attempt]
                     if exc.retry_after is not None:
                         delay = min(max(delay, exc.retry_after), MAX_RETRY_AFTER)
@@ -353,21 +363,19 @@ class TurnRunner:
                         "notice",
                         f"{_reason(exc)}; retrying in {delay:g} s "
                         f"(attempt {attempt + 1} of {len(RETRY_DELAYS) + 1}).",
+                        retry=True,
                     )
                     await self._sleep(delay)
                     continue
-                fallback = config.fallback_model
-                if exc.retryable and fallback and not switched and fallback != model:
-                    switched = True
-                    attempt = 0
-                    await self._system(
-                        "model-changed", f"Switched to {fallback} ({_reason(exc).lower()})."
-                    )
-                    model = fallback
-                    continue
-                self.ended_with_error = True
-                await self._apply(self.reducer.feed(ErrorEvent(exc.message, exc.status_code)))
-                return None
+                switched = True
+                attempt = 0
+                await self._system(
+                    "model-changed",
+                    f"Switched to {fallback} ({_reason(exc).lower()}).",
+                    retry=True,
+                )
+                model = fallback
+                continue
             except (ValueError, LookupError) as exc:
                 # A misconfigured model (unknown provider, missing key).
                 self.ended_with_error = True
@@ -533,8 +541,10 @@ class TurnRunner:
         self.history.add(block)
         await self.publish({"op": "seal", "block": block_dict(block)})
 
-    async def _system(self, kind: str, text: str) -> None:
-        await self._apply(self.reducer.feed(SystemEvent(kind, text)))
+    async def _system(self, kind: str, text: str, **extra: Any) -> None:
+        ops = self.reducer.feed(SystemEvent(kind, text))
+        ops[-1].block.data.update(extra)
+        await self._apply(ops)
 
     async def _status(self) -> None:
         await self._flush_deltas()

@@ -20,6 +20,8 @@ Normalisations, each deterministic so that rebuilding gives the same bytes:
   without a result (a crash) gets a synthetic error result; a result without a
   call is dropped, and so is a tool_result chunk that holds only live output
   (sealed before its result by a cancel, a crash or another tool's output);
+- the partial output of a response cut off by an error is dropped when a
+  system chunk marked `retry` follows in the same step;
 - roles alternate user/assistant starting with user; adjacent messages of one
   role are merged, and a trailing assistant message without tool calls is
   left out (a request must end with the user's side).
@@ -137,6 +139,8 @@ class History:
             self.last_seq = chunk.seq
         data = chunk.data
         match chunk.role, chunk.type:
+            case Role.SYSTEM, Kind.SYSTEM if data.get("retry"):
+                self._discard_attempt(chunk)
             case _, Kind.SYSTEM | Kind.ERROR:
                 pass  # the UI's, never the model's
             case Role.USER, Kind.TEXT:
@@ -180,6 +184,26 @@ class History:
             return (*self._done, draft.freeze(), answers.freeze())
         return (*self._done, draft.freeze())
 
+    def _discard_attempt(self, chunk: ChunkLike) -> None:
+        """A retry notice: the response of this step was cut off and is asked again.
+
+        Its partial output stays in the log (nothing is lost) but is never sent:
+        the retry's request must equal the first attempt's, and the retried
+        response replaces the partial one (a partial text before the retry's
+        thinking would be rejected by Anthropic).
+        """
+        draft = self._draft
+        if (
+            draft is not None
+            and draft.role == Role.ASSISTANT
+            and draft.step
+            == (
+                chunk.turn_id,
+                chunk.step,
+            )
+        ):
+            self._draft = None
+
     def _assistant(self, chunk: ChunkLike) -> _Draft:
         """The assistant draft for `chunk`'s step."""
         step = (chunk.turn_id, chunk.step)
@@ -205,7 +229,7 @@ class History:
             return draft
         if draft is not None:
             self._done.append(draft.freeze())
-        elif role == Role.ASSISTANT:
+        elif role == Role.ASSISTANT and not self._done:
             # A request starts with the user; a log that does not gets a marker.
             self._done.append(Message(Role.USER, (TextPart(CONVERSATION_START),)))
         expects = draft.calls if draft is not None and role == Role.USER else []

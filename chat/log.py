@@ -26,7 +26,9 @@ from chat.stream import Block
 PAGE_SIZE = 200
 
 
-def append(tab_id: uuid.UUID, blocks: Sequence[Block], *, clear_checkpoint: bool = False) -> list[Chunk]:
+def append(
+    tab_id: uuid.UUID, blocks: Sequence[Block], *, clear_checkpoint: bool = False
+) -> list[Chunk]:
     """Append sealed blocks in order; sets each block's seq. One transaction.
 
     `clear_checkpoint` drops the running turn's checkpoint in the same
@@ -36,15 +38,24 @@ def append(tab_id: uuid.UUID, blocks: Sequence[Block], *, clear_checkpoint: bool
         return []
     with transaction.atomic():
         last = (
-            Tab.objects.select_for_update().filter(pk=tab_id).values_list("last_seq", flat=True).get()
+            Tab.objects.select_for_update()
+            .filter(pk=tab_id)
+            .values_list("last_seq", flat=True)
+            .get()
         )
         rows = []
         for n, block in enumerate(blocks, start=last + 1):
             block.seq = n
             rows.append(
                 Chunk(
-                    id=block.id, tab_id=tab_id, seq=n, turn_id=block.turn_id, step=block.step,
-                    role=block.role, type=block.type, data=block.data,
+                    id=block.id,
+                    tab_id=tab_id,
+                    seq=n,
+                    turn_id=block.turn_id,
+                    step=block.step,
+                    role=block.role,
+                    type=block.type,
+                    data=block.data,
                 )
             )
         Chunk.objects.bulk_create(rows)

@@ -218,8 +218,10 @@ class Reducer:
             and block.data.get("call_id") == event.call_id
         ):
             # The live output streamed into this block; the result completes it.
-            shell_output = block.data.get("shell_output", "")
+            shell_output = event.shell_output or block.data.get("shell_output", "")
             block.data = {**data, "shell_output": shell_output} if shell_output else data
             self.open = None
             return [Seal(block)]
+        if event.shell_output:
+            data["shell_output"] = event.shell_output
         return self._single(Role.TOOL, Kind.TOOL_RESULT, data)

@@ -68,6 +68,12 @@ def SYS(text="note", turn=T1):
     return (turn, 0, Role.SYSTEM, Kind.SYSTEM, {"kind": "notice", "text": text})
 
 
+def RETRY(step=0, turn=T1):
+    """The notice the runner writes when a response was cut off and is asked again."""
+    data = {"kind": "notice", "text": "retrying", "retry": True}
+    return (turn, step, Role.SYSTEM, Kind.SYSTEM, data)
+
+
 def ERR(message="boom", role=Role.ASSISTANT, turn=T1):
     return (turn, 0, role, Kind.ERROR, {"message": message, "status_code": 500})
 
@@ -257,6 +263,33 @@ NORMALISATIONS = {
     "a finished turn's answer is sent in the next turn": (
         [U("q"), A("answer"), U("more", turn=T2)],
         [user("q"), asst("answer"), user("more")],
+    ),
+    "a cut-off attempt is not sent once a retry notice follows": (
+        [
+            U("q"),
+            TH("half", step=1),
+            A("Partial", step=1),
+            C("c1", step=1),
+            RETRY(step=1),
+            TH("t", "sig", step=1),
+            A("Full", step=1),
+        ],
+        [user("q")],
+    ),
+    "the retried response is sent in the next turn": (
+        [U("q"), A("Partial", step=1), RETRY(step=1), A("Full", step=1), U("more", turn=T2)],
+        [user("q"), asst("Full"), user("more")],
+    ),
+    "a retry notice of another step discards nothing": (
+        [
+            U("q"),
+            C("c1", step=1),
+            R("c1", step=1),
+            RETRY(step=2),
+            A("done", step=2),
+            U("more", turn=T2),
+        ],
+        [user("q"), asst(call("c1")), user(result("c1")), asst("done"), user("more")],
     ),
     "tool arguments with sorted keys": (
         [U("q"), C("c1", arguments={"b": 1, "a": {"d": [{"f": 1, "e": 2}], "c": None}}), R("c1")],

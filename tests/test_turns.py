@@ -524,3 +524,40 @@ async def test_a_fresh_lease_is_not_recovered():
     )
     assert await database_sync_to_async(turns.recover_stale)() == []
     assert await RunningTurn.objects.aexists()
+
+
+async def test_a_response_cut_off_and_retried_is_kept_in_the_log_but_not_sent(
+    script, workspace, monkeypatch
+):
+    """The partial attempt stays visible; the retry and later requests never contain it."""
+    monkeypatch.setattr(agent, "RETRY_DELAYS", (0.01,))
+    dropped = ProviderError("connection dropped", retryable=True)
+    provider = script(
+        [*think("Plan.", "sig-a"), TextDelta("Partial"), call("lost", "list_files"), dropped],
+        [*think("Plan again.", "sig-b"), TextDelta("Full answer."), Finish()],
+        [TextDelta("Second turn."), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab()
+        await run_one(tab, "first")
+        await run_one(tab, "second")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == [
+        "user/text",
+        "assistant/thinking",
+        "assistant/text",
+        "assistant/tool_call",
+        "system/system",
+        "assistant/thinking",
+        "assistant/text",
+        "user/text",
+        "assistant/text",
+    ]
+    assert rows[4].data["retry"] is True and "retrying" in rows[4].data["text"]
+    first, retry, later = provider.requests
+    assert retry.messages == first.messages
+    replayed = later.messages[1]
+    assert replayed.role == "assistant"
+    assert [getattr(p, "text", None) for p in replayed.parts] == ["Plan again.", "Full answer."]
+    # Usage is recorded for responses that finished: the retry and the second turn.
+    assert await UsageRecord.objects.acount() == 2
