@@ -15,6 +15,7 @@ SDK retries are off: retries belong to the turn engine, which can tell the user.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -40,6 +41,8 @@ from chat.providers.base import (
 )
 from chat.providers.common import canonical, default_timeout, parse_arguments
 from chat.providers.registry import ModelInfo
+
+logger = logging.getLogger(__name__)
 
 NAME = "Anthropic"
 # The API accepts at most this many cache_control breakpoints per request.
@@ -121,6 +124,9 @@ def classify(exc: BaseException) -> ProviderError:
         return errors.bad_stream(NAME, f"malformed event in the stream ({exc})")
     if isinstance(exc, anthropic.APIError):
         return errors.bad_stream(NAME, str(exc))
+    # Not a failure this module knows: still shown to the user as the
+    # provider's, with the traceback in the log for whoever debugs it.
+    logger.warning("unclassified %s failure", NAME, exc_info=exc)
     return ProviderError(f"{NAME}: unexpected {type(exc).__name__}: {exc}")
 
 

@@ -16,6 +16,7 @@ SDK retries are off: retries belong to the turn engine.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,6 +42,8 @@ from chat.providers.base import (
 )
 from chat.providers.common import arguments_json, canonical, default_timeout, parse_arguments
 from chat.providers.registry import ModelInfo
+
+logger = logging.getLogger(__name__)
 
 NAME = "OpenAI-compatible server"
 # finish_reason in the neutral (Anthropic) vocabulary that Finish uses.
@@ -122,6 +125,9 @@ def classify(exc: BaseException) -> ProviderError:
         return errors.in_stream(NAME, exc.body)
     if isinstance(exc, ValueError):  # JSONDecodeError, UnicodeDecodeError
         return errors.bad_stream(NAME, f"malformed chunk in the stream ({exc})")
+    # Not a failure this module knows: still shown to the user as the
+    # provider's, with the traceback in the log for whoever debugs it.
+    logger.warning("unclassified %s failure", NAME, exc_info=exc)
     return ProviderError(f"{NAME}: unexpected {type(exc).__name__}: {exc}")
 
 
