@@ -4,6 +4,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from chat.models import ApiKey, ProviderEndpoint
@@ -31,6 +36,10 @@ from tests.fakeprovider import (  # noqa: F401
     recorded,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
+# A bare interpreter start and three imports: well under this.
+SUBPROCESS_TIMEOUT = 30
+
 ENV_VARS = [var for spec in PROVIDERS.values() for var in (spec.key_env, spec.url_env) if var]
 
 
@@ -49,6 +58,25 @@ def store(provider: str, key: str | None = None, url: str | None = None) -> None
         row.save()
     if url is not None:
         ProviderEndpoint.objects.create(provider=provider, base_url=url)
+
+
+def test_importing_the_package_loads_neither_django_nor_an_sdk():
+    """chat.history imports chat.providers.base; that must keep the pure modules pure."""
+    code = (
+        "import sys, chat.history, chat.stream, chat.providers; "
+        "print(sorted(m for m in ('django', 'anthropic', 'openai') if m in sys.modules))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"
 
 
 # --- Model ids ----------------------------------------------------------------------
