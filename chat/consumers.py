@@ -72,7 +72,7 @@ class TabSocket(AsyncWebsocketConsumer):
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
-        if self.snapshot_timer is not None:
+        if getattr(self, "snapshot_timer", None) is not None:
             self.snapshot_timer.cancel()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
@@ -96,7 +96,7 @@ class TabSocket(AsyncWebsocketConsumer):
         self.pending_hello = hello
         running = await RunningTurn.objects.filter(tab_id=self.tab_id).aexists()
         if not running:
-            await self._sync(None)
+            await self._catch_up(None)
             return
         # Ask the worker holding the turn for its open block; the answer comes
         # back as a "tab.snapshot" message (never await it here: a consumer
@@ -119,7 +119,7 @@ class TabSocket(AsyncWebsocketConsumer):
         if self.snapshot_timer is not None:
             self.snapshot_timer.cancel()
             self.snapshot_timer = None
-        await self._sync(message)
+        await self._catch_up(message)
 
     async def tab_snapshot_timeout(self, message: dict[str, Any]) -> None:
         if self.pending_hello is None:
@@ -129,9 +129,9 @@ class TabSocket(AsyncWebsocketConsumer):
         snapshot = None
         if running is not None and running.open_chunk:
             snapshot = {"open": running.open_chunk, "status": None}
-        await self._sync(snapshot)
+        await self._catch_up(snapshot)
 
-    async def _sync(self, snapshot: dict[str, Any] | None) -> None:
+    async def _catch_up(self, snapshot: dict[str, Any] | None) -> None:
         hello, self.pending_hello = self.pending_hello, None
         chunks = await database_sync_to_async(log.tail)(self.tab_id, after=hello["last_seq"])
         frames = []
