@@ -1,0 +1,139 @@
+"""Shared pieces of the benchmarks: timing, a throwaway data dir, bulk tab filling."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+
+def setup_django(data_dir: str | None = None) -> str:
+    """Configure Django on a fresh data dir (SQLite unless DATABASE_URL is set); migrate."""
+    data_dir = data_dir or tempfile.mkdtemp(prefix="dispatch-bench-")
+    os.environ["DISPATCH_DATA_DIR"] = data_dir
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatch.settings")
+    os.environ.setdefault("DISPATCH_OFFLINE_PACE", "0")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return data_dir
+
+
+def measure(fn: Callable[[], Any], *, runs: int = 5, warmup: int = 1) -> dict[str, float]:
+    """Seconds per call of `fn`: median, min and max over `runs` after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return summary(times)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": len(values),
+    }
+
+
+def fill_tab(tab_id: uuid.UUID, n: int, *, batch: int = 5000) -> None:
+    """Append `n` realistic chunks (turns of user, thinking, text, tool call and result)."""
+    from chat.models import Chunk, Tab
+
+    pattern = [
+        ("user", "text", lambda i: {"text": f"Question {i}: what is in the workspace?"}),
+        (
+            "assistant",
+            "thinking",
+            lambda i: {"text": "Let me look at the files.", "signature": "s" * 64},
+        ),
+        ("assistant", "text", lambda i: {"text": f"Answer {i} with **markdown** and `code`."}),
+        (
+            "assistant",
+            "tool_call",
+            lambda i: {"call_id": f"c{i}", "name": "list_files", "arguments": {"path": "."}},
+        ),
+        (
+            "tool",
+            "tool_result",
+            lambda i: {
+                "call_id": f"c{i}",
+                "name": "list_files",
+                "result": "file  12  notes.txt",
+                "is_error": False,
+            },
+        ),
+    ]
+    rows = []
+    turn_id = uuid.uuid4()
+    for seq in range(1, n + 1):
+        role, kind, data = pattern[(seq - 1) % len(pattern)]
+        if role == "user":
+            turn_id = uuid.uuid4()
+        rows.append(
+            Chunk(
+                tab_id=tab_id,
+                seq=seq,
+                turn_id=turn_id,
+                step=0 if role == "user" else 1,
+                role=role,
+                type=kind,
+                data=data(seq),
+            )
+        )
+        if len(rows) >= batch:
+            Chunk.objects.bulk_create(rows)
+            rows = []
+    if rows:
+        Chunk.objects.bulk_create(rows)
+    Tab.objects.filter(pk=tab_id).update(last_seq=n)
+
+
+async def run_turn(tab, text: str, on_op: Callable[[dict], None] | None = None) -> float:
+    """Run one turn on an in-process worker; seconds from submit to idle."""
+    import asyncio
+
+    from channels.db import database_sync_to_async
+    from channels.layers import get_channel_layer
+
+    from chat import turns
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(turns.tab_group(tab.pk), channel)
+    worker = asyncio.create_task(turns.run_worker())
+    try:
+        start = time.perf_counter()
+        await database_sync_to_async(turns.submit)(tab, text, auto_approve=True)
+        while True:
+            message = await layer.receive(channel)
+            if on_op is not None:
+                on_op(message)
+            if message["op"] == "status" and message["status"]["state"] == "idle":
+                return time.perf_counter() - start
+    finally:
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        await layer.group_discard(turns.tab_group(tab.pk), channel)
+
+
+def bench_tab(model: str):
+    """A fresh tab owned by the bench user."""
+    from django.contrib.auth import get_user_model
+
+    from chat.models import new_tab
+
+    owner, _ = get_user_model().objects.get_or_create(username="bench")
+    return new_tab(owner, model)

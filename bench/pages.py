@@ -1,0 +1,42 @@
+"""Server time to render a tab page and its "load older" page, by tab length."""
+
+from __future__ import annotations
+
+from bench.common import fill_tab, measure
+
+SIZES = (1_000, 10_000, 100_000)
+
+
+def run() -> dict:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.urls import reverse
+
+    from chat.models import new_tab
+
+    user = get_user_model().objects.create_superuser("pages", password="x" * 12)
+    client = Client()
+    client.force_login(user)
+    results = {}
+    for n in SIZES:
+        tab = new_tab(user, "offline/demo")
+        fill_tab(tab.pk, n)
+        page_url = reverse("tab", kwargs={"tab_id": tab.pk})
+        older_url = reverse("tab_older", kwargs={"tab_id": tab.pk}) + f"?before={n - 200}"
+
+        def page(url=page_url):
+            response = client.get(url)
+            assert response.status_code == 200, response.status_code
+
+        def older(url=older_url):
+            response = client.get(url, headers={"HX-Request": "true"})
+            assert response.status_code == 200, response.status_code
+
+        results[n] = {"page": measure(page, runs=7), "older": measure(older, runs=7)}
+    first, last = results[SIZES[0]], results[SIZES[-1]]
+    return {
+        "by_size": {str(n): r for n, r in results.items()},
+        "page_ratio_100k_to_1k": round(last["page"]["median"] / first["page"]["median"], 3),
+        "older_ratio_100k_to_1k": round(last["older"]["median"] / first["older"]["median"], 3),
+        "goal": "100k within 1.5x of 1k",
+    }

@@ -1,0 +1,110 @@
+"""The Markdown table the README's Performance section shows."""
+
+from __future__ import annotations
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def _rows(r: dict) -> list[tuple[str, str, str]]:
+    rows: list[tuple[str, str, str]] = []
+    if b := r.get("browser"):
+        rows.append(
+            (
+                "Browser streaming, app vs raw WebSocket page",
+                f"{b['ratio']:.2f}× ({b['app']['median']:.2f} s vs {b['raw']['median']:.2f} s, "
+                f"{b['deltas']} deltas, {b['app_frames']} frames)",
+                "≤ 1.2×",
+            )
+        )
+    if s := r.get("streaming"):
+        for n, row in s["by_tabs"].items():
+            rows.append(
+                (
+                    f"Server cost, {n} tab(s)",
+                    f"{row['cpu_ms_per_1k_tokens']:.1f} ms CPU / 1k tokens "
+                    f"({row['baseline_cpu_ms_per_1k_tokens']:.1f} bare consumer, "
+                    f"{row['cpu_ratio']:.2f}×); delay p50 {row['delay_ms']['p50']:.1f} ms, "
+                    f"p99 {row['delay_ms']['p99']:.1f} ms",
+                    "",
+                )
+            )
+    if w := r.get("writes"):
+        rows.append(
+            (
+                "Writes for a turn of 5,000 deltas in 20 chunks",
+                f"{w['write_statements']} statements ({w['running_turn_updates']} checkpoint/lease "
+                f"updates, {w['checkpoint_updates_per_second']}/s) vs {w['naive_writes']} naive "
+                f"({w['ratio_to_naive']:.3f}×)",
+                "1 per sealed chunk + ≤ ~4 checkpoints/s",
+            )
+        )
+    if p := r.get("pages"):
+        sizes = p["by_size"]
+        rows.append(
+            (
+                "Tab page render, 1k / 10k / 100k chunks",
+                " / ".join(_ms(sizes[n]["page"]["median"]) for n in sizes)
+                + f" ({p['page_ratio_100k_to_1k']:.2f}×)",
+                "100k ≤ 1.5× 1k",
+            )
+        )
+        rows.append(
+            (
+                "Load-older page, 1k / 10k / 100k chunks",
+                " / ".join(_ms(sizes[n]["older"]["median"]) for n in sizes)
+                + f" ({p['older_ratio_100k_to_1k']:.2f}×)",
+                "100k ≤ 1.5× 1k",
+            )
+        )
+    if b := r.get("request_build"):
+        sizes = b["by_size"]
+        rows.append(
+            (
+                "Request build, next step, 1k / 10k chunks",
+                " / ".join(f"{sizes[n]['next_step']['median'] * 1e6:.0f} µs" for n in sizes)
+                + f" ({b['next_step_ratio_10k_to_1k']:.2f}×)",
+                "flat",
+            )
+        )
+        rows.append(
+            (
+                "Request build, cold, 1k / 10k chunks",
+                " / ".join(_ms(sizes[n]["cold_build"]["median"]) for n in sizes),
+                "",
+            )
+        )
+    if c := r.get("cache"):
+        rows.append(
+            (
+                f"Cache prefix across a {c['requests']}-request turn",
+                f"{c['content_prefix_share_min'] * 100:.1f}% of each previous request's content "
+                f"(raw bytes {c['raw_prefix_share_min'] * 100:.1f}%: the moving breakpoint); "
+                f"breakpoints: {', '.join(c['breakpoints_last_request'])}",
+                "100%",
+            )
+        )
+    if (w := r.get("wipe")) and "skipped" not in w:
+        rows.append(
+            (
+                f"wipe_history, {w['chunks']:,} chunks",
+                f"{w['wipe_seconds']} s, {w['size_before_mb']} MB → {w['size_after_mb']} MB",
+                "seconds",
+            )
+        )
+    return rows
+
+
+def markdown(results: dict) -> str:
+    machine = results.get("machine", {})
+    lines = [
+        f"Measured {machine.get('date', '?')} on {machine.get('cpus', '?')} CPUs, "
+        f"Python {machine.get('python', '?')}, {machine.get('platform', '?')}. "
+        "Medians; ratios are of two things measured in the same run.",
+        "",
+        "| benchmark | result | goal |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in _rows(results)]
+    return "\n".join(lines) + "\n"
