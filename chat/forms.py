@@ -235,6 +235,13 @@ class SettingsForm(forms.Form):
         help_text="Most chunks a page keeps while it follows a long run.",
     )
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from chat.providers import default_model
+
+        self.fields["default_model"].widget.attrs["placeholder"] = f"automatic: {default_model()}"
+        self.fields["fallback_model"].widget.attrs["placeholder"] = "none"
+
     @classmethod
     def initial_from(cls, conf: UiSettings) -> dict[str, Any]:
         return {

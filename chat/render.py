@@ -51,6 +51,10 @@ MAX_HIGHLIGHT_CHARS = 50_000
 ARGS_OPEN_LINES = 12
 # The one-line summary of a call's arguments in its card header.
 ARGS_SUMMARY_CHARS = 120
+# An argument value longer than this is shown as a block, not inline.
+ARGS_INLINE_CHARS = 80
+# Argument names that hold a shell command (shown as a terminal line).
+COMMAND_KEYS = ("command", "cmd")
 # Argument names that say best what a call does, in order of preference.
 SUMMARY_KEYS = ("command", "cmd", "path", "file", "query", "url", "pattern", "name")
 
@@ -306,29 +310,49 @@ class Item:
     def arguments(self) -> Any:
         return self.data.get("arguments") or {}
 
-    @cached_property
-    def args_json(self) -> str:
-        return json.dumps(self.arguments, indent=2, ensure_ascii=False)
-
-    @property
-    def args_long(self) -> bool:
-        return self.args_json.count("\n") >= ARGS_OPEN_LINES
-
     @property
     def command(self) -> str:
         """A shell command to show as a terminal line, if the call is one."""
         args = self.arguments
         if isinstance(args, dict):
-            for key in ("command", "cmd"):
+            for key in COMMAND_KEYS:
                 if isinstance(args.get(key), str):
                     return args[key]
         return ""
 
+    @cached_property
+    def args_items(self) -> list[tuple[str, str, bool]]:
+        """(name, text, as a block) per argument: strings as written, the rest as JSON.
+
+        A shell call's command is left out (the card shows it as a terminal line).
+        """
+        args = self.arguments
+        if not isinstance(args, dict):
+            return [("", json.dumps(args, indent=2, ensure_ascii=False), True)]
+        command_key = next((k for k in COMMAND_KEYS if isinstance(args.get(k), str)), None)
+        items = []
+        for name, value in args.items():
+            if name == command_key:
+                continue
+            text = (
+                value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+            )
+            items.append((str(name), text, "\n" in text or len(text) > ARGS_INLINE_CHARS))
+        return items
+
+    @property
+    def args_long(self) -> bool:
+        return sum(text.count("\n") + 1 for _, text, _ in self.args_items) >= ARGS_OPEN_LINES
+
     @property
     def show_args(self) -> bool:
-        """A shell call shows its command; its JSON only if it has more than that."""
-        args = self.arguments
-        return not self.command or (isinstance(args, dict) and len(args) > 1)
+        """Whether the arguments say more than the card's header already does."""
+        items = self.args_items
+        if not items:
+            return False
+        if len(items) == 1 and not items[0][2] and not self.command:
+            return items[0][1] != self.args_summary
+        return True
 
     @property
     def args_summary(self) -> str:

@@ -282,15 +282,17 @@ def tab_send(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     form = MessageForm(request.POST)
     if not form.is_valid():
         return _composer_error(request, tab, form.errors["text"][0], 422)
+    untitled = not tab.title
     try:
         turns.submit(tab, form.cleaned_data["text"])
     except ValueError as exc:
         return _composer_error(request, tab, str(exc), 422)
     if not getattr(request, "htmx", False):
         return redirect("tab", tab_id=tab.id)
-    # The message shows up over the socket (queued, then in the log); clearing the
-    # error is all this response does.
-    return HttpResponse(render_to_string("chat/tab.html#composer_error", {"error": ""}))
+    # The message itself shows up over the socket (queued, then in the log): this
+    # response clears the error, and shows the title the first message gave the tab.
+    context = {"error": "", "tab": tab, "retitled": untitled and bool(tab.title)}
+    return HttpResponse(render_to_string("chat/tab.html#sent", context))
 
 
 @login_required

@@ -206,8 +206,42 @@ def test_it_renders_a_tool_call_card_with_name_and_arguments():
     )
     card = only_child(top(fragment_seal(write))[0])
     assert card.find_all(lambda n: "args-summary" in n.classes)[0].text == "a.txt"
-    args = card.find_all(lambda n: n.tag == "pre")[0]
-    assert '"content": "hi"' in args.text
+    args = [
+        (a.children[0].text, a.children[1].text)
+        for a in card.find_all(lambda n: "arg" in n.classes)
+    ]
+    assert args == [("path", "a.txt"), ("content", "hi")]
+
+
+def test_it_shows_multiline_arguments_as_written():
+    """A file's content is shown with its line breaks, not as an escaped JSON string."""
+    content = "line 1\nline 2 <b>\n"
+    call = block(
+        "tool_call",
+        {
+            "call_id": "c2",
+            "name": "write_file",
+            "arguments": {"path": "a", "content": content, "mode": {"x": 1}},
+        },
+        turn_id=TURN,
+        seq=3,
+    )
+    card = only_child(top(fragment_seal(call))[0])
+    pres = card.find_all(lambda n: n.tag == "pre")
+    assert [p.text for p in pres] == [content, '{\n  "x": 1\n}']
+
+
+def test_it_hides_arguments_the_header_already_shows():
+    """A call with one short argument shows it in the header only."""
+    call = block(
+        "tool_call",
+        {"call_id": "c", "name": "list_files", "arguments": {"path": "src"}},
+        turn_id=TURN,
+        seq=1,
+    )
+    card = only_child(top(fragment_seal(call))[0])
+    assert card.find_all(lambda n: "args-summary" in n.classes)[0].text == "src"
+    assert not card.find_all(lambda n: "args" in n.classes)
 
 
 def test_it_renders_an_error_as_a_card_with_its_status_code():

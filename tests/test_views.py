@@ -405,8 +405,15 @@ def test_it_queues_a_sent_message(client_alice, tab):
     assert list(QueuedMessage.objects.values_list("tab_id", "text")) == [(tab.id, "Plan my week")]
     tab.refresh_from_db()
     assert tab.title == "Plan my week"
-    error = parse(page(response)).by_id("composer-error")
+    tree = parse(page(response))
+    error = tree.by_id("composer-error")
     assert error.get("hx-swap-oob") == "true" and error.text == ""
+    assert tree.by_id("tab-title").text == "Plan my week"
+    assert tree.by_id(f"tablink-title-{tab.id}").get("hx-swap-oob") == "true"
+    again = client_alice.post(
+        reverse("tab_send", args=[tab.id]), {"text": "more"}, HTTP_HX_REQUEST="true"
+    )
+    assert parse(page(again)).by_id("tab-title") is None
 
 
 @pytest.mark.parametrize("text", ["", "   \n  "])

@@ -134,6 +134,9 @@
     });
     var hint = $('empty-hint');
     if (hint && (log.querySelector('.chunk') || document.querySelector('#queued > li'))) hint.remove();
+    // Once nothing waits for approval, no card keeps its buttons.
+    var approval = $('approval');
+    if (approval && approval.hidden) all(log, '.approve:not(:empty)').forEach(function (a) { a.replaceChildren(); });
     var status = $('status');
     var current = document.querySelector('.tab-link.current');
     if (status && current) current.classList.toggle('running', status.getAttribute('data-state') !== 'idle');
@@ -198,19 +201,18 @@
     }
   });
 
-  // Older pages go in above what the reader looks at: keep it where it is.
-  var olderFromBottom = null;
+  // Older pages go in above what the reader looks at: the chunk that was first
+  // stays where it was on the screen.
+  var anchor = null;
+  var anchorTop = 0;
   document.addEventListener('htmx:beforeSwap', function (evt) {
     if (evt.detail.target && evt.detail.target.id === 'older') {
-      var s = scroller();
-      olderFromBottom = s.scrollHeight - s.scrollTop;
+      anchor = $('log').querySelector(':scope > .chunk');
+      anchorTop = anchor ? anchor.getBoundingClientRect().top : 0;
     }
   });
   document.addEventListener('htmx:afterSwap', function () {
-    if (olderFromBottom === null) return;
-    var s = scroller();
-    s.scrollTop = s.scrollHeight - olderFromBottom;
-    olderFromBottom = null;
+    if (anchor === null) return;
     // Results that came before their call's page now go into its card.
     var log = $('log');
     all(log, ':scope > .t-tool-result[data-for]').forEach(function (result) {
@@ -222,9 +224,14 @@
       slot.appendChild(result);
     });
     settleLog();
+    // Last: the regrouping above moves things too.
+    if (anchor.isConnected) scroller().scrollTop += anchor.getBoundingClientRect().top - anchorTop;
+    anchor = null;
   });
 
   // --- The composer -------------------------------------------------------------------
+
+  var touch = window.matchMedia && window.matchMedia('(pointer: coarse)').matches;
 
   function grow(textarea) {
     textarea.style.height = 'auto';
@@ -234,7 +241,8 @@
 
   document.addEventListener('keydown', function (e) {
     var t = e.target;
-    if (t && t.id === 'composer-text' && e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+    // On touch keyboards Enter is the only way to start a new line: Send is a tap away.
+    if (t && t.id === 'composer-text' && e.key === 'Enter' && !e.shiftKey && !e.isComposing && !touch) {
       e.preventDefault();
       t.form.requestSubmit();
       return;
@@ -254,7 +262,8 @@
 
   document.addEventListener('htmx:afterRequest', function (evt) {
     var form = evt.detail.elt;
-    if (form && form.id === 'composer' && evt.detail.successful) {
+    // A 422 swaps its error message but is no success: the text stays for fixing.
+    if (form && form.id === 'composer' && evt.detail.successful && evt.detail.xhr.status < 300) {
       form.reset();
       grow($('composer-text'));
       follow = true;

@@ -1,0 +1,386 @@
+"""The live fragments applied by htmx and static/chat/app.js in a real Chromium.
+
+The page comes from a live server; the WebSocket is the one boundary replaced:
+Playwright answers it, and the frames it sends are chat.render's real output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from chat import log, render
+from chat.forms import set_setting
+from chat.models import QueuedMessage, Tab
+from tests.ui_helpers import block
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# Generous for a loaded CI machine; a passing test never waits this long.
+WAIT_SECONDS = 10.0
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip("Chromium is not installed (make chromium)", allow_module_level=True)
+
+
+async def until(predicate: Callable[[], Any], what: str) -> Any:
+    """Poll a Python-side condition (frames the fake socket received)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_SECONDS
+    while loop.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class FakeSocket:
+    """The server side of the page's WebSocket, one connection after another."""
+
+    def __init__(self) -> None:
+        self.routes: list[Any] = []
+        self.received: list[list[str]] = []
+
+    def handler(self, ws) -> None:
+        self.routes.append(ws)
+        messages: list[str] = []
+        self.received.append(messages)
+        ws.on_message(lambda message: messages.append(message))
+
+    @property
+    def ws(self):
+        return self.routes[-1]
+
+    async def hello(self, connection: int = 0) -> dict[str, Any]:
+        import json
+
+        messages = await until(
+            lambda: len(self.received) > connection and self.received[connection],
+            f"hello on connection {connection}",
+        )
+        return json.loads(messages[0])
+
+    def send(self, *frames: str) -> None:
+        for frame in frames:
+            self.ws.send(frame)
+
+
+def _make_tab(chunks: int = 0, *, page_size: int | None = None, dom_window: int | None = None):
+    user = get_user_model().objects.create_user("owner", password="pw-for-tests-only")
+    tab = Tab.objects.create(owner=user, model="offline/demo")
+    turn = uuid.uuid4()
+    blocks = [block("text", {"text": f"message {i}"}, turn_id=turn) for i in range(chunks)]
+    log.append(tab.id, blocks)
+    if page_size is not None:
+        set_setting("page_size", page_size)
+    if dom_window is not None:
+        set_setting("dom_window", dom_window)
+    client = Client()
+    client.force_login(user)
+    return tab, turn, blocks, client.cookies["sessionid"].value
+
+
+@pytest.fixture
+async def browser():
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=WAIT_SECONDS * 1000
+        )
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def open_tab(browser, live_server, session: str, tab: Tab, *, height: int = 800):
+    context = await browser.new_context(viewport={"width": 1000, "height": height})
+    await context.add_cookies([{"name": "sessionid", "value": session, "url": live_server.url}])
+    page = await context.new_page()
+    page.set_default_timeout(WAIT_SECONDS * 1000)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    socket = FakeSocket()
+    await page.route_web_socket(re.compile(r"/ws/tabs/"), socket.handler)
+    await page.goto(f"{live_server.url}/t/{tab.id}/")
+    return page, socket, errors
+
+
+async def chunk_ids(page) -> list[str]:
+    return await page.eval_on_selector_all("#log .chunk", "els => els.map(e => e.id)")
+
+
+async def test_it_says_what_it_holds_on_every_connect(browser, live_server):
+    """Hello reports the last sealed seq, then on reconnect the open chunk and its length in
+    code points (an emoji is one, a CR survives the HTML parser)."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(3)
+    page, socket, errors = await open_tab(browser, live_server, session, tab)
+    assert await socket.hello() == {"type": "hello", "last_seq": 3, "open_id": "", "open_len": 0}
+
+    open_block = block("text", {"text": "ab👋"}, turn_id=turn)
+    socket.send(render.fragment_open(open_block), render.fragment_delta(open_block.id, "c\r\nd"))
+    await page.wait_for_function(
+        f"document.getElementById('body-{open_block.id}').textContent.endsWith('d')"
+    )
+    # 1012 (service restart) is one of the codes after which the ws extension reconnects.
+    await socket.ws.close(code=1012, reason="restart")
+    hello = await socket.hello(connection=1)
+    assert hello == {
+        "type": "hello",
+        "last_seq": 3,
+        "open_id": str(open_block.id),
+        "open_len": len("ab👋c\r\nd"),
+    }
+    assert errors == []
+
+
+async def test_it_replaces_in_place_and_never_duplicates(browser, live_server):
+    """A seal replaces its open element where it stands; a chunk sent twice is there once."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(1)
+    page, socket, errors = await open_tab(browser, live_server, session, tab)
+    await socket.hello()
+    streamed = block("text", {"text": "so"}, turn_id=turn)
+    later = block("system", {"kind": "notice", "text": "later"}, role="system", turn_id=turn, seq=3)
+    socket.send(render.fragment_open(streamed), render.fragment_seal(later))
+    sealed = block("text", {"text": "**sealed**"}, turn_id=turn, seq=2)
+    sealed.id = streamed.id
+    socket.send(
+        render.fragment_seal(sealed), render.fragment_seal(sealed), render.fragment_chunks([sealed])
+    )
+    await page.wait_for_selector(f"#chunk-{sealed.id}:not(.open) strong")
+    assert await chunk_ids(page) == [
+        f"chunk-{blocks[0].id}",
+        f"chunk-{sealed.id}",
+        f"chunk-{later.id}",
+    ]
+    assert await page.get_attribute(f"#chunk-{sealed.id}", "data-seq") == "2"
+    assert await page.query_selector(f"#body-{sealed.id}") is None
+    assert errors == []
+
+
+async def test_it_streams_results_into_their_cards(browser, live_server):
+    """Live output opens in its call's card and its result seals there; a result whose card
+    is not on the page still shows, in the log."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(0)
+    page, socket, errors = await open_tab(browser, live_server, session, tab)
+    await socket.hello()
+    call = block(
+        "tool_call",
+        {"call_id": "c1", "name": "shell", "arguments": {"command": "ls"}},
+        turn_id=turn,
+        seq=1,
+    )
+    live = block(
+        "tool_result",
+        {"call_id": "c1", "name": "shell", "shell_output": ""},
+        role="tool",
+        turn_id=turn,
+    )
+    socket.send(
+        render.fragment_seal(call),
+        render.fragment_open(live),
+        render.fragment_delta(live.id, "a.txt\n"),
+    )
+    slot = f"#chunk-{call.id} .slot"
+    await page.wait_for_function(
+        f"document.querySelector('{slot} #body-{live.id}')?.textContent === 'a.txt\\n'"
+    )
+    done = block(
+        "tool_result",
+        {
+            "call_id": "c1",
+            "name": "shell",
+            "result": "exit 0",
+            "is_error": False,
+            "shell_output": "a.txt\n",
+        },
+        role="tool",
+        turn_id=turn,
+        seq=2,
+    )
+    done.id = live.id
+    stray = block(
+        "tool_result",
+        {"call_id": "gone", "name": "ls", "result": "x", "is_error": False},
+        role="tool",
+        turn_id=turn,
+        seq=3,
+    )
+    socket.send(render.fragment_seal(done), render.fragment_seal(stray))
+    await page.wait_for_selector(f"#log > #chunk-{stray.id}")
+    assert await page.eval_on_selector_all(f"{slot} > .chunk", "els => els.map(e => e.id)") == [
+        f"chunk-{live.id}"
+    ]
+    assert await page.get_attribute(f"#chunk-{live.id}", "data-seq") == "2"
+    assert errors == []
+
+
+async def test_it_shows_queue_status_and_approval(browser, live_server):
+    """Queued messages come and go by id; a waiting turn gets Stop and Approve/Deny, and
+    Approve posts the call's id."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(0)
+    page, socket, errors = await open_tab(browser, live_server, session, tab)
+    await socket.hello()
+    call = block(
+        "tool_call",
+        {"call_id": "c7", "name": "shell", "arguments": {"command": "make"}},
+        turn_id=turn,
+        seq=1,
+    )
+    socket.send(render.fragment_queued(41, "next <b>please</b>"), render.fragment_seal(call))
+    await page.wait_for_selector("#queued-41")
+    assert await page.text_content("#queued-41 .plain") == "next <b>please</b>"
+    socket.send(
+        render.fragment_taken([41]),
+        render.fragment_status(
+            {
+                "state": "waiting",
+                "turn_id": str(turn),
+                "step": 1,
+                "usage": {"cache_read": 2048},
+                "approval": {"call_id": "c7", "name": "shell", "arguments": {"command": "make"}},
+            }
+        ),
+    )
+    await page.wait_for_selector(f"#chunk-{call.id} .approve button[name=approve]")
+    assert await page.query_selector("#queued-41") is None
+    assert await page.is_visible("#approval")
+    assert await page.is_visible("#composer-actions [data-stop]")
+    assert "cache read 2k" in await page.text_content("#status")
+    async with page.expect_response(lambda r: r.url.endswith("/approve/")) as response:
+        await page.click(f"#chunk-{call.id} .approve button[name=approve]")
+    assert (await response.value).status == 204
+    socket.send(render.fragment_status({"state": "running", "turn_id": str(turn), "step": 1}))
+    await page.wait_for_selector("#approval[hidden]", state="attached")
+    assert await page.inner_html(f"#chunk-{call.id} .approve") == ""
+    assert errors == []
+
+
+async def test_it_keeps_a_bounded_dom_but_never_drops_the_running_turn(browser, live_server):
+    """Past the DOM window the oldest chunks go and 'load older' points before what is left;
+    chunks of the running turn stay whatever their number."""
+    make = sync_to_async(_make_tab)
+    tab, old_turn, blocks, session = await make(20, page_size=20, dom_window=20)
+    page, socket, errors = await open_tab(browser, live_server, session, tab)
+    await socket.hello()
+    assert await page.query_selector("#older") is None
+    running = uuid.uuid4()
+    socket.send(render.fragment_status({"state": "running", "turn_id": str(running), "step": 1}))
+    new = [block("text", {"text": f"n{i}"}, turn_id=running, seq=21 + i) for i in range(25)]
+    socket.send(*(render.fragment_seal(b) for b in new[:5]))
+    await page.wait_for_selector(f"#chunk-{new[4].id}")
+    ids = await chunk_ids(page)
+    assert len(ids) == 20 and ids[0] == f"chunk-{blocks[5].id}"
+    older = await page.get_attribute("#older", "hx-get")
+    assert older == f"/t/{tab.id}/older/?before=6"
+    socket.send(*(render.fragment_seal(b) for b in new[5:]))
+    await page.wait_for_selector(f"#chunk-{new[-1].id}")
+    assert await chunk_ids(page) == [f"chunk-{b.id}" for b in new]
+    assert errors == []
+
+
+async def test_it_loads_older_pages_without_moving_the_view(browser, live_server):
+    """Scrolling to the top loads the page before, the reader's place stays put, and new
+    chunks do not pull a reader who scrolled up back to the bottom."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(60, page_size=20)
+    page, socket, errors = await open_tab(browser, live_server, session, tab, height=500)
+    await socket.hello()
+    first = f"#chunk-{blocks[40].id}"
+    assert await page.evaluate("window.scrollY") > 0
+    await page.evaluate("window.scrollTo(0, 0)")
+    top_before = await page.evaluate(
+        f"document.querySelector('{first}').getBoundingClientRect().top"
+    )
+    await page.wait_for_selector(f"#chunk-{blocks[20].id}", state="attached")
+    top_after = await page.evaluate(
+        f"document.querySelector('{first}').getBoundingClientRect().top"
+    )
+    assert abs(top_after - top_before) <= 2
+    assert await page.get_attribute("#older", "hx-get") == f"/t/{tab.id}/older/?before=21"
+
+    scroll = await page.evaluate("window.scrollY")
+    extra = block("text", {"text": "new"}, turn_id=turn, seq=61)
+    socket.send(render.fragment_seal(extra))
+    await page.wait_for_selector(f"#chunk-{extra.id}")
+    assert await page.evaluate("window.scrollY") == scroll
+
+    await page.evaluate("window.scrollTo(0, document.scrollingElement.scrollHeight)")
+    last = block("text", {"text": "newest " * 80}, turn_id=turn, seq=62)
+    socket.send(render.fragment_seal(last))
+    await page.wait_for_selector(f"#chunk-{last.id}")
+    assert (
+        await page.evaluate(
+            "(() => { const s = document.scrollingElement;"
+            " return s.scrollHeight - s.scrollTop - s.clientHeight; })()"
+        )
+        <= 2
+    )
+    assert errors == []
+
+
+async def test_it_sends_on_enter_and_stops_on_escape(browser, live_server):
+    """Enter sends (Shift+Enter is a new line) and clears the composer; Esc presses Stop."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(0)
+    page, socket, errors = await open_tab(browser, live_server, session, tab)
+    await socket.hello()
+    await page.click("#composer-text")
+    await page.keyboard.type("first line")
+    await page.keyboard.press("Shift+Enter")
+    await page.keyboard.type("second")
+    async with page.expect_response(lambda r: r.url.endswith("/send/")) as response:
+        await page.keyboard.press("Enter")
+    assert (await response.value).status == 200
+    await page.wait_for_function("document.getElementById('composer-text').value === ''")
+    texts = await sync_to_async(
+        lambda: list(QueuedMessage.objects.values_list("text", flat=True))
+    )()
+    assert texts == ["first line\nsecond"]
+    assert await page.text_content("#tab-title") == "first line"
+
+    await page.keyboard.press("Enter")  # empty: the browser's own "required" check stops it
+    socket.send(render.fragment_status({"state": "running", "turn_id": str(turn), "step": 1}))
+    await page.wait_for_selector("#composer-actions [data-stop]")
+    async with page.expect_response(lambda r: r.url.endswith("/stop/")) as response:
+        await page.keyboard.press("Escape")
+    assert (await response.value).status == 204
+    assert await sync_to_async(QueuedMessage.objects.count)() == 1
+    assert errors == []
+
+
+async def test_it_shows_a_clear_error_for_a_blank_message(browser, live_server):
+    """Only spaces: the server's error shows in the composer, the text stays."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(0)
+    page, socket, errors = await open_tab(browser, live_server, session, tab)
+    await socket.hello()
+    await page.fill("#composer-text", "   ")
+    async with page.expect_response(lambda r: r.url.endswith("/send/")) as response:
+        await page.click("button.send")
+    assert (await response.value).status == 422
+    await page.wait_for_function(
+        "document.getElementById('composer-error').textContent === 'The message is empty.'"
+    )
+    assert await page.input_value("#composer-text") == "   "
+    assert errors == []
