@@ -1,0 +1,209 @@
+"""Server cost per streamed token for 1, 10 and 100 concurrent tabs (one socket each), and the
+delay from the provider yielding a token to the client receiving it; against a bare Channels
+consumer on the same daphne streaming the same tokens with no log and no rendering."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import websockets
+
+TABS = (1, 10, 100)
+TOKENS = 500  # per tab
+PACE = 100.0  # tokens per second per tab, about a fast hosted model
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ROOT = Path(__file__).resolve().parent.parent
+DELTA_RE = re.compile(r'hx-swap-oob="beforeend:#body-[0-9a-f-]+">([^<]*)<')
+# The whole run of one configuration must end by then, or the bench fails loudly.
+RUN_TIMEOUT = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _wait_for_server(base: str) -> None:
+    for _ in range(400):
+        try:
+            urllib.request.urlopen(f"{base}/login/", timeout=5).read()
+            return
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.05)
+    raise RuntimeError("bench server did not start")
+
+
+def _csrf(base: str, cookie: str, tab_id: str) -> tuple[str, str]:
+    """The CSRF token and cookie a page gives, as the browser would get them."""
+    request = urllib.request.Request(f"{base}/t/{tab_id}/", headers={"Cookie": cookie})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        page = response.read().decode()
+        set_cookie = response.headers.get_all("Set-Cookie") or []
+    token = re.search(r'"X-CSRFToken": "([^"]+)"', page).group(1)
+    csrf_cookie = next((c.split(";")[0] for c in set_cookie if c.startswith("csrftoken=")), "")
+    return token, f"{cookie}; {csrf_cookie}" if csrf_cookie else cookie
+
+
+def _post(url: str, token: str, cookie: str) -> int:
+    data = urllib.parse.urlencode({"text": "stream"}).encode()
+    request = urllib.request.Request(
+        url,
+        data=data,
+        headers={
+            "Cookie": cookie,
+            "X-CSRFToken": token,
+            "HX-Request": "true",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return response.status
+
+
+async def _app_run(base: str, port: int, cookie: str, tab_ids: list[str]) -> dict:
+    delays: list[float] = []
+    headers = {"Cookie": cookie, "Origin": f"http://127.0.0.1:{port}"}
+
+    async def watch(tab_id: str, ready: asyncio.Event) -> int:
+        count = 0
+        async with websockets.connect(
+            f"ws://127.0.0.1:{port}/ws/tabs/{tab_id}/",
+            additional_headers=headers,
+            max_size=None,
+        ) as ws:
+            await ws.send('{"type": "hello", "last_seq": 0}')
+            ready.set()
+            async for frame in ws:
+                now = time.time_ns()
+                for text in DELTA_RE.findall(frame):
+                    for stamp in text.split():
+                        delays.append((now - int(stamp)) / 1e6)
+                        count += 1
+                if count and 'data-state="idle"' in frame:
+                    return count
+        return count
+
+    readies = [asyncio.Event() for _ in tab_ids]
+    watchers = [asyncio.create_task(watch(t, r)) for t, r in zip(tab_ids, readies, strict=True)]
+    await asyncio.gather(*(r.wait() for r in readies))
+    token, cookies = await asyncio.to_thread(_csrf, base, cookie, tab_ids[0])
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=min(len(tab_ids), 32)) as pool:
+        statuses = await asyncio.gather(
+            *(
+                asyncio.get_running_loop().run_in_executor(
+                    pool, _post, f"{base}/t/{t}/send/", token, cookies
+                )
+                for t in tab_ids
+            )
+        )
+    assert set(statuses) == {200}, statuses
+    counts = await asyncio.wait_for(asyncio.gather(*watchers), RUN_TIMEOUT)
+    return {"tokens": sum(counts), "seconds": time.perf_counter() - start, "delays": delays}
+
+
+async def _bare_run(port: int, n: int) -> dict:
+    delays: list[float] = []
+
+    async def watch() -> int:
+        count = 0
+        async with websockets.connect(f"ws://127.0.0.1:{port}/bare/") as ws:
+            async for frame in ws:
+                if frame == "END":
+                    return count
+                delays.append((time.time_ns() - int(frame)) / 1e6)
+                count += 1
+        return count
+
+    start = time.perf_counter()
+    counts = await asyncio.wait_for(asyncio.gather(*(watch() for _ in range(n))), RUN_TIMEOUT)
+    return {"tokens": sum(counts), "seconds": time.perf_counter() - start, "delays": delays}
+
+
+def _stats(run: dict, cpu: float) -> dict:
+    return {
+        "tokens": run["tokens"],
+        "tokens_per_second": round(run["tokens"] / run["seconds"], 1),
+        "cpu_seconds": round(cpu, 2),
+        "cpu_ms_per_1k_tokens": round(cpu / max(run["tokens"], 1) * 1e6, 1),
+        "delay_ms": {
+            "p50": round(_percentile(run["delays"], 0.5), 1),
+            "p99": round(_percentile(run["delays"], 0.99), 1),
+        },
+    }
+
+
+def run() -> dict:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from bench.common import bench_tab
+
+    user = get_user_model().objects.get_or_create(username="bench")[0]
+    client = Client()
+    client.force_login(user)
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.server",
+            str(port),
+            str(TOKENS),
+            str(PACE),
+            os.environ["DISPATCH_DATA_DIR"],
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    results = {}
+    try:
+        _wait_for_server(base)
+        for n in TABS:
+            tab_ids = [str(bench_tab("bench/stamped").pk) for _ in range(n)]
+            cpu = _cpu_seconds(server.pid)
+            app = asyncio.run(_app_run(base, port, cookie, tab_ids))
+            app_cpu = _cpu_seconds(server.pid) - cpu
+            cpu = _cpu_seconds(server.pid)
+            bare = asyncio.run(_bare_run(port, n))
+            bare_cpu = _cpu_seconds(server.pid) - cpu
+            row = _stats(app, app_cpu)
+            baseline = _stats(bare, bare_cpu)
+            row["baseline"] = baseline
+            row["baseline_cpu_ms_per_1k_tokens"] = baseline["cpu_ms_per_1k_tokens"]
+            row["cpu_ratio"] = round(
+                row["cpu_ms_per_1k_tokens"] / max(baseline["cpu_ms_per_1k_tokens"], 1e-9), 2
+            )
+            results[str(n)] = row
+            print(f"  {n} tab(s): {row}", flush=True)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return {"tokens_per_tab": TOKENS, "pace_per_tab": PACE, "by_tabs": results}
