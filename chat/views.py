@@ -7,6 +7,7 @@ only ever looked up together with its owner.
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -45,6 +46,7 @@ from chat.forms import (
     ui_settings,
 )
 from chat.models import ApiKey, Chunk, ProviderEndpoint, RunningTurn, Setting, Tab
+from chat.providers.registry import PROVIDERS
 
 # The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
 SIDEBAR_TABS = 100
@@ -362,6 +364,7 @@ def settings_view(request: HttpRequest) -> HttpResponse:
             return HttpResponseBadRequest("Unknown settings action.")
         status = 422
     labels = dict(key_providers())
+    stored = set(ApiKey.objects.values_list("provider", flat=True))
     return render(
         request,
         "chat/settings.html",
@@ -378,10 +381,29 @@ def settings_view(request: HttpRequest) -> HttpResponse:
                 for e in ProviderEndpoint.objects.order_by("provider")
             ],
             "models": known_models(),
+            "providers": _provider_status(stored),
             "offline_model": OFFLINE_MODEL,
         },
         status=status,
     )
+
+
+def _provider_status(stored: set[str]) -> list[dict[str, Any]]:
+    """Where each provider's key comes from: the environment wins over a stored key."""
+    rows = []
+    for name, spec in PROVIDERS.items():
+        if spec.adapter == "offline":
+            continue
+        from_env = bool(spec.key_env and os.environ.get(spec.key_env, "").strip())
+        rows.append(
+            {
+                "label": spec.label,
+                "env": spec.key_env,
+                "from_env": from_env,
+                "stored": name in stored,
+            }
+        )
+    return rows
 
 
 @login_required

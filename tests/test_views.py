@@ -642,3 +642,20 @@ def test_it_refuses_an_unknown_provider_for_keys(client_alice):
 def test_it_refuses_an_unknown_settings_action(client_alice):
     """A post that is none of the settings forms is a 400."""
     assert client_alice.post(reverse("settings"), {"action": "x"}).status_code == 400
+
+
+def test_it_says_where_each_providers_key_comes_from(client_alice, monkeypatch):
+    """The settings page tells a key from the environment, a stored key and none apart."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env-123456")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("DEEPSEEK_API_KEY", raising=False)
+    row = ApiKey(provider="anthropic")
+    row.set_key("sk-stored-123456")
+    row.save()
+    tree = parse(page(client_alice.get(reverse("settings"))))
+    [providers] = tree.find_all(lambda n: "providers" in n.classes)
+    lines = {li.children[0].text: " ".join(li.text.split()) for li in providers.children}
+    assert "stored key" in lines["Anthropic"]
+    assert "key from OPENAI_API_KEY" in lines["OpenAI-compatible"]
+    assert "no key" in lines["DeepSeek"]
+    assert "sk-from-env-123456" not in page(client_alice.get(reverse("settings")))
