@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, suppress
@@ -164,6 +165,7 @@ class TurnRunner:
         self.cancelled = asyncio.Event()
         self._producer: asyncio.Task | None = None
         self._approvals: dict[str, asyncio.Future[bool]] = {}
+        self._thinking_since: float | None = None
         # Arguments of this turn's calls, by call id, for running them.
         self._args: dict[str, dict[str, Any]] = {}
         # Checkpoint debounce state.
@@ -522,6 +524,8 @@ class TurnRunner:
                     self._checkpoint_soon()
                 case Open(block=block):
                     await self._flush_deltas()
+                    if block.type == Kind.THINKING:
+                        self._thinking_since = time.monotonic()
                     await self.publish({"op": "open", "block": block_dict(block)})
                     self._checkpoint_soon()
                 case Seal(block=block):
@@ -530,6 +534,10 @@ class TurnRunner:
 
     async def _seal(self, block: Block) -> None:
         self._cancel_checkpoint()
+        if block.type == Kind.THINKING and self._thinking_since is not None:
+            # Shown as "thought for N s"; never sent to the model.
+            block.data["duration_ms"] = round((time.monotonic() - self._thinking_since) * 1000)
+            self._thinking_since = None
         if self._cp_write is not None:
             # A checkpoint write in flight must land before the seal clears it.
             with suppress(Exception):

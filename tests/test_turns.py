@@ -96,7 +96,9 @@ async def test_it_runs_a_multi_step_tool_turn_with_interleaved_thinking(script, 
         "assistant/text",
     ]
     assert [c.seq for c in rows] == list(range(1, 8))
-    assert rows[1].data == {"text": "Look first.", "signature": "sig-1"}
+    thinking = dict(rows[1].data)
+    assert isinstance(thinking.pop("duration_ms"), int)
+    assert thinking == {"text": "Look first.", "signature": "sig-1"}
     assert rows[2].data["text"] == "Let me look."
     assert "notes.txt" in rows[4].data["result"] and rows[4].data["is_error"] is False
     assert [c.step for c in rows] == [0, 1, 1, 1, 1, 2, 2]
