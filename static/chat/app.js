@@ -248,6 +248,11 @@
       return;
     }
     if (e.key === 'Escape') {
+      var menu = document.querySelector('details.menu[open]');
+      if (menu) {
+        menu.open = false;
+        return;
+      }
       var stop = document.querySelector('[data-stop]');
       if (stop) {
         e.preventDefault();
@@ -269,6 +274,13 @@
       follow = true;
       toBottom();
     }
+  });
+
+  // A menu closes when the reader clicks elsewhere.
+  document.addEventListener('click', function (e) {
+    all(document, 'details.menu[open]').forEach(function (menu) {
+      if (!menu.contains(e.target)) menu.open = false;
+    });
   });
 
   document.addEventListener('change', function (e) {
