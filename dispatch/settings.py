@@ -153,7 +153,11 @@ TEMPLATES = [
 
 DATABASE_URL = envstr("DATABASE_URL", f"sqlite:///{DATA_DIR / 'dispatch.db'}")
 try:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    # Connections are kept: the turn worker's thread would otherwise reconnect
+    # (and re-run the SQLite PRAGMAs) for every write.
+    DATABASES = {
+        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
+    }
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from exc
 
@@ -182,7 +186,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "BACKEND": "chat.layers.EmbeddedChannelLayer",
             "CONFIG": {"capacity": 1500, "expiry": 60},
         }
     }
