@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from chat import log, tools
 from chat.history import History
-from chat.models import QueuedMessage, RunningTurn, Setting, Tab, UsageRecord
+from chat.models import QueuedMessage, RunningTurn, Tab, UsageRecord, get_setting
 from chat.providers.base import (
     ErrorEvent,
     Event,
@@ -64,11 +64,6 @@ async def provider_for(model: str):
     return await aget_provider(model)
 
 
-def setting(key: str, default: Any) -> Any:
-    row = Setting.objects.filter(key=key).values_list("value", flat=True).first()
-    return default if row is None else row
-
-
 @dataclass(frozen=True)
 class TurnConfig:
     """What a step needs from the settings; compared between steps to spot a reload."""
@@ -84,9 +79,10 @@ class TurnConfig:
 
         return cls(
             model=tab.model or default_model(),
-            fallback_model=setting("fallback_model", "") or django_settings.DISPATCH_FALLBACK_MODEL,
-            approve_tools=bool(setting("approve_tools", True)),
-            max_steps=int(setting("max_steps", django_settings.DISPATCH_MAX_STEPS)),
+            fallback_model=get_setting("fallback_model", "")
+            or django_settings.DISPATCH_FALLBACK_MODEL,
+            approve_tools=bool(get_setting("approve_tools", True)),
+            max_steps=int(get_setting("max_steps", django_settings.DISPATCH_MAX_STEPS)),
         )
 
 

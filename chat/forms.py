@@ -15,17 +15,11 @@ from django.contrib.auth.forms import UserCreationForm
 from django.core.validators import URLValidator
 
 from chat import log
-from chat.models import Setting
+from chat.models import DEFAULT_SYSTEM_PROMPT, Setting, set_setting
 
 OFFLINE_MODEL = "offline/demo"
 OFFLINE_LABEL = "Offline demo model"
 
-# Frozen into each new tab (a changing prompt would lose every prompt-cache hit).
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a careful assistant working in the user's workspace directory. "
-    "Use the tools to look at files, change them and run commands there; check "
-    "your work, and say plainly what you did and what you could not do."
-)
 # A message is typed or pasted: past this it is an accident, not a question.
 MAX_MESSAGE_CHARS = 100_000
 # Long enough for a detailed brief; it is sent with every request.
@@ -43,15 +37,6 @@ DOM_WINDOW_MAX = 5000
 # An API key is a long token: anything this short is a typo or a partial paste.
 API_KEY_MIN_CHARS = 8
 API_KEY_MAX_CHARS = 500
-
-
-def get_setting(key: str, default: Any) -> Any:
-    value = Setting.objects.filter(key=key).values_list("value", flat=True).first()
-    return default if value is None else value
-
-
-def set_setting(key: str, value: Any) -> None:
-    Setting.objects.update_or_create(key=key, defaults={"value": value})
 
 
 @dataclass(frozen=True)
@@ -122,13 +107,6 @@ def model_choices(current: str = "") -> list[tuple[str, str]]:
     if current and current not in {value for value, _ in choices}:
         choices.append((current, current))
     return choices
-
-
-def new_tab_model() -> str:
-    """The model a new tab starts with: the Settings choice, else the providers' default."""
-    from chat.providers import default_model
-
-    return get_setting("default_model", "") or default_model()
 
 
 def key_providers() -> list[tuple[str, str]]:

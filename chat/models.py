@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import uuid
+from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
@@ -38,21 +39,24 @@ class Tab(models.Model):
 
 
 DEFAULT_SYSTEM_PROMPT = (
-    "You are a helpful assistant working in the user's workspace directory. "
-    "Use the tools to look at files and run commands when that helps; "
-    "say what you did and what you found."
+    "You are a careful assistant working in the user's workspace directory. "
+    "Use the tools to look at files, change them and run commands there; check "
+    "your work, and say plainly what you did and what you could not do."
 )
 
 
 def new_tab(owner, model: str = "") -> Tab:
-    """A tab with its system prompt frozen now (Setting "system_prompt", else the default)."""
+    """A tab with its model and system prompt chosen now, from the settings.
+
+    The model: `model`, else the Settings page's default, else the providers'
+    default. The system prompt is frozen for the tab's whole life.
+    """
     from chat.providers import default_model
 
-    prompt = Setting.objects.filter(key="system_prompt").values_list("value", flat=True).first()
     return Tab.objects.create(
         owner=owner,
-        model=model or default_model(),
-        system_prompt=prompt if isinstance(prompt, str) and prompt else DEFAULT_SYSTEM_PROMPT,
+        model=model or get_setting("default_model", "") or default_model(),
+        system_prompt=get_setting("system_prompt", "") or DEFAULT_SYSTEM_PROMPT,
     )
 
 
@@ -149,6 +153,15 @@ class Setting(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+def get_setting(key: str, default: Any) -> Any:
+    value = Setting.objects.filter(key=key).values_list("value", flat=True).first()
+    return default if value is None else value
+
+
+def set_setting(key: str, value: Any) -> None:
+    Setting.objects.update_or_create(key=key, defaults={"value": value})
 
 
 def _fernet() -> Fernet:

@@ -28,7 +28,6 @@ from django_htmx.middleware import HtmxDetails
 from chat import log, turns
 from chat import render as chat_render
 from chat.forms import (
-    DEFAULT_SYSTEM_PROMPT,
     MAX_MESSAGE_CHARS,
     OFFLINE_MODEL,
     ApiKeyForm,
@@ -38,14 +37,20 @@ from chat.forms import (
     RenameForm,
     SettingsForm,
     TabModelForm,
-    get_setting,
     key_providers,
     known_models,
     model_choices,
-    new_tab_model,
     ui_settings,
 )
-from chat.models import ApiKey, Chunk, ProviderEndpoint, RunningTurn, Setting, Tab
+from chat.models import (
+    ApiKey,
+    Chunk,
+    ProviderEndpoint,
+    RunningTurn,
+    Setting,
+    Tab,
+    new_tab,
+)
 from chat.providers.registry import PROVIDERS
 
 # The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
@@ -128,11 +133,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def tab_new(request: HttpRequest) -> HttpResponse:
-    tab = Tab.objects.create(
-        owner=request.user,
-        model=new_tab_model(),
-        system_prompt=get_setting("system_prompt", "") or DEFAULT_SYSTEM_PROMPT,
-    )
+    tab = new_tab(request.user)
     return redirect("tab", tab_id=tab.id)
 
 

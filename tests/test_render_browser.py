@@ -20,8 +20,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from chat import log, render
-from chat.forms import set_setting
-from chat.models import QueuedMessage, Tab
+from chat.models import QueuedMessage, Tab, set_setting
 from tests.ui_helpers import block
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -13,8 +13,16 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chat import log, turns
-from chat.forms import DEFAULT_SYSTEM_PROMPT, set_setting
-from chat.models import ApiKey, ProviderEndpoint, QueuedMessage, RunningTurn, Setting, Tab
+from chat.models import (
+    DEFAULT_SYSTEM_PROMPT,
+    ApiKey,
+    ProviderEndpoint,
+    QueuedMessage,
+    RunningTurn,
+    Setting,
+    Tab,
+    set_setting,
+)
 from chat.providers import default_model
 from tests.ui_helpers import block, parse, seed_every_type
 
