@@ -105,6 +105,22 @@ def cancel(tab_id: uuid.UUID) -> bool:
     return bool(updated)
 
 
+def notice(tab_id: uuid.UUID, kind: str, text: str) -> None:
+    """A system event on a tab: in the log at once when idle; a running turn reports
+    the change itself at its next step (a config-reload chunk in the turn)."""
+    from chat import log
+    from chat.agent import block_dict
+    from chat.stream import Block, Kind, Role
+
+    with transaction.atomic():
+        Tab.objects.select_for_update().filter(pk=tab_id).values_list("pk").get()
+        if RunningTurn.objects.filter(tab_id=tab_id).exists():
+            return
+        block = Block(uuid.uuid4(), None, 0, Role.SYSTEM, Kind.SYSTEM, {"kind": kind, "text": text})
+        log.append(tab_id, [block])
+    _group_send(tab_group(tab_id), {"type": "tab.op", "op": "seal", "block": block_dict(block)})
+
+
 def approve(tab_id: uuid.UUID, call_id: str, approved: bool) -> None:
     """Answer the approval the running turn waits for on `call_id`."""
     _group_send(

@@ -254,8 +254,10 @@ def tab_model(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = _get_tab_for_user(request, tab_id)
     form = TabModelForm(request.POST, current=tab.model)
     if form.is_valid():
-        tab.model = form.cleaned_data["model"]
+        previous, tab.model = tab.model, form.cleaned_data["model"]
         tab.save(update_fields=["model", "updated_at"])
+        if tab.model != previous:
+            turns.notice(tab.id, "model-changed", f"Model changed from {previous} to {tab.model}.")
     else:
         _form_errors(request, form)
     return redirect("tab", tab_id=tab.id)

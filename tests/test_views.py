@@ -291,6 +291,26 @@ def test_it_changes_the_tabs_model_to_a_listed_one_only(client_alice, tab):
     assert "is not a model this server offers" in page(response)
 
 
+def test_changing_the_model_of_an_idle_tab_leaves_a_system_chunk(client_alice, tab):
+    """With no turn running, the change is a role=system chunk in the log at once."""
+    previous = tab.model
+    client_alice.post(reverse("tab_model", args=[tab.id]), {"model": "anthropic/claude-sonnet-4-5"})
+    [chunk] = log.tail(tab.id)
+    assert (chunk.role, chunk.type, chunk.data["kind"]) == ("system", "system", "model-changed")
+    assert chunk.data["text"] == f"Model changed from {previous} to anthropic/claude-sonnet-4-5."
+
+
+def test_changing_the_model_during_a_turn_is_left_to_the_turn(client_alice, tab):
+    """A running turn reports it at its next step (config-reload); nothing is added now."""
+    from django.utils import timezone
+
+    RunningTurn.objects.create(
+        tab=tab, turn_id=uuid.uuid4(), worker="w", heartbeat_at=timezone.now()
+    )
+    client_alice.post(reverse("tab_model", args=[tab.id]), {"model": "anthropic/claude-sonnet-4-5"})
+    assert log.tail(tab.id) == []
+
+
 def test_it_labels_the_offline_model_honestly(client_alice, tab):
     """The picker calls the offline model the offline demo model, and it is selected."""
     tree = parse(page(client_alice.get(reverse("tab", args=[tab.id]))))
