@@ -563,3 +563,33 @@ async def test_a_response_cut_off_and_retried_is_kept_in_the_log_but_not_sent(
     assert [getattr(p, "text", None) for p in replayed.parts] == ["Plan again.", "Full answer."]
     # Usage is recorded for responses that finished: the retry and the second turn.
     assert await UsageRecord.objects.acount() == 2
+
+
+async def test_a_model_change_during_a_turn_applies_at_the_next_step(script, workspace):
+    """Changed while the first step waits for approval: step 2 uses the new model and the
+    log says so with a config-reload chunk at that point."""
+    first = ScriptedProvider(
+        [[call("w", "write_file", path="a.txt", content="a"), Finish(stop_reason="tool_use")]]
+    )
+    second = ScriptedProvider([[TextDelta("From the new model."), Finish()]])
+    script(models={"scripted/first": first, "scripted/second": second})
+    async with running_worker():
+        tab = await make_tab("scripted/first", approve_tools=True)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(lambda m: m["op"] == "status" and m["status"]["state"] == "waiting")
+            tab.model = "scripted/second"
+            await tab.asave(update_fields=["model"])
+            await database_sync_to_async(turns.approve)(tab.pk, "w", True)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == [
+        "user/text",
+        "assistant/tool_call",
+        "tool/tool_result",
+        "system/system",
+        "assistant/text",
+    ]
+    assert rows[3].data["kind"] == "config-reload"
+    assert "scripted/first → scripted/second" in rows[3].data["text"]
+    assert len(second.requests) == 1
