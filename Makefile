@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 
 run: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput -v 0
-	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) dispatch.asgi:application
+	$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
 # Browser tests drive Debian's Chromium; install it when it is missing (CI runs as root).
 chromium:
