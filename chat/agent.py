@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -126,13 +126,6 @@ class TurnCancelled(Exception):
 Publish = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-def block_dict(block: Block) -> dict[str, Any]:
-    fields = asdict(block)
-    fields["id"] = str(block.id)
-    fields["turn_id"] = str(block.turn_id) if block.turn_id else None
-    return fields
-
-
 # The runners of this process, by tab: a worker's shutdown waits for them.
 RUNNING: dict[uuid.UUID, TurnRunner] = {}
 
@@ -201,7 +194,7 @@ class TurnRunner:
         block = self.reducer.open
         return {
             "last_seq": self.last_seq,
-            "open": block_dict(block) if block is not None else None,
+            "open": block.to_dict() if block is not None else None,
             "status": self.status.as_dict(),
         }
 
@@ -222,8 +215,9 @@ class TurnRunner:
                 next_turn = await database_sync_to_async(self._release_or_continue)()
                 if next_turn is None:
                     break
-                if self.stopping:
-                    # Shutting down: leave the queued message to another worker.
+                if self.stopping or not _worker_accepts_turns():
+                    # Shutting down (the running turn was let finish): the next
+                    # turn is a new turn, so it goes to a worker that stays.
                     await database_sync_to_async(self._hand_back)()
                     break
                 self._start_turn(next_turn)
@@ -522,7 +516,7 @@ class TurnRunner:
                     await self._flush_deltas()
                     if block.type == Kind.THINKING:
                         self._thinking_since = time.monotonic()
-                    await self.publish({"op": "open", "block": block_dict(block)})
+                    await self.publish({"op": "open", "block": block.to_dict()})
                     self._checkpoint_soon()
                 case Seal(block=block):
                     await self._flush_deltas()
@@ -543,7 +537,7 @@ class TurnRunner:
         await database_sync_to_async(log.append)(self.tab_id, [block], clear_checkpoint=True)
         self.last_seq = block.seq
         self.history.add(block)
-        await self.publish({"op": "seal", "block": block_dict(block)})
+        await self.publish({"op": "seal", "block": block.to_dict()})
 
     async def _system(self, kind: str, text: str, **extra: Any) -> None:
         ops = self.reducer.feed(SystemEvent(kind, text))
@@ -650,7 +644,7 @@ class TurnRunner:
         for block in blocks:
             self.last_seq = block.seq
             self.history.add(block)
-            await self.publish({"op": "seal", "block": block_dict(block)})
+            await self.publish({"op": "seal", "block": block.to_dict()})
         if ids:
             await self.publish({"op": "taken", "ids": ids})
         return bool(ids)
@@ -701,6 +695,12 @@ class TurnRunner:
     def _beat(self) -> bool:
         RunningTurn.objects.filter(tab_id=self.tab_id).update(heartbeat_at=timezone.now())
         return RunningTurn.objects.filter(tab_id=self.tab_id, cancel_requested=True).exists()
+
+
+def _worker_accepts_turns() -> bool:
+    from chat import turns
+
+    return turns.accepting_turns
 
 
 def _reason(exc: ProviderError) -> str:

@@ -26,18 +26,6 @@ SNAPSHOT_TIMEOUT = 2.0
 CLOSE_FORBIDDEN = 4403
 
 
-def block_from(fields: dict[str, Any]) -> Block:
-    return Block(
-        id=uuid.UUID(fields["id"]),
-        turn_id=uuid.UUID(fields["turn_id"]) if fields.get("turn_id") else None,
-        step=fields["step"],
-        role=fields["role"],
-        type=fields["type"],
-        data=fields["data"],
-        seq=fields.get("seq"),
-    )
-
-
 class TabSocket(AsyncWebsocketConsumer):
     """Streams a tab's ops to one page, with no gap and no duplicate (DESIGN §5).
 
@@ -141,7 +129,7 @@ class TabSocket(AsyncWebsocketConsumer):
         self.open_id, self.open_len = hello["open_id"], hello["open_len"]
         open_fields = snapshot.get("open") if snapshot else None
         if open_fields is not None and not any(str(c.id) == open_fields["id"] for c in chunks):
-            block = block_from(open_fields)
+            block = Block.from_dict(open_fields)
             if self.open_id == str(block.id) and self.open_len <= len(block.text):
                 rest = block.text[self.open_len :]
                 if rest:
@@ -178,7 +166,7 @@ class TabSocket(AsyncWebsocketConsumer):
     def _frame(self, message: dict[str, Any]) -> str | None:
         match message["op"]:
             case "open":
-                block = block_from(message["block"])
+                block = Block.from_dict(message["block"])
                 if str(block.id) == self.open_id:
                     return None
                 self.open_id, self.open_len = str(block.id), len(block.text)
@@ -204,7 +192,7 @@ class TabSocket(AsyncWebsocketConsumer):
                 self.open_len += len(text)
                 return render.fragment_delta(uuid.UUID(message["chunk_id"]), text)
             case "seal":
-                block = block_from(message["block"])
+                block = Block.from_dict(message["block"])
                 if block.seq is not None and block.seq <= self.sent_seq:
                     return None
                 self.sent_seq = block.seq or self.sent_seq

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
 
 from django.db import transaction
 from django.db.models import F
@@ -100,25 +98,7 @@ def checkpoint(tab_id: uuid.UUID, block: Block | None) -> None:
     """Store the open block (or nothing) on the running turn's row; refreshes the heartbeat."""
     now = timezone.now()
     RunningTurn.objects.filter(tab_id=tab_id).update(
-        open_chunk=_encode(block) if block is not None else None,
+        open_chunk=block.to_dict() if block is not None else None,
         checkpointed_at=now if block is not None else None,
         heartbeat_at=now,
-    )
-
-
-def _encode(block: Block) -> dict[str, Any]:
-    fields = asdict(block)
-    fields["id"] = str(block.id)
-    fields["turn_id"] = str(block.turn_id) if block.turn_id else None
-    return fields
-
-
-def decode_checkpoint(fields: dict[str, Any]) -> Block:
-    return Block(
-        id=uuid.UUID(fields["id"]),
-        turn_id=uuid.UUID(fields["turn_id"]) if fields.get("turn_id") else None,
-        step=fields["step"],
-        role=fields["role"],
-        type=fields["type"],
-        data=fields["data"],
     )

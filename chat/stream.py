@@ -65,6 +65,30 @@ class Block:
     data: dict[str, Any]
     seq: int | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields: the form ops travel in and checkpoints are stored in."""
+        return {
+            "id": str(self.id),
+            "turn_id": str(self.turn_id) if self.turn_id else None,
+            "step": self.step,
+            "role": self.role,
+            "type": self.type,
+            "data": self.data,
+            "seq": self.seq,
+        }
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> Block:
+        return cls(
+            id=uuid.UUID(fields["id"]),
+            turn_id=uuid.UUID(fields["turn_id"]) if fields.get("turn_id") else None,
+            step=fields["step"],
+            role=fields["role"],
+            type=fields["type"],
+            data=fields["data"],
+            seq=fields.get("seq"),
+        )
+
     @property
     def text(self) -> str:
         """The streamable body: text, thinking or live tool output."""

@@ -109,7 +109,6 @@ def notice(tab_id: uuid.UUID, kind: str, text: str) -> None:
     """A system event on a tab: in the log at once when idle; a running turn reports
     the change itself at its next step (a config-reload chunk in the turn)."""
     from chat import log
-    from chat.agent import block_dict
     from chat.stream import Block, Kind, Role
 
     with transaction.atomic():
@@ -118,7 +117,7 @@ def notice(tab_id: uuid.UUID, kind: str, text: str) -> None:
             return
         block = Block(uuid.uuid4(), None, 0, Role.SYSTEM, Kind.SYSTEM, {"kind": kind, "text": text})
         log.append(tab_id, [block])
-    _group_send(tab_group(tab_id), {"type": "tab.op", "op": "seal", "block": block_dict(block)})
+    _group_send(tab_group(tab_id), {"type": "tab.op", "op": "seal", "block": block.to_dict()})
 
 
 def approve(tab_id: uuid.UUID, call_id: str, approved: bool) -> None:
@@ -238,10 +237,8 @@ def recover_stale(*, everything: bool = False) -> list[uuid.UUID]:
 def _broadcast_recovered(tab_id: uuid.UUID, blocks: list) -> None:
     if not blocks:
         return
-    from chat.agent import block_dict
-
     for block in blocks:
-        _group_send(tab_group(tab_id), {"type": "tab.op", "op": "seal", "block": block_dict(block)})
+        _group_send(tab_group(tab_id), {"type": "tab.op", "op": "seal", "block": block.to_dict()})
     _group_send(tab_group(tab_id), {"type": "tab.op", "op": "status", "status": status(tab_id)})
 
 
@@ -260,7 +257,7 @@ def _recover(running: RunningTurn) -> list:
     blocks: list[Block] = []
     lost = ""
     if running.open_chunk:
-        block = log.decode_checkpoint(running.open_chunk)
+        block = Block.from_dict(running.open_chunk)
         # The seal may have reached the log just before the crash.
         if not Chunk.objects.filter(pk=block.id).exists():
             block.data["interrupted"] = True

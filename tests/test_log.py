@@ -129,7 +129,7 @@ def test_checkpoint_stores_and_clears_the_open_block(tab):
     block = Block(uuid.uuid4(), uuid.uuid4(), 2, "assistant", "text", {"text": "half"})
     log.checkpoint(tab.pk, block)
     stored = RunningTurn.objects.get().open_chunk
-    assert log.decode_checkpoint(stored) == block
+    assert Block.from_dict(stored) == block
     # Sealing clears the checkpoint in the same transaction as the append.
     log.append(tab.pk, [block], clear_checkpoint=True)
     running = RunningTurn.objects.get()

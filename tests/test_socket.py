@@ -14,6 +14,7 @@ from chat import agent, consumers, render
 from chat.models import RunningTurn
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
+from chat.stream import Block
 from dispatch.asgi import router
 from tests.engine import Watcher, chunks, make_tab, running_worker, submit
 
@@ -157,11 +158,9 @@ async def test_live_ops_become_open_delta_and_seal_fragments(script):
         await socket.disconnect()
     rows = await chunks(tab.pk)
     text = rows[-1]
-    from chat.consumers import block_from
-
-    sealed_user = render.fragment_seal(block_from(_fields(rows[0])))
+    sealed_user = render.fragment_seal(Block.from_dict(_fields(rows[0])))
     assert sealed_user in frames
-    assert render.fragment_seal(block_from(_fields(text))) in frames
+    assert render.fragment_seal(Block.from_dict(_fields(text))) in frames
     deltas = [f for f in frames if f.startswith(render.fragment_delta(text.id, "")[:30])]
     assert deltas, "no delta frame"
     open_frames = [f for f in frames if f'id="chunk-{text.id}" data-seq=""' in f]
