@@ -1,0 +1,718 @@
+"""Process helpers for the scaled-mode tests (tests/test_scaled.py).
+
+- The services: is PostgreSQL / Redis reachable, a throwaway database, a Redis
+  database number claimed for one test session.
+- `Cluster`: web (`manage.py serve`) and worker (`manage.py runworker`)
+  processes on one database and one Redis, started from the Procfile's
+  commands, each stopped by its own PID, plus the HTTP calls a browser makes.
+- `Page` / `PageSocket`: a browser tab's view of the log, rebuilt from the
+  socket's htmx frames the way static/chat/app.js and htmx apply them, which
+  says what it holds on every (re)connect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import http.client
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Where the tests find the services; the defaults are this machine's (and CI's).
+POSTGRES_ADMIN_URL = os.environ.get(
+    "DISPATCH_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_BASE_URL = os.environ.get("DISPATCH_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+# Set (CI does) to fail instead of skip when a service is not reachable.
+REQUIRE_SERVICES = os.environ.get("DISPATCH_REQUIRE_SERVICES", "").strip() not in ("", "0")
+
+# A reachable service answers in milliseconds; this only bounds a dead address.
+CONNECT_TIMEOUT = 3
+# Django start-up plus migrations on two busy cores take a few seconds; past this
+# a process is stuck, and its log says why.
+STARTUP_TIMEOUT = 40.0
+# SIGTERM, then this long to exit, then SIGKILL. Longer than a worker's
+# shutdown grace (turns.SHUTDOWN_GRACE_SECONDS) so a graceful stop is never cut.
+STOP_TIMEOUT = 25.0
+# One HTTP request to a local web process.
+HTTP_TIMEOUT = 15.0
+# Frames arrive within this while anything happens on the tab.
+FRAME_TIMEOUT = 15.0
+# Redis database numbers tried for a session's channel layer (0 is left to people).
+REDIS_DBS = range(1, 16)
+# The claim on a Redis database outlives a crashed test session by at most this.
+REDIS_CLAIM_SECONDS = 3600
+REDIS_CLAIM_KEY = "dispatch-scaled-test-claim"
+# The channel layer's key prefix (channels_redis' default, which settings keep).
+CHANNEL_LAYER_PREFIX = "asgi"
+# redis-py gives up a read after 5 s by default, exactly as long as channels-redis
+# blocks in BZPOPMIN when a channel is idle: the race kills an idle process's
+# consumers. Reads must outlast the blocking pop; see README, "Running at scale".
+REDIS_SOCKET_TIMEOUT = 15
+
+
+# --- Services -----------------------------------------------------------------------
+
+
+def _database_url(admin_url: str, name: str) -> str:
+    parts = urllib.parse.urlsplit(admin_url)
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def unreachable_services() -> list[str]:
+    """What is missing, as sentences; empty when PostgreSQL and Redis both answer."""
+    import psycopg
+    import redis
+
+    missing = []
+    try:
+        psycopg.connect(POSTGRES_ADMIN_URL, connect_timeout=CONNECT_TIMEOUT).close()
+    except psycopg.Error as exc:
+        missing.append(f"PostgreSQL at {POSTGRES_ADMIN_URL} is not reachable ({exc})")
+    try:
+        client = redis.Redis.from_url(REDIS_BASE_URL, socket_connect_timeout=CONNECT_TIMEOUT)
+        client.ping()
+        client.close()
+    except redis.RedisError as exc:
+        missing.append(f"Redis at {REDIS_BASE_URL} is not reachable ({exc})")
+    return missing
+
+
+def require_services() -> None:
+    """Skip (or, with DISPATCH_REQUIRE_SERVICES=1, fail) unless both services answer."""
+    missing = unreachable_services()
+    if not missing:
+        return
+    why = "; ".join(missing) + (
+        ". Scaled-mode tests need both (set DISPATCH_TEST_POSTGRES_URL / "
+        "DISPATCH_TEST_REDIS_URL to point elsewhere)."
+    )
+    if REQUIRE_SERVICES:
+        pytest.fail(why + " DISPATCH_REQUIRE_SERVICES is set, so this is a failure.")
+    pytest.skip(why)
+
+
+@contextlib.contextmanager
+def scratch_database() -> Iterator[str]:
+    """A new, empty PostgreSQL database for one test session; dropped afterwards."""
+    import psycopg
+
+    name = f"dispatch_scaled_{secrets.token_hex(6)}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _database_url(POSTGRES_ADMIN_URL, name)
+    finally:
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+            # FORCE: a process killed mid-test may have left a session open.
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# Claims the selected database only when it is empty, atomically.
+_CLAIM_SCRIPT = """
+if redis.call('DBSIZE') == 0 then
+  return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+end
+return false
+"""
+
+
+@contextlib.contextmanager
+def scratch_redis() -> Iterator[str]:
+    """A Redis URL on a database number nobody else uses now; its keys are removed after."""
+    import redis
+
+    token = secrets.token_hex(8)
+    for db in REDIS_DBS:
+        client = redis.Redis.from_url(f"{REDIS_BASE_URL}/{db}")
+        try:
+            if client.eval(_CLAIM_SCRIPT, 1, REDIS_CLAIM_KEY, token, REDIS_CLAIM_SECONDS):
+                break
+        finally:
+            client.close()
+    else:
+        raise RuntimeError(
+            f"every Redis database {REDIS_DBS.start}-{REDIS_DBS.stop - 1} on {REDIS_BASE_URL} "
+            "holds keys; the scaled tests need an empty one"
+        )
+    try:
+        yield f"{REDIS_BASE_URL}/{db}?socket_timeout={REDIS_SOCKET_TIMEOUT}"
+    finally:
+        client = redis.Redis.from_url(f"{REDIS_BASE_URL}/{db}")
+        try:
+            keys = list(client.scan_iter(match=f"{CHANNEL_LAYER_PREFIX}*", count=1000))
+            if keys:
+                client.delete(*keys)
+            if client.get(REDIS_CLAIM_KEY) == token.encode():
+                client.delete(REDIS_CLAIM_KEY)
+        finally:
+            client.close()
+
+
+# --- Processes ------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # If the test run itself is killed, its servers go too (Linux; elsewhere the
+    # fixtures' own stop is all there is).
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Proc:
+    """One child process, its output in a file, stopped by its own PID."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name, self.argv, self.env = name, argv, env
+        self.log_path = log_dir / f"{name}-{int(time.time() * 1000)}.log"
+        self.popen: subprocess.Popen | None = None
+        self.port: int | None = None
+
+    def start(self) -> Proc:
+        with open(self.log_path, "wb") as out:
+            self.popen = subprocess.Popen(
+                self.argv,
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_for(self, pattern: str, timeout: float = STARTUP_TIMEOUT) -> re.Match:
+        """Wait until the output matches `pattern`; fail with the output if it never does."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if match := regex.search(self.output()):
+                return match
+            if not self.alive:
+                break
+            time.sleep(0.05)
+        raise AssertionError(
+            f"{self.name} (pid {self.pid}) never printed /{pattern}/; "
+            f"{'exited ' + str(self.popen.returncode) if not self.alive else 'still running'}."
+            f"\n--- output ---\n{self.output()[-4000:]}"
+        )
+
+    def kill(self) -> None:
+        """SIGKILL, and reap it at once: a zombie's pid would still look alive."""
+        if self.alive:
+            self.popen.send_signal(signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait(timeout=STOP_TIMEOUT)
+
+    def terminate(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM and wait for the exit code; SIGKILL if it takes longer than `timeout`."""
+        assert self.popen is not None
+        if self.alive:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                return self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.popen.returncode
+
+    def stop(self) -> None:
+        if self.popen is not None and self.alive:
+            self.terminate()
+
+
+def procfile_commands(port: int) -> dict[str, list[str]]:
+    """The Procfile's process types as argv lists, with this interpreter and `port`."""
+    commands = {}
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        kind, _, command = line.partition(":")
+        command = command.replace("${PORT:-8000}", str(port))
+        argv = shlex.split(command)
+        if argv[0].endswith("python"):
+            argv[0] = sys.executable
+        commands[kind.strip()] = argv
+    return commands
+
+
+@dataclass
+class Cluster:
+    """Web and worker processes of one scaled deployment, on 127.0.0.1."""
+
+    database_url: str
+    redis_url: str
+    workdir: Path
+    pace: float
+    procs: dict[str, Proc] = field(default_factory=dict)
+    # Every process ever started, so the last stop misses none (restarts included).
+    started: list[Proc] = field(default_factory=list)
+    secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(40))
+    session_key: str = ""
+    csrf: str = field(default_factory=lambda: secrets.token_hex(16))
+
+    def __post_init__(self) -> None:
+        (self.workdir / "workspace").mkdir(parents=True, exist_ok=True)
+        (self.workdir / "data").mkdir(exist_ok=True)
+        self.env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("DISPATCH_", "ANTHROPIC_", "OPENAI_"))
+            and key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "PORT")
+        }
+        self.env.update(
+            DJANGO_SETTINGS_MODULE="dispatch.settings",
+            DATABASE_URL=self.database_url,
+            REDIS_URL=self.redis_url,
+            # One key for all processes: sessions and stored API keys depend on it.
+            SECRET_KEY=self.secret_key,
+            DISPATCH_DATA_DIR=str(self.workdir / "data"),
+            DISPATCH_WORKSPACE=str(self.workdir / "workspace"),
+            DISPATCH_MODEL="offline/demo",
+            DISPATCH_OFFLINE_PACE=str(self.pace),
+            ALLOWED_HOSTS="127.0.0.1,localhost",
+            LOG_LEVEL="INFO",
+            PYTHONUNBUFFERED="1",
+        )
+
+    # Processes ----------------------------------------------------------------------
+
+    def manage(self, *args: str, timeout: float = STARTUP_TIMEOUT, **env: str) -> str:
+        """Run a management command to its end; its stdout. `env` overrides variables."""
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 0, f"manage.py {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    def shell_together(self, scripts: list[str], timeout: float = STARTUP_TIMEOUT) -> list[str]:
+        """Run each script in its own `manage.py shell` process, all at once; their stdouts."""
+        procs = [
+            Proc(
+                f"shell{i}",
+                [sys.executable, "manage.py", "shell", "-c", code],
+                self.env,
+                self.workdir,
+            )
+            for i, code in enumerate(scripts)
+        ]
+        self.started.extend(procs)
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            try:
+                code = proc.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = "killed after the timeout"
+            assert code == 0, f"{proc.name} exited {code}:\n{proc.output()[-3000:]}"
+        return [proc.output() for proc in procs]
+
+    def _spawn(self, name: str, kind: str) -> Proc:
+        argv = procfile_commands(0)[kind]
+        proc = Proc(name, argv, {**self.env, "PORT": "0"}, self.workdir).start()
+        self.procs[name] = proc
+        self.started.append(proc)
+        return proc
+
+    def start_web(self, name: str) -> Proc:
+        return self._spawn(name, "web")
+
+    def start_worker(self, name: str) -> Proc:
+        return self._spawn(name, "worker")
+
+    def wait_ready(self) -> None:
+        for proc in self.procs.values():
+            if "runworker" in proc.argv:
+                proc.wait_for(r"Turn worker started")
+            elif proc.port is None:
+                # The port is the OS's choice: daphne logs it once it listens.
+                match = proc.wait_for(r"Listening on TCP address 127\.0\.0\.1:(\d+)")
+                proc.port = int(match.group(1))
+
+    def ensure_running(self) -> None:
+        """Restart whatever an earlier test killed or stopped (a web process on a new port)."""
+        for name, proc in list(self.procs.items()):
+            if not proc.alive:
+                kind = "worker" if "runworker" in proc.argv else "web"
+                self._spawn(name, kind)
+        self.wait_ready()
+
+    def stop(self) -> None:
+        """Stop every process this cluster ever started, each by its PID."""
+        for proc in self.started:
+            if proc.alive:
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in self.started:
+            try:
+                proc.popen.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def outputs(self, tail: int = 3000) -> str:
+        """The end of every process's output, for a failure report."""
+        return "\n".join(
+            f"--- {p.name} (pid {p.pid}, {'running' if p.alive else f'exit {p.popen.returncode}'})"
+            f" ---\n{p.output()[-tail:]}"
+            for p in self.started
+        )
+
+    def workers(self) -> dict[str, Proc]:
+        return {n: p for n, p in self.procs.items() if "runworker" in p.argv}
+
+    def worker_by_id(self, worker_id: str) -> str:
+        """The name of the worker whose id (host:pid:channel) this is."""
+        pid = int(worker_id.split(":")[1])
+        names = [n for n, p in self.workers().items() if p.pid == pid]
+        assert names, f"{worker_id} is not one of the worker processes {self.workers()}"
+        return names[0]
+
+    # The database, read directly --------------------------------------------------------
+
+    def sql(self, query: str, *params: Any) -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            return conn.execute(query, params).fetchall()
+
+    def log(self, tab_id: str) -> list[dict[str, Any]]:
+        rows = self.sql(
+            "SELECT id, seq, turn_id, step, role, type, data FROM chat_chunk"
+            " WHERE tab_id = %s ORDER BY seq",
+            tab_id,
+        )
+        keys = ("id", "seq", "turn_id", "step", "role", "type", "data")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    def running(self, tab_id: str) -> dict[str, Any] | None:
+        rows = self.sql(
+            "SELECT turn_id, worker, open_chunk FROM chat_runningturn WHERE tab_id = %s", tab_id
+        )
+        if not rows:
+            return None
+        return {"turn_id": rows[0][0], "worker": rows[0][1], "open_chunk": rows[0][2]}
+
+    def queued(self, tab_id: str) -> list[str]:
+        return [
+            r[0]
+            for r in self.sql(
+                "SELECT text FROM chat_queuedmessage WHERE tab_id = %s ORDER BY id", tab_id
+            )
+        ]
+
+    # A browser's HTTP calls ----------------------------------------------------------
+
+    def login(self) -> None:
+        """Create a user and a session for it in the database; requests carry its cookie."""
+        self.session_key = self.manage(
+            "shell",
+            "-c",
+            "from django.contrib import auth\n"
+            "from django.contrib.sessions.backends.db import SessionStore\n"
+            "user = auth.get_user_model().objects.create_user('scaled')\n"
+            "session = SessionStore()\n"
+            "session[auth.SESSION_KEY] = str(user.pk)\n"
+            "session[auth.BACKEND_SESSION_KEY] = 'django.contrib.auth.backends.ModelBackend'\n"
+            "session[auth.HASH_SESSION_KEY] = user.get_session_auth_hash()\n"
+            "session.create()\n"
+            "print(session.session_key)\n",
+        ).split()[-1]
+
+    @property
+    def cookie(self) -> str:
+        return f"sessionid={self.session_key}; csrftoken={self.csrf}"
+
+    def origin(self, web: str) -> str:
+        return f"http://127.0.0.1:{self.procs[web].port}"
+
+    def post(self, web: str, path: str, form: dict[str, str] | None = None) -> tuple[int, str]:
+        """POST a form as the logged-in browser; returns (status, Location or body)."""
+        body = urllib.parse.urlencode({**(form or {}), "csrfmiddlewaretoken": self.csrf})
+        conn = http.client.HTTPConnection("127.0.0.1", self.procs[web].port, timeout=HTTP_TIMEOUT)
+        try:
+            conn.request(
+                "POST",
+                path,
+                body=body,
+                headers={
+                    "Cookie": self.cookie,
+                    "Content-Type": "application/x-www-form-urlencoded",
+                },
+            )
+            response = conn.getresponse()
+            text = response.getheader("Location") or response.read().decode(errors="replace")
+            return response.status, text
+        finally:
+            conn.close()
+
+    def new_tab(self, web: str) -> str:
+        status, location = self.post(web, "/t/new/")
+        assert status == 302, (status, location)
+        return re.fullmatch(r"/t/([0-9a-f-]{36})/", location).group(1)
+
+    def send(self, web: str, tab_id: str, text: str) -> None:
+        status, body = self.post(web, f"/t/{tab_id}/send/", {"text": text})
+        assert status == 302, (status, body)
+
+    async def asend(self, web: str, tab_id: str, text: str) -> None:
+        await asyncio.to_thread(self.send, web, tab_id, text)
+
+    async def apost(self, web: str, path: str, form: dict[str, str] | None = None):
+        return await asyncio.to_thread(self.post, web, path, form)
+
+
+# --- The page, rebuilt from frames ----------------------------------------------------
+
+
+@dataclass
+class PageChunk:
+    id: str
+    seq: int | None
+    open: bool
+    # The element's text as the reader sees it (sealed: rendered markdown).
+    text: str = ""
+    # Thinking is a <details>, every other chunk a <div>.
+    tag: str = "div"
+
+
+@dataclass
+class Page:
+    """A tab page's state, changed by frames as htmx and static/chat/app.js change it.
+
+    `streamed` keeps, per chunk, the text the page showed while the chunk was
+    open (the open fragment's body plus every delta), to compare with the log.
+    """
+
+    chunks: dict[str, PageChunk] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    streamed: dict[str, str] = field(default_factory=dict)
+    state: str = ""
+    queued: set[str] = field(default_factory=set)
+    approval: str | None = None
+    # Frames the protocol promises never to send: a delta with no open chunk for
+    # it, a sealed chunk sent again.
+    problems: list[str] = field(default_factory=list)
+
+    def apply(self, frame: str) -> None:
+        from tests.ui_helpers import top
+
+        for node in top(frame):
+            oob = node.get("hx-swap-oob") or ""
+            if oob.startswith("beforeend:#body-"):
+                self._delta(oob.removeprefix("beforeend:#body-"), node.text)
+            elif oob.startswith("beforeend:#queued"):
+                self.queued.update(li.get("id") for li in node.children)
+            elif oob.startswith("beforeend:"):
+                for el in node.find_all(lambda n: (n.get("id") or "").startswith("chunk-")):
+                    self._upsert(el)
+            elif oob == "delete":
+                self.queued.discard(node.get("id"))
+            elif node.get("id") == "status":
+                self.state = node.get("data-state") or ""
+            elif node.get("id") == "queued":
+                self.queued = {li.get("id") for li in node.children}
+            elif node.get("id") == "approval":
+                buttons = node.find_all(lambda n: n.get("name") == "approve")
+                self.approval = buttons[0].get("value") if buttons else None
+
+    def _upsert(self, el) -> None:
+        chunk_id = el.get("id").removeprefix("chunk-")
+        seq = int(el.get("data-seq")) if el.get("data-seq") else None
+        body = el.by_id(f"body-{chunk_id}")
+        old = self.chunks.get(chunk_id)
+        if old is not None and not old.open and seq is not None:
+            self.problems.append(f"chunk {chunk_id} (seq {seq}) sent sealed twice")
+        if old is None:
+            self.order.append(chunk_id)
+        chunk = PageChunk(chunk_id, seq, body is not None, el.text, el.tag)
+        self.chunks[chunk_id] = chunk
+        if body is not None:
+            self.streamed[chunk_id] = body.text
+
+    def _delta(self, chunk_id: str, text: str) -> None:
+        chunk = self.chunks.get(chunk_id)
+        if chunk is None or not chunk.open:
+            self.problems.append(f"delta {text!r} for chunk {chunk_id}, which is not open")
+            return
+        self.streamed[chunk_id] += text
+
+    @property
+    def open_chunk(self) -> PageChunk | None:
+        open_ = [self.chunks[i] for i in self.order if self.chunks[i].open]
+        return open_[-1] if open_ else None
+
+    def sealed(self) -> list[tuple[str, int]]:
+        return [(i, self.chunks[i].seq) for i in self.order if not self.chunks[i].open]
+
+    def hello(self) -> dict[str, Any]:
+        """What the page's JS sends on every (re)connect."""
+        seqs = [c.seq for c in self.chunks.values() if c.seq is not None]
+        open_ = self.open_chunk
+        return {
+            "type": "hello",
+            "last_seq": max(seqs, default=0),
+            "open_id": open_.id if open_ else "",
+            "open_len": len(self.streamed[open_.id]) if open_ else 0,
+        }
+
+
+class PageSocket:
+    """One browser tab's socket: connects to a web process, says hello, applies frames."""
+
+    def __init__(self, cluster: Cluster, tab_id: str, page: Page | None = None) -> None:
+        self.cluster, self.tab_id = cluster, tab_id
+        self.page = page or Page()
+        self.frames: list[str] = []
+        self.ws = None
+        self.web = ""
+
+    async def connect(self, web: str) -> PageSocket:
+        """(Re)connect through `web`, sending what the page holds now, and sync."""
+        from websockets.asyncio.client import connect
+
+        self.web = web
+        port = self.cluster.procs[web].port
+        self.ws = await connect(
+            f"ws://127.0.0.1:{port}/ws/tabs/{self.tab_id}/",
+            additional_headers={
+                "Cookie": self.cluster.cookie,
+                "Origin": self.cluster.origin(web),
+            },
+            open_timeout=HTTP_TIMEOUT,
+            close_timeout=2,
+        )
+        await self.ws.send(json.dumps(self.page.hello()))
+        # The catch-up always ends with a status frame.
+        await self.until(lambda frame: 'id="status"' in frame)
+        return self
+
+    async def next(self, timeout: float = FRAME_TIMEOUT) -> str:
+        frame = await asyncio.wait_for(self.ws.recv(), timeout)
+        self.frames.append(frame)
+        self.page.apply(frame)
+        return frame
+
+    async def until(self, predicate: Callable[[str], bool], timeout: float = FRAME_TIMEOUT) -> str:
+        async with asyncio.timeout(timeout):
+            while True:
+                frame = await self.next()
+                if predicate(frame):
+                    return frame
+
+    async def until_page(self, predicate: Callable[[Page], bool], timeout: float = FRAME_TIMEOUT):
+        async with asyncio.timeout(timeout):
+            while not predicate(self.page):
+                await self.next()
+
+    async def settle(self, timeout: float = FRAME_TIMEOUT * 2) -> None:
+        """Read frames until the page shows the whole log, idle, with nothing running or queued."""
+
+        def done() -> bool:
+            if self.page.state != "idle" or self.page.open_chunk is not None:
+                return False
+            if self.cluster.running(self.tab_id) or self.cluster.queued(self.tab_id):
+                return False
+            log = [(str(r["id"]), r["seq"]) for r in self.cluster.log(self.tab_id)]
+            return self.page.sealed() == log
+
+        async with asyncio.timeout(timeout):
+            while not done():
+                with contextlib.suppress(TimeoutError):
+                    await self.next(timeout=0.5)
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+
+
+def rendered_text(row: dict[str, Any]) -> str:
+    """The sealed chunk's text as the page shows it, rendered here from the log row."""
+    from chat import render
+    from chat.stream import Block
+    from tests.ui_helpers import parse
+
+    block = Block(
+        row["id"], row["turn_id"], row["step"], row["role"], row["type"], row["data"], row["seq"]
+    )
+    return parse(render.fragment_seal(block)).by_id(f"chunk-{row['id']}").text
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def assert_page_is_log(page: Page, log: list[dict[str, Any]]) -> None:
+    """The page holds exactly the log: the same chunks in seq order, each showing its text,
+    and every streamed text is the log's (for a chunk a crash cut, one is a prefix of the other)."""
+    assert page.problems == []
+    assert page.open_chunk is None
+    assert page.sealed() == [(str(r["id"]), r["seq"]) for r in log]
+    for row in log:
+        shown = page.chunks[str(row["id"])].text
+        assert words(shown) == words(rendered_text(row)), row
+        streamed = page.streamed.get(str(row["id"]))
+        if streamed is None or row["type"] not in ("text", "thinking"):
+            continue
+        saved = row["data"]["text"]
+        if row["data"].get("interrupted"):
+            # The checkpoint may lag the stream (up to a second) or lead it (deltas
+            # still being coalesced when the worker died): either is a prefix.
+            assert streamed.startswith(saved) or saved.startswith(streamed), (streamed, row)
+        else:
+            assert streamed == saved, (streamed, row)
+
+
+def seqs_are_gapless(log: list[dict[str, Any]]) -> bool:
+    return [r["seq"] for r in log] == list(range(1, len(log) + 1))
+
+
+def turns_do_not_interleave(log: list[dict[str, Any]]) -> bool:
+    """Each turn's chunks are one run in seq order: no two turns ran at once."""
+    runs = [
+        r["turn_id"] for i, r in enumerate(log) if i == 0 or log[i - 1]["turn_id"] != r["turn_id"]
+    ]
+    return len(runs) == len(set(runs))
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
