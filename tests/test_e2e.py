@@ -14,14 +14,17 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 
+from chat import log
 from chat.models import Chunk, QueuedMessage
 from chat.providers.base import Message, Request, TextPart
 from chat.providers.offline import make_plan
+from chat.stream import Block
 from tests.fakeprovider import fake_server, fake_server_factory  # noqa: F401
 from tests.live import (  # noqa: F401
     anthropic_env,
@@ -29,6 +32,7 @@ from tests.live import (  # noqa: F401
     browser,
     check_against_log,
     check_open_prefix,
+    expected,
     log_dom_hazards,
     make_tab,
     make_user,
@@ -412,3 +416,87 @@ async def test_a_mid_turn_message_is_queued_then_taken_after_the_tool_results(br
     assert top.index(f"chunk-{mid.id}") == top.index(f"chunk-{log_rows[3].id}") + 1
     assert await sync_to_async(QueuedMessage.objects.count)() == 0
     live.assert_clean()
+
+
+# --- Paging ----------------------------------------------------------------------------------
+
+LONG_TAB_CHUNKS = 1000
+# The page size (the default) and a DOM window low enough that older pages overflow it.
+PAGE_SIZE = 200
+DOM_WINDOW = 300
+
+
+def long_tab(user) -> list[Chunk]:
+    """A tab of LONG_TAB_CHUNKS chunks: question and answer turns, appended in one go."""
+    tab = make_tab(user, title="A long tab")
+    blocks = []
+    for n in range(LONG_TAB_CHUNKS // 2):
+        turn = uuid.uuid4()
+        blocks.append(Block(uuid.uuid4(), turn, 0, "user", "text", {"text": f"Question {n}"}))
+        blocks.append(
+            Block(uuid.uuid4(), turn, 1, "assistant", "text", {"text": f"Answer **{n}**."})
+        )
+    log.append(tab.id, blocks)
+    set_setting("dom_window", DOM_WINDOW)
+    return rows(tab.id)
+
+
+async def test_scrolling_up_loads_older_pages_and_keeps_the_dom_bounded(browser, serve):
+    """In a 1,000-chunk tab, reaching the top loads the page before, again and again, down
+    to the first chunk: each page lands in order with no gap and no duplicate, and the page
+    never holds more chunks than the DOM window (the newest go). Detached from the live end,
+    the page adds no chunk of a new turn (it would follow a gap) until the reader jumps back
+    to the latest page, which then shows the log's end exactly."""
+    server = await serve(DISPATCH_OFFLINE_PACE="0")
+    user = await sync_to_async(make_user)()
+    log_rows = await sync_to_async(long_tab)(user)
+    tab_id = log_rows[0].tab_id
+    session = await sync_to_async(session_for)(user)
+    live = await open_page(browser, server, f"/t/{tab_id}/", session=session, height=700)
+    page = live.page
+    await synced(page)
+    counts = []
+    while True:
+        shown = await read_log(page)
+        counts.append(len(shown))
+        seqs = [s.seq for s in shown]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "a gap or a duplicate"
+        for s in shown:
+            row = log_rows[s.seq - 1]
+            assert (s.id, s.type, s.body) == (str(row.id), *expected(row)[:2])
+        if seqs[0] == 1 or len(counts) > LONG_TAB_CHUNKS // PAGE_SIZE:
+            break
+        older = f"/t/{tab_id}/older/?before={seqs[0]}"
+        assert await page.get_attribute("#older", "hx-get") == older
+        async with page.expect_response(lambda r: "/older/" in r.url):
+            await page.evaluate("window.scrollTo(0, 0)")
+        await page.wait_for_function(
+            f"document.querySelector('#log .chunk')?.getAttribute('data-seq') !== '{seqs[0]}'"
+        )
+    assert seqs == list(range(1, DOM_WINDOW + 1)), counts
+    assert counts == [PAGE_SIZE] + [DOM_WINDOW] * (len(counts) - 1)
+    assert await page.query_selector("#older") is None
+    await screenshot(page, "paged")
+
+    # Another window starts a turn: its chunks stay off the detached page.
+    other = await open_page(browser, server, f"/t/{tab_id}/", session=session)
+    await synced(other.page)
+    await send_message(other.page, "hello")
+    await other.page.wait_for_selector("#status[data-state=idle]")
+    await turn_ended(tab_id)
+    await page.wait_for_selector("#status[data-state=idle]")
+    assert [s.seq for s in await read_log(page)] == seqs
+    assert await page.text_content("#newer") == "Newer messages are not shown · jump to the latest"
+
+    await page.click("#newer a")
+    await page.wait_for_url(f"{server.url}/t/{tab_id}/")
+    await synced(page)
+    log_rows = await sync_to_async(rows)(tab_id)
+    assert len(log_rows) == LONG_TAB_CHUNKS + 3
+    shown = await read_log(page)
+    assert [s.seq for s in shown] == [r.seq for r in log_rows[-PAGE_SIZE:]]
+    for s, row in zip(shown, log_rows[-PAGE_SIZE:], strict=True):
+        assert (s.id, s.type, s.body, s.result) == (str(row.id), *expected(row))
+    assert await page.query_selector("#newer") is None
+    live.assert_clean()
+    other.assert_clean()

@@ -70,6 +70,11 @@
       d.shouldSwap = false;
       return;
     }
+    // Detached from the live end (see trimNewest): a new chunk would land after a gap.
+    if (detached() && d.target && d.target.id === 'log') {
+      d.shouldSwap = false;
+      return;
+    }
     // A result goes to the first card with its key that has no result yet
     // (servers that repeat call ids make several cards share a key).
     var key = d.target.getAttribute && d.target.getAttribute('data-slot');
@@ -87,7 +92,7 @@
     var content = evt.detail.content;
     var fallback = content && content.getAttribute && content.getAttribute('data-fallback');
     var target = fallback && document.querySelector(fallback);
-    if (!target) return;
+    if (!target || detached()) return;
     Array.prototype.slice.call(content.children).forEach(function (el) { upsert(el, target); });
     settleLog();
   });
@@ -163,6 +168,11 @@
     htmx.process(older);
   }
 
+  function runningTurn() {
+    var status = $('status');
+    return status && status.getAttribute('data-state') !== 'idle' ? status.getAttribute('data-turn') : '';
+  }
+
   // Drop the oldest chunks past the window; never the running turn's.
   function trim() {
     var log = $('log');
@@ -170,8 +180,7 @@
     if (!max) return;
     var count = log.querySelectorAll('.chunk').length;
     if (count <= max) return;
-    var status = $('status');
-    var running = status && status.getAttribute('data-state') !== 'idle' ? status.getAttribute('data-turn') : '';
+    var running = runningTurn();
     var el = log.querySelector(':scope > .chunk');
     var removed = null;
     while (el && count > max) {
@@ -190,6 +199,38 @@
     }
     restoreOlder(log);
   }
+
+  // Older pages past the window push out the newest chunks instead (never the running
+  // turn's). The page is then detached from the live end: new chunks are not added
+  // (they would follow a gap) until the reader jumps back to the latest page.
+  function trimNewest() {
+    var log = $('log');
+    var max = log ? parseInt(log.getAttribute('data-dom-window'), 10) : 0;
+    if (!max) return;
+    var count = log.querySelectorAll('.chunk').length;
+    var running = runningTurn();
+    var chunks = all(log, ':scope > .chunk');
+    var removed = false;
+    while (count > max && chunks.length) {
+      var el = chunks.pop();
+      if (running && el.getAttribute('data-turn') === running) break;
+      count -= 1 + el.querySelectorAll('.chunk').length;
+      el.remove();
+      removed = true;
+    }
+    if (removed && !detached()) {
+      var newer = document.createElement('div');
+      newer.id = 'newer';
+      newer.className = 'older';
+      var link = document.createElement('a');
+      link.href = window.location.pathname;
+      link.textContent = 'Newer messages are not shown · jump to the latest';
+      newer.appendChild(link);
+      log.appendChild(newer);
+    }
+  }
+
+  function detached() { return !!$('newer'); }
 
   var follow = true;
   document.addEventListener('htmx:wsBeforeMessage', function () { follow = atBottom(); });
@@ -224,6 +265,7 @@
       slot.appendChild(result);
     });
     settleLog();
+    trimNewest();
     // Last: the regrouping above moves things too.
     if (anchor.isConnected) scroller().scrollTop += anchor.getBoundingClientRect().top - anchorTop;
     anchor = null;
