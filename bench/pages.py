@@ -15,7 +15,7 @@ def run() -> dict:
     from chat.models import new_tab
 
     user = get_user_model().objects.create_superuser("pages", password="x" * 12)
-    client = Client()
+    client = Client(HTTP_HOST="127.0.0.1")
     client.force_login(user)
     results = {}
     for n in SIZES:

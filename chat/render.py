@@ -19,6 +19,7 @@ replace in place, so a frame sent twice is harmless.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -149,6 +150,12 @@ _cleaner = nh3.Cleaner(
 )
 
 
+# Sealed text never changes, and every page load and every watching socket
+# renders the same recent chunks again: keep the last few thousand renderings.
+MARKDOWN_CACHE_SIZE = 4096
+
+
+@functools.lru_cache(maxsize=MARKDOWN_CACHE_SIZE)
 def markdown(text: str) -> SafeString:
     """Sanitised HTML for a message: CommonMark + tables, code highlighted."""
     return mark_safe(_cleaner.clean(_md.render(text)))
