@@ -665,6 +665,15 @@ class PageSocket:
             await self.ws.close()
 
 
+_ELAPSED_RE = re.compile(r'(<[^>]*class="[^"]*\belapsed\b[^"]*"[^>]*>)[^<]*')
+
+
+def without_clock(frame: str) -> str:
+    """The frame without the running turn's elapsed time, which each web process renders
+    from its own clock at the moment it sends the frame."""
+    return _ELAPSED_RE.sub(r"\1", frame)
+
+
 def rendered_text(row: dict[str, Any]) -> str:
     """The sealed chunk's text as the page shows it, rendered here from the log row."""
     from chat import render

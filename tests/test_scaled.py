@@ -29,12 +29,13 @@ from tests.procs import (
     scratch_redis,
     seqs_are_gapless,
     turns_do_not_interleave,
+    without_clock,
 )
 
 pytestmark = pytest.mark.scaled
 
-# Tokens per second of the offline model in the workers: a reply of ~120 tokens
-# then streams for about two seconds, long enough to kill a process mid-text.
+# Tokens per second of the offline model in the workers: a plain reply (~120
+# tokens) takes about two and a half seconds.
 PACE = 50.0
 # A recovery scan runs on every worker each SCAN_SECONDS, and a dead pid on this
 # host is recovered at the next one. The slack covers the scan's own queries and
@@ -42,13 +43,26 @@ PACE = 50.0
 # LEASE_STALE_SECONDS + SCAN_SECONDS, about 20 s; see the README.)
 RECOVERY_SLACK = 5.0
 RECOVERY_BOUND = turns.SCAN_SECONDS + RECOVERY_SLACK
-# A message that the offline model answers with plain text (no tool) and echoes,
-# so its reply is long enough to interrupt.
-LONG_MESSAGE = (
-    "Tell me a long story about a lighthouse keeper who counts the waves every night "
-    "and writes each number down."
-)
-# Streamed text the page must hold before a process is killed, so it dies mid-chunk.
+# The tests that kill or stop something mid-text ask the offline model to read
+# this workspace file: its second step quotes the lines back in one text chunk of
+# about 160 tokens (three seconds at PACE), so whatever is killed once that chunk
+# has begun dies in the middle of it, even on a busy machine.
+STORY = "story.txt"
+STORY_LINES = 6
+STORY_WORDS_PER_LINE = 25
+STORY_MESSAGE = f"read {STORY}"
+# How the quoting text chunk begins, to tell it from the first step's text.
+STORY_TEXT_START = f"`{STORY}` is {STORY_LINES} lines long."
+STORY_KINDS = [
+    "user/text",
+    "assistant/thinking",
+    "assistant/text",
+    "assistant/tool_call",
+    "tool/tool_result",
+    "assistant/thinking",
+    "assistant/text",
+]
+# Quoted text the page (or checkpoint) must hold before a process is killed.
 MID_TEXT_CHARS = 40
 # The seq race: this many processes each append this many chunks to one tab, one
 # transaction each, released together so that their appends interleave.
@@ -76,6 +90,11 @@ def cluster(tmp_path_factory):
         cluster = Cluster(database_url, redis_url, tmp_path_factory.mktemp("scaled"), PACE)
         try:
             cluster.manage("migrate", "--noinput", "-v", "0")
+            story = "\n".join(
+                " ".join(f"w{line}.{i}" for i in range(STORY_WORDS_PER_LINE))
+                for line in range(STORY_LINES)
+            )
+            (cluster.workdir / "workspace" / STORY).write_text(story + "\n")
             cluster.start_web("a")
             cluster.start_web("b")
             cluster.start_worker("w1")
@@ -120,24 +139,29 @@ def kinds(log) -> list[str]:
     return [f"{r['role']}/{r['type']}" for r in log]
 
 
-async def streaming_text(socket: PageSocket, chars: int = MID_TEXT_CHARS) -> str:
-    """Wait until the page streams an open text chunk holding at least `chars` characters."""
+def quoting(text: str) -> bool:
+    """The text is the story's quote, with at least MID_TEXT_CHARS of it streamed."""
+    return text.startswith(STORY_TEXT_START) and len(text) >= len(STORY_TEXT_START) + MID_TEXT_CHARS
+
+
+async def streaming_story(socket: PageSocket) -> str:
+    """Wait until the page streams the story's quote, in the middle of it; its chunk id."""
 
     def mid_text(page) -> bool:
         chunk = page.open_chunk
-        return chunk is not None and chunk.tag == "div" and len(page.streamed[chunk.id]) >= chars
+        return chunk is not None and chunk.tag == "div" and quoting(page.streamed[chunk.id])
 
-    await socket.until_page(mid_text)
+    await socket.until_page(mid_text, timeout=30)
     return socket.page.open_chunk.id
 
 
-async def checkpointed_text(cluster: Cluster, tab_id: str, chars: int = MID_TEXT_CHARS) -> dict:
-    """Wait until the running turn's checkpoint holds an open text block of `chars` or more."""
+async def checkpointed_story(cluster: Cluster, tab_id: str) -> dict:
+    """Wait until the running turn's checkpoint holds part of the story's quote."""
     async with asyncio.timeout(30):
         while True:
             running = cluster.running(tab_id)
             block = running and running["open_chunk"]
-            if block and block["type"] == "text" and len(block["data"]["text"]) >= chars:
+            if block and block["type"] == "text" and quoting(block["data"]["text"]):
                 return running
             await asyncio.sleep(0.05)
 
@@ -159,7 +183,9 @@ async def test_it_runs_a_turn_on_a_worker_and_streams_it_to_both_web_processes(l
     log = live.log(tab)
     assert kinds(log) == ["user/text", "assistant/thinking", "assistant/text"]
     assert log[0]["data"] == {"text": "hello from web A"}
-    assert a.frames[synced[0] :] == b.frames[synced[1] :]
+    frames_a = [without_clock(f) for f in a.frames[synced[0] :]]
+    assert frames_a == [without_clock(f) for f in b.frames[synced[1] :]]
+    assert any('data-state="running"' in f for f in frames_a)
     assert_page_is_log(a.page, log)
     assert_page_is_log(b.page, log)
     # Every text was streamed live to both pages, not only sent sealed.
@@ -213,8 +239,8 @@ async def test_approval_and_cancel_reach_the_worker_holding_the_turn(live, socke
     assert result["data"]["is_error"] is False
     assert "scaled-hello" in result["data"]["result"]
 
-    await live.asend("b", tab, LONG_MESSAGE)
-    await streaming_text(a)
+    await live.asend("b", tab, STORY_MESSAGE)
+    await streaming_story(a)
     status, _ = await live.apost("a", f"/t/{tab}/stop/")
     assert status == 302
     await a.settle()
@@ -231,8 +257,8 @@ async def test_a_page_on_a_killed_web_process_reconnects_to_the_other_with_no_ga
     tab = live.new_tab("b")
     a = await sockets(live, tab, "a")
     b = await sockets(live, tab, "b")
-    await live.asend("b", tab, LONG_MESSAGE)
-    open_id = await streaming_text(a)
+    await live.asend("b", tab, STORY_MESSAGE)
+    open_id = await streaming_story(a)
     live.procs["a"].kill()
     with pytest.raises(ConnectionClosed):
         async with asyncio.timeout(10):
@@ -243,11 +269,11 @@ async def test_a_page_on_a_killed_web_process_reconnects_to_the_other_with_no_ga
     await a.settle()
     await b.settle()
     log = live.log(tab)
-    assert kinds(log) == ["user/text", "assistant/thinking", "assistant/text"]
+    assert kinds(log) == STORY_KINDS
     # The page reconnected in the middle of the text chunk, holding part of it.
     assert hello["open_id"] == open_id == str(log[-1]["id"])
-    assert MID_TEXT_CHARS <= hello["open_len"] < len(log[-1]["data"]["text"])
-    assert hello["last_seq"] == 2
+    assert MID_TEXT_CHARS < hello["open_len"] < len(log[-1]["data"]["text"])
+    assert hello["last_seq"] == log[-2]["seq"]
     assert_page_is_log(a.page, log)
     assert_page_is_log(b.page, log)
 
@@ -259,8 +285,8 @@ async def test_a_turn_whose_worker_is_killed_is_recovered_by_the_other_worker(li
     tab = live.new_tab("a")
     a = await sockets(live, tab, "a")
     b = await sockets(live, tab, "b")
-    await live.asend("a", tab, LONG_MESSAGE)
-    running = await checkpointed_text(live, tab)
+    await live.asend("a", tab, STORY_MESSAGE)
+    running = await checkpointed_story(live, tab)
     holder = live.worker_by_id(running["worker"])
     survivor = next(name for name in live.workers() if name != holder)
     live.procs[holder].kill()
@@ -276,19 +302,21 @@ async def test_a_turn_whose_worker_is_killed_is_recovered_by_the_other_worker(li
     await a.settle()
     await b.settle()
     log = live.log(tab)
-    assert kinds(log) == ["user/text", "assistant/thinking", "assistant/text", "system/system"]
-    text = log[2]["data"]
-    assert text["interrupted"] is True and len(text["text"]) >= MID_TEXT_CHARS
-    assert log[3]["data"]["kind"] == "interrupted"
+    assert kinds(log) == [*STORY_KINDS, "system/system"]
+    text = log[-2]["data"]
+    assert text["interrupted"] is True and quoting(text["text"])
+    assert log[-1]["data"]["kind"] == "interrupted"
     assert_page_is_log(a.page, log)
     assert_page_is_log(b.page, log)
 
     await live.asend("b", tab, "hello again")
     await a.settle()
+    await b.settle()
     log = live.log(tab)
     assert kinds(log)[-3:] == ["user/text", "assistant/thinking", "assistant/text"]
     assert seqs_are_gapless(log)
     assert_page_is_log(a.page, log)
+    assert_page_is_log(b.page, log)
 
 
 async def test_a_worker_stopped_with_sigterm_finishes_its_turn_and_hands_back_the_next(
@@ -298,8 +326,8 @@ async def test_a_worker_stopped_with_sigterm_finishes_its_turn_and_hands_back_th
     running one, leaves the message queued meanwhile to the other worker, and exits 0."""
     tab = live.new_tab("a")
     a = await sockets(live, tab, "a")
-    await live.asend("a", tab, LONG_MESSAGE)
-    running = await checkpointed_text(live, tab)
+    await live.asend("a", tab, STORY_MESSAGE)
+    running = await checkpointed_story(live, tab)
     holder = live.worker_by_id(running["worker"])
     survivor = next(name for name in live.workers() if name != holder)
     live.procs[holder].popen.send_signal(signal.SIGTERM)
@@ -321,10 +349,10 @@ async def test_a_worker_stopped_with_sigterm_finishes_its_turn_and_hands_back_th
         await asyncio.gather(sampler, return_exceptions=True)
     assert await asyncio.to_thread(live.procs[holder].popen.wait, 30) == 0
     log = live.log(tab)
-    assert kinds(log) == ["user/text", "assistant/thinking", "assistant/text"] * 2
-    assert "interrupted" not in log[2]["data"]
+    assert kinds(log) == [*STORY_KINDS, "user/text", "assistant/thinking", "assistant/text"]
+    assert "interrupted" not in log[6]["data"]
     assert seqs_are_gapless(log)
-    turn_ids = [log[0]["turn_id"], log[3]["turn_id"]]
+    turn_ids = [log[0]["turn_id"], log[7]["turn_id"]]
     assert [holders.get(t) for t in turn_ids] == [holder, survivor]
     assert_page_is_log(a.page, log)
 
