@@ -18,6 +18,16 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                 "≤ 1.2×",
             )
         )
+        if floor := b.get("raw_coalesced"):
+            rows.append(
+                (
+                    "Browser streaming, app vs raw page at the app's frame sizes",
+                    f"{b['ratio_to_coalesced']:.1f}× ({b['app']['median']:.2f} s vs "
+                    f"{floor['median']:.3f} s, {floor['frames']} frames; the app's page busy "
+                    f"{b['app']['splits_ms']['busy']:.0f} ms, the rest waits on the server)",
+                    "",
+                )
+            )
     if s := r.get("streaming"):
         for n, row in s["by_tabs"].items():
             rows.append(

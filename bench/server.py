@@ -1,14 +1,31 @@
 """A bench server: the real app on daphne, with a provider that stamps each token with the
 time it was yielded, plus a bare Channels consumer streaming the same tokens as a baseline.
 
-    python -m bench.server PORT TOKENS PACE
+    python -m bench.server PORT TOKENS PACE [DATA_DIR [DELTAS]]
+
+For the browser benchmark, tabs on the model `bench/deltas` get DELTAS small text deltas at
+full speed instead, and the page at /bench/raw/ (bench/raw.html) gets the same deltas raw on
+/bench/raw/ws/: "go each" sends one frame per delta, "go coalesced" joins them into frames
+the size the app's coalescing makes at full speed; then "END". "RESULT <json>" from a page
+with no automation attached is appended to DATA_DIR/raw-results.jsonl.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
+from pathlib import Path
+
+# The model a tab names to get the browser benchmark's deltas.
+DELTAS_MODEL = "bench/deltas"
+RAW_PAGE = Path(__file__).with_name("raw.html")
+RAW_RESULTS = "raw-results.jsonl"
+# Words of the small deltas; plain words, so markdown keeps the text as it is.
+WORDS = ("the", "stream", "of", "small", "deltas", "goes", "into", "a", "tab", "page")
+# A paragraph break every this many deltas: a long answer is paragraphs, not one line.
+PARAGRAPH_DELTAS = 60
 
 
 class StampedProvider:
@@ -35,10 +52,65 @@ async def stamped_tokens(count: int, pace: float):
         yield f"{time.time_ns()} "
 
 
+def coalesced(deltas: list[str], size: int) -> list[str]:
+    """The deltas joined into frames of at least `size` characters (the last one shorter)."""
+    frames, run, length = [], [], 0
+    for text in deltas:
+        run.append(text)
+        length += len(text)
+        if length >= size:
+            frames.append("".join(run))
+            run, length = [], 0
+    if run:
+        frames.append("".join(run))
+    return frames
+
+
+def small_deltas(count: int) -> list[str]:
+    """`count` deltas of a word each (about 5 characters, a model's token)."""
+    deltas = []
+    for i in range(count):
+        sep = "" if i == 0 else "\n\n" if i % PARAGRAPH_DELTAS == 0 else " "
+        deltas.append(sep + WORDS[i % len(WORDS)])
+    return deltas
+
+
+class DeltasProvider:
+    """Yields the given text deltas as fast as the app takes them (no sleeping)."""
+
+    def __init__(self, deltas: list[str]) -> None:
+        self.deltas = deltas
+
+    async def stream(self, request):
+        from chat.providers.base import Finish, TextDelta, Usage
+
+        for text in self.deltas:
+            yield TextDelta(text)
+        yield Finish(Usage(output_tokens=len(self.deltas)))
+
+
+async def raw_page(receive, send) -> None:
+    """Serve bench/raw.html: a page with no htmx and no app code."""
+    body = RAW_PAGE.read_bytes()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"text/html; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 def main(port: int, tokens: int, pace: float) -> None:
     from bench.common import setup_django
 
     setup_django(sys.argv[4] if len(sys.argv) > 4 else None)
+    results_path = Path(os.environ["DISPATCH_DATA_DIR"]) / RAW_RESULTS
+    deltas = small_deltas(int(sys.argv[5]) if len(sys.argv) > 5 else 0)
     from channels.generic.websocket import AsyncWebsocketConsumer
     from channels.routing import URLRouter
     from daphne.endpoints import build_endpoint_description_strings
@@ -50,9 +122,12 @@ def main(port: int, tokens: int, pace: float) -> None:
     from dispatch import asgi
 
     async def provider_for(model):
+        if model == DELTAS_MODEL:
+            return DeltasProvider(deltas)
         return StampedProvider(tokens, pace)
 
     agent.provider_for = provider_for
+    raw_frames = {"each": deltas, "coalesced": coalesced(deltas, agent.COALESCE_MAX_CHARS)}
 
     class BareStream(AsyncWebsocketConsumer):
         """The baseline: the same tokens straight to the socket, no log, no rendering."""
@@ -69,11 +144,28 @@ def main(port: int, tokens: int, pace: float) -> None:
         async def disconnect(self, code):
             self.task.cancel()
 
-    bare = URLRouter([path("bare/", BareStream.as_asgi())])
+    class RawDeltas(AsyncWebsocketConsumer):
+        """The browser baseline: on "go MODE", the deltas as plain text frames, then "END"."""
+
+        async def receive(self, text_data=None, bytes_data=None):
+            text_data = text_data or ""
+            if text_data.startswith("go "):
+                for text in raw_frames[text_data.removeprefix("go ")]:
+                    await self.send(text_data=text)
+                await self.send(text_data="END")
+            elif text_data.startswith("RESULT "):
+                with results_path.open("a") as f:
+                    f.write(text_data.removeprefix("RESULT ") + "\n")
+
+    bare = URLRouter(
+        [path("bare/", BareStream.as_asgi()), path("bench/raw/ws/", RawDeltas.as_asgi())]
+    )
 
     async def application(scope, receive, send):
-        if scope["type"] == "websocket" and scope["path"] == "/bare/":
+        if scope["type"] == "websocket" and scope["path"] in ("/bare/", "/bench/raw/ws/"):
             return await bare(scope, receive, send)
+        if scope["type"] == "http" and scope["path"] == "/bench/raw/":
+            return await raw_page(receive, send)
         return await asgi.application(scope, receive, send)
 
     Server(

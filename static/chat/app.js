@@ -232,13 +232,36 @@
 
   function detached() { return !!$('newer'); }
 
+  // A message that only added text to open bodies (deltas) brought no chunk and took none:
+  // nothing to regroup or trim, and its scroll waits for the next animation frame, so a
+  // burst of deltas costs one layout, not a forced layout of the whole growing text each.
   var follow = true;
-  document.addEventListener('htmx:wsBeforeMessage', function () { follow = atBottom(); });
+  var textOnly = true;
+  var scrollPending = false;
+  function isBody(el) { return !!(el && el.id && el.id.lastIndexOf('body-', 0) === 0); }
+  document.addEventListener('htmx:oobBeforeSwap', function (evt) {
+    if (!isBody(evt.detail.target)) textOnly = false;
+  });
+  document.addEventListener('htmx:oobErrorNoTarget', function () { textOnly = false; });
+  document.addEventListener('htmx:wsBeforeMessage', function () {
+    textOnly = true;
+    // With a scroll pending the text has grown under a reader who was at the bottom:
+    // measuring now would force a layout and say they are not.
+    if (!scrollPending) follow = atBottom();
+  });
   document.addEventListener('htmx:wsAfterMessage', function () {
-    settleLog();
-    if (follow) {
-      trim();
-      toBottom();
+    if (!textOnly) {
+      settleLog();
+      if (follow) {
+        trim();
+        toBottom();
+      }
+    } else if (follow && !scrollPending) {
+      scrollPending = true;
+      requestAnimationFrame(function () {
+        scrollPending = false;
+        if (follow) toBottom();
+      });
     }
   });
 
