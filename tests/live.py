@@ -207,7 +207,8 @@ def chromium_path() -> str:
 
 
 @pytest.fixture
-async def browser():
+async def browser(serve):
+    """Chromium, closed before the servers stop (daphne would wait for its open sockets)."""
     from playwright.async_api import async_playwright
 
     executable = chromium_path()

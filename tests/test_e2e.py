@@ -47,6 +47,7 @@ from tests.live import (  # noqa: F401
     synced,
     turn_ended,
 )
+from tests.ui_helpers import seed_every_type
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -145,6 +146,11 @@ async def test_it_streams_thinking_text_and_a_tool_card_then_seals_them(browser,
     await send_message(page, "list the files")
     first_open = await page.wait_for_selector("#log .chunk.open")
     chunk_id = (await first_open.get_attribute("id")).removeprefix("chunk-")
+    # The answer streaming in (or, on a slow machine, just streamed).
+    await page.wait_for_function(
+        "[...document.querySelectorAll('#log .t-text.open .body')].some("
+        "(b) => b.textContent.length > 20) || !!document.querySelector('#log .t-text.a')"
+    )
     await screenshot(page, "streaming")
     await page.wait_for_selector(f"#chunk-{chunk_id}:not(.open)")
     await page.wait_for_selector("#log .t-tool-call .slot .t-tool-result.has-result")
@@ -363,7 +369,7 @@ async def test_a_mid_turn_message_is_queued_then_taken_after_the_tool_results(br
     """A message sent while a shell call waits for approval shows as queued (and survives a
     reload); after Approve the call runs, and the message enters the log right after the
     call's result, in the same turn, so the next step answers it."""
-    server = await serve()
+    server = await serve(DISPATCH_OFFLINE_PACE="0")
     user, tab, session = await owner_and_tab()
     live = await open_page(browser, server, f"/t/{tab.id}/", session=session)
     page = live.page
@@ -500,3 +506,146 @@ async def test_scrolling_up_loads_older_pages_and_keeps_the_dom_bounded(browser,
     assert await page.query_selector("#newer") is None
     live.assert_clean()
     other.assert_clean()
+
+
+# --- Hostile content -------------------------------------------------------------------------
+
+# Each would run script if it reached the DOM as markup; all must show as text.
+HOSTILE = (
+    "<script>alert(1)</script> <img src=x onerror=alert(2)> [x](javascript:alert(3)) "
+    '<a href="javascript:alert(4)">y</a> <javascript:alert(5)> <svg onload=alert(6)>'
+)
+
+
+def hostile_turn() -> list:
+    """The model says it, thinks it, and calls tools whose path and output carry it; the
+    pieces cut tags in half so each delta is harmless only if escaped on its own."""
+    pieces = [HOSTILE[i : i + 7] for i in range(0, len(HOSTILE), 7)]
+    return [
+        anthropic_reply(
+            [
+                ("thinking", pieces),
+                ("text", pieces),
+                ("tool_use", ("toolu_x1", "list_files", {"path": "."})),
+                ("tool_use", ("toolu_x2", "list_files", {"path": "<img src=x onerror=alert(7)>"})),
+            ],
+            stop_reason="tool_use",
+            pause=0.03,
+        ),
+        anthropic_reply([("text", [*pieces, "\n\n", HOSTILE])], stop_reason="end_turn"),
+    ]
+
+
+async def inert(live) -> None:
+    assert await log_dom_hazards(live.page) == []
+    assert live.dialogs == []
+
+
+async def test_hostile_user_and_model_content_renders_inert(browser, serve, fake_server):
+    """Script tags, onerror images, javascript: links and SVG handlers in a user message,
+    in streamed model thinking and text, in tool arguments and in tool output show as
+    text: no dialog opens, and no script element, event-handler attribute, javascript:
+    URL or image is in the page, while streaming, after sealing, or after a reload."""
+    fake_server.add(*hostile_turn())
+    server = await serve(**anthropic_env(fake_server))
+    (serve.workspace / "<img src=x onerror=alert(8)>.txt").write_text("<script>alert(9)</script>")
+    user, tab, session = await owner_and_tab("anthropic/claude-sonnet-4-5")
+    live = await open_page(browser, server, f"/t/{tab.id}/", session=session)
+    page = live.page
+    await synced(page)
+
+    await send_message(page, HOSTILE)
+    # Half the text streamed (as markup, were it not escaped, it would hold an <img>).
+    await page.wait_for_function(
+        "[...document.querySelectorAll('#log .t-text.open .body')]"
+        f".some((b) => b.innerHTML.length > {len(HOSTILE) // 2})"
+    )
+    await inert(live)
+    await page.wait_for_selector("#status[data-state=idle]")
+    await turn_ended(tab.id)
+    await inert(live)
+
+    log_rows = await sync_to_async(rows)(tab.id)
+    assert kinds(log_rows) == [
+        "user/text",
+        "assistant/thinking",
+        "assistant/text",
+        "assistant/tool_call",
+        "assistant/tool_call",
+        "tool/tool_result",
+        "tool/tool_result",
+        "assistant/text",
+    ]
+    assert "<img src=x onerror=alert(8)>.txt" in log_rows[5].data["result"]
+    assert "<img src=x onerror=alert(7)>: no such directory" in log_rows[6].data["result"]
+    check_against_log(await read_log(page), log_rows, complete=True)
+    # Inert, not dropped: the reader sees the characters.
+    for row in (log_rows[0], log_rows[2]):
+        assert HOSTILE in await page.text_content(f"#chunk-{row.id}")
+    assert await page.text_content("#tab-title") == HOSTILE[:60].rsplit(" ", 1)[0] + "…"
+
+    await page.reload()
+    await synced(page)
+    await inert(live)
+    check_against_log(await read_log(page), log_rows, complete=True)
+    await page.click(f"#chunk-{log_rows[1].id} summary")
+    assert HOSTILE in await page.text_content(f"#chunk-{log_rows[1].id}")
+    live.assert_clean()
+
+
+# --- Phones and dark mode -------------------------------------------------------------------
+
+PHONE = {"width": 375, "height": 740}
+# Relative luminance (0 black .. 1 white) below which a background reads as dark.
+DARK_LUMINANCE = 0.1
+
+BACKGROUND = """
+(sel) => {
+  const [r, g, b] = getComputedStyle(document.querySelector(sel)).backgroundColor
+    .match(/\\d+(\\.\\d+)?/g).slice(0, 3).map((v) => Number(v) / 255)
+    .map((c) => (c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4));
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+}
+"""
+
+
+async def test_it_fits_a_phone_and_follows_the_dark_color_scheme(browser, serve):
+    """A tab with every kind of chunk fits a 375 px phone screen (nothing wider than the
+    screen, the tab list tucked away behind its button, the composer on screen) and
+    switches to its dark palette when the system asks for dark."""
+    server = await serve()
+    user, tab, session = await owner_and_tab()
+    await sync_to_async(seed_every_type)(tab.id)
+
+    phone = await open_page(browser, server, f"/t/{tab.id}/", session=session, mobile=True, **PHONE)
+    page = phone.page
+    await synced(page)
+    assert await page.evaluate("document.scrollingElement.scrollWidth") <= PHONE["width"]
+    assert not await page.is_visible(".sidebar .new-tab") or (
+        await page.evaluate("document.querySelector('.sidebar').getBoundingClientRect().right") <= 0
+    )
+    assert await page.is_visible("#composer-text") and await page.is_visible(".nav-open")
+    await screenshot(page, "mobile")
+    await page.click(".nav-open")
+    await page.wait_for_function(
+        "document.querySelector('.sidebar').getBoundingClientRect().left >= 0"
+    )
+    await screenshot(page, "mobile-tabs")
+    await page.click(".nav-close")
+    await page.wait_for_function(
+        "document.querySelector('.sidebar').getBoundingClientRect().right <= 0"
+    )
+    await page.emulate_media(color_scheme="dark")
+    await page.wait_for_function(f"({BACKGROUND})('body') < {DARK_LUMINANCE}")
+    await screenshot(page, "dark-mobile")
+    phone.assert_clean()
+
+    desktop = await open_page(browser, server, f"/t/{tab.id}/", session=session)
+    page = desktop.page
+    await synced(page)
+    light = await page.evaluate(BACKGROUND, "body")
+    await page.emulate_media(color_scheme="dark")
+    await page.wait_for_function(f"({BACKGROUND})('body') < {DARK_LUMINANCE}")
+    assert light > DARK_LUMINANCE
+    await screenshot(page, "dark")
+    desktop.assert_clean()
