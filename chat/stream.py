@@ -92,9 +92,7 @@ class Block:
     @property
     def text(self) -> str:
         """The streamable body: text, thinking or live tool output."""
-        if self.type == Kind.TOOL_RESULT:
-            return self.data.get("shell_output", "")
-        return self.data.get("text", "")
+        return self.data.get(_body_key(self.type), "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +120,26 @@ class Reducer:
     turn_id: uuid.UUID | None
     step: int = 0
     new_id: Callable[[], uuid.UUID] = uuid.uuid4
-    open: Block | None = None
+    _open: Block | None = None
+    # Deltas not yet joined into the open block's body, and the body's length.
+    # Joining on every delta would copy the whole body each time: quadratic in
+    # a long block (seconds for a few hundred KB of shell output).
+    _pieces: list[str] = field(default_factory=list)
+    _length: int = 0
     # (call_id, name) of calls made and not yet answered, in call order. A list,
     # not a dict: some servers repeat or omit call ids, and each result must
     # still take the name of its own call (first unanswered one with that id).
     pending_calls: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def open(self) -> Block | None:
+        """The open block, its body complete up to the last delta fed."""
+        block = self._open
+        if block is not None and self._pieces:
+            key = _body_key(block.type)
+            block.data[key] = block.data[key] + "".join(self._pieces)
+            self._pieces.clear()
+        return block
 
     def feed(self, event: Event) -> list[Op]:
         match event:
@@ -161,9 +174,10 @@ class Reducer:
 
     def seal(self, **extra: Any) -> list[Op]:
         """Seal the open block as it is (end of step, cancel, crash recovery)."""
-        if self.open is None:
+        block = self.open
+        if block is None:
             return []
-        block, self.open = self.open, None
+        self._open = None
         block.data.update(extra)
         return [Seal(block)]
 
@@ -174,7 +188,7 @@ class Reducer:
         return [*self.seal(), Seal(self._new(role, kind, data))]
 
     def _extend(self, role: str, kind: str, call_id: str | None, text: str) -> list[Op]:
-        block = self.open
+        block = self._open
         if not (
             block is not None
             and block.type == kind
@@ -187,27 +201,28 @@ class Reducer:
                 data = {"call_id": call_id, "name": self._call_name(call_id), "shell_output": ""}
             else:
                 data = {"text": ""}
-            block = self.open = self._new(role, kind, data)
+            block = self._open = self._new(role, kind, data)
+            self._length = 0
             ops.append(Open(replace(block, data=dict(block.data))))
         else:
             ops = []
         if not text:
             return ops
-        body_key = "shell_output" if kind == Kind.TOOL_RESULT else "text"
-        offset = len(block.data[body_key])
-        block.data[body_key] += text
+        offset = self._length
+        self._pieces.append(text)
+        self._length += len(text)
         ops.append(Delta(block.id, offset, text))
         return ops
 
     def _end_reasoning(self, signature: str | None, redacted: str | None) -> list[Op]:
         ops: list[Op] = []
-        if self.open is None or self.open.type != Kind.THINKING:
+        if self._open is None or self._open.type != Kind.THINKING:
             ops += self.seal()
             if not (signature or redacted):
                 return ops  # nothing streamed and nothing to replay: no block
             # Signature-only thinking (display omitted) or redacted thinking
             # arrives with no deltas; it is still a block and must be kept.
-            self.open = self._new(Role.ASSISTANT, Kind.THINKING, {"text": ""})
+            self._open = self._new(Role.ASSISTANT, Kind.THINKING, {"text": ""})
         meta = {}
         if signature is not None:
             meta["signature"] = signature
@@ -244,8 +259,12 @@ class Reducer:
             # The live output streamed into this block; the result completes it.
             shell_output = event.shell_output or block.data.get("shell_output", "")
             block.data = {**data, "shell_output": shell_output} if shell_output else data
-            self.open = None
+            self._open = None
             return [Seal(block)]
         if event.shell_output:
             data["shell_output"] = event.shell_output
         return self._single(Role.TOOL, Kind.TOOL_RESULT, data)
+
+
+def _body_key(kind: str) -> str:
+    return "shell_output" if kind == Kind.TOOL_RESULT else "text"
