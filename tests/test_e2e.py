@@ -149,7 +149,7 @@ async def test_it_streams_thinking_text_and_a_tool_card_then_seals_them(browser,
     # The answer streaming in (or, on a slow machine, just streamed).
     await page.wait_for_function(
         "[...document.querySelectorAll('#log .t-text.open .body')].some("
-        "(b) => b.textContent.length > 20) || !!document.querySelector('#log .t-text.a')"
+        "(b) => b.textContent.length > 20) || !!document.querySelector('#log .t-text.a:not(.open)')"
     )
     await screenshot(page, "streaming")
     await page.wait_for_selector(f"#chunk-{chunk_id}:not(.open)")
@@ -312,7 +312,8 @@ async def test_stop_and_escape_cancel_the_turn_and_leave_a_valid_log(browser, se
     each time the open chunk seals as it was, a 'cancelled' notice closes the turn, the
     composer goes idle, and the log ends with the cancelled chunk; a call that never ran
     gets a 'cancelled' result."""
-    server = await serve()
+    # Half the usual pace: a greeting streams for ~5 s, ample time to press Stop in it.
+    server = await serve(DISPATCH_OFFLINE_PACE="20")
     user, tab, session = await owner_and_tab()
     live = await open_page(browser, server, f"/t/{tab.id}/", session=session)
     page = live.page
@@ -336,18 +337,25 @@ async def test_stop_and_escape_cancel_the_turn_and_leave_a_valid_log(browser, se
     await screenshot(page, "cancelled")
 
     await send_message(page, "hello again")
-    await page.wait_for_selector("#log .t-thinking.open")
+    await page.wait_for_selector("#log .t-text.open")
     await page.focus("#composer-text")
     async with page.expect_response(lambda r: r.url.endswith("/stop/")):
         await page.keyboard.press("Escape")
     log_rows = await stopped(live, tab, 2)
-    assert kinds(log_rows)[4:] == ["user/text", "assistant/thinking", "system/system"]
+    assert kinds(log_rows)[4:] == [
+        "user/text",
+        "assistant/thinking",
+        "assistant/text",
+        "system/system",
+    ]
+    cut, whole = log_rows[6].data["text"], offline_reply("hello again")
+    assert cut and whole.startswith(cut) and cut != whole
 
     await send_message(page, "run `echo never`")
     await page.wait_for_selector("#approval:not([hidden]) button[name=approve]")
     await page.click("#composer-actions [data-stop]")
     log_rows = await stopped(live, tab, 3)
-    assert kinds(log_rows)[7:] == [
+    assert kinds(log_rows)[8:] == [
         "user/text",
         "assistant/thinking",
         "assistant/text",
@@ -530,7 +538,7 @@ def hostile_turn() -> list:
                 ("tool_use", ("toolu_x2", "list_files", {"path": "<img src=x onerror=alert(7)>"})),
             ],
             stop_reason="tool_use",
-            pause=0.03,
+            pause=0.06,
         ),
         anthropic_reply([("text", [*pieces, "\n\n", HOSTILE])], stop_reason="end_turn"),
     ]
@@ -555,10 +563,12 @@ async def test_hostile_user_and_model_content_renders_inert(browser, serve, fake
     await synced(page)
 
     await send_message(page, HOSTILE)
-    # Half the text streamed (as markup, were it not escaped, it would hold an <img>).
+    # Half the text streamed (as markup, were it not escaped, it would hold an <img>), or on
+    # a slow machine the whole of it.
     await page.wait_for_function(
         "[...document.querySelectorAll('#log .t-text.open .body')]"
         f".some((b) => b.innerHTML.length > {len(HOSTILE) // 2})"
+        " || !!document.querySelector('#log .t-text.a:not(.open)')"
     )
     await inert(live)
     await page.wait_for_selector("#status[data-state=idle]")
