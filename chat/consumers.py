@@ -217,8 +217,10 @@ class TurnWorker(AsyncConsumer):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            # The consumer is going away (shutdown, or the channel layer failed):
+            # its turns are interrupted, not cancelled by anyone.
             for runner in self.runners.values():
-                runner.cancel()
+                runner.cancel(stopping=True)
             for task in list(self.tasks):
                 task.cancel()
 

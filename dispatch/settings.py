@@ -176,11 +176,19 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Channels ------------------------------------------------------------------
 
 REDIS_URL = envstr("REDIS_URL")
+# channels-redis blocks 5 s on an idle channel, and redis-py's default read
+# timeout is also 5 s: the two race, and an idle worker or socket dies. A read
+# must outlast the blocking pop. A socket_timeout in the URL still wins.
+REDIS_SOCKET_TIMEOUT = 15
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 60},
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
+                "capacity": 1500,
+                "expiry": 60,
+            },
         }
     }
 else:

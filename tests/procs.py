@@ -63,10 +63,6 @@ REDIS_CLAIM_SECONDS = 3600
 REDIS_CLAIM_KEY = "dispatch-scaled-test-claim"
 # The channel layer's key prefix (channels_redis' default, which settings keep).
 CHANNEL_LAYER_PREFIX = "asgi"
-# redis-py gives up a read after 5 s by default, exactly as long as channels-redis
-# blocks in BZPOPMIN when a channel is idle: the race kills an idle process's
-# consumers. Reads must outlast the blocking pop; see README, "Running at scale".
-REDIS_SOCKET_TIMEOUT = 15
 
 
 # --- Services -----------------------------------------------------------------------
@@ -154,7 +150,7 @@ def scratch_redis() -> Iterator[str]:
             "holds keys; the scaled tests need an empty one"
         )
     try:
-        yield f"{REDIS_BASE_URL}/{db}?socket_timeout={REDIS_SOCKET_TIMEOUT}"
+        yield f"{REDIS_BASE_URL}/{db}"
     finally:
         client = redis.Redis.from_url(f"{REDIS_BASE_URL}/{db}")
         try:
