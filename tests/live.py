@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -92,6 +93,20 @@ PASSWORD = "pw-for-tests-only"
 # --- The server ------------------------------------------------------------------
 
 
+def database_url() -> str:
+    """The URL of the database this test runs on (the test database, not the real one)."""
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    if connection.vendor == "postgresql":
+        auth = quote(db["USER"] or "", safe="")
+        if db["PASSWORD"]:
+            auth += ":" + quote(db["PASSWORD"], safe="")
+        host = f"{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}"
+        return f"postgres://{auth}@{host}/{quote(db['NAME'], safe='')}"
+    raise AssertionError(f"no live-server database URL for {connection.vendor}")
+
+
 def server_env(workspace: Path, **extra: str) -> dict[str, str]:
     """The environment of a server on the pytest database and data directory."""
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
@@ -99,7 +114,7 @@ def server_env(workspace: Path, **extra: str) -> dict[str, str]:
         {
             "DJANGO_SETTINGS_MODULE": "dispatch.settings",
             "DISPATCH_DATA_DIR": str(settings.DATA_DIR),
-            "DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}",
+            "DATABASE_URL": database_url(),
             "DISPATCH_WORKSPACE": str(workspace),
             "DISPATCH_MODEL": "offline/demo",
             "DISPATCH_OFFLINE_PACE": "40",
@@ -170,27 +185,39 @@ class LiveServer:
             self.proc.wait(STOP_TIMEOUT)
 
 
-@pytest.fixture
-def serve(transactional_db, tmp_path) -> Iterator[Callable[..., Awaitable[LiveServer]]]:
-    """`await serve(**env)`: a live server (workspace `tmp_path/workspace`); stopped after
-    the test, pass or fail. Its log is printed when the test fails."""
-    servers: list[LiveServer] = []
-    workspace = tmp_path / "workspace"
-    workspace.mkdir()
+class Servers:
+    """The live servers of one test; they share one workspace directory."""
 
-    async def start(**env: str) -> LiveServer:
-        log_path = tmp_path / f"server-{len(servers)}.log"
-        server = await asyncio.to_thread(LiveServer.start, workspace, log_path, **env)
-        servers.append(server)
+    def __init__(self, tmp_path: Path) -> None:
+        self.dir = tmp_path
+        self.workspace = tmp_path / "workspace"
+        self.workspace.mkdir()
+        self.started: list[LiveServer] = []
+
+    async def __call__(self, **env: str) -> LiveServer:
+        """A new server with these environment variables on top of `server_env`."""
+        log_path = self.dir / f"server-{len(self.started)}.log"
+        server = await asyncio.to_thread(LiveServer.start, self.workspace, log_path, **env)
+        self.started.append(server)
         return server
 
-    start.workspace = workspace  # type: ignore[attr-defined]
-    yield start
-    for server in servers:
-        server.stop()
-        # Captured output: pytest shows it only for a failed test.
-        print(f"--- {server.log_path.name} (exit {server.proc.returncode}) ---")
-        print(server.log_tail())
+    def stop_all(self) -> None:
+        for server in self.started:
+            server.stop()
+            # Captured output: pytest shows it only for a failed test.
+            print(f"--- {server.log_path.name} (exit {server.proc.returncode}) ---")
+            print(server.log_tail())
+
+
+@pytest.fixture
+def serve(transactional_db, tmp_path) -> Iterator[Servers]:
+    """`await serve(**env)`: a live server; every one is stopped after the test, pass or
+    fail, and its log is printed when the test fails."""
+    servers = Servers(tmp_path)
+    try:
+        yield servers
+    finally:
+        servers.stop_all()
 
 
 # --- The browser -----------------------------------------------------------------
