@@ -459,8 +459,9 @@ async def test_scrolling_up_loads_older_pages_and_keeps_the_dom_bounded(browser,
     """In a 1,000-chunk tab, reaching the top loads the page before, again and again, down
     to the first chunk: each page lands in order with no gap and no duplicate, and the page
     never holds more chunks than the DOM window (the newest go). Detached from the live end,
-    the page adds no chunk of a new turn (it would follow a gap) until the reader jumps back
-    to the latest page, which then shows the log's end exactly."""
+    the page adds no chunk of a turn another window starts (it would follow a gap); a link
+    leads back to the latest page, and sending a message goes there, showing the log's end
+    exactly."""
     server = await serve(DISPATCH_OFFLINE_PACE="0")
     user = await sync_to_async(make_user)()
     log_rows = await sync_to_async(long_tab)(user)
@@ -502,14 +503,23 @@ async def test_scrolling_up_loads_older_pages_and_keeps_the_dom_bounded(browser,
     assert [s.seq for s in await read_log(page)] == seqs
     assert await page.text_content("#newer") == "Newer messages are not shown · jump to the latest"
 
-    await page.click("#newer a")
-    await page.wait_for_url(f"{server.url}/t/{tab_id}/")
+    assert await page.get_attribute("#newer a", "href") == f"/t/{tab_id}/"
+
+    # Sending from the detached page goes to the latest page, where the answer shows.
+    async with page.expect_navigation(url=f"{server.url}/t/{tab_id}/"):
+        await send_message(page, "hello from far back")
     await synced(page)
+    await page.wait_for_selector("#status[data-state=idle]")
+    await turn_ended(tab_id)
     log_rows = await sync_to_async(rows)(tab_id)
-    assert len(log_rows) == LONG_TAB_CHUNKS + 3
+    assert len(log_rows) == LONG_TAB_CHUNKS + 6
+    assert log_rows[-3].data["text"] == "hello from far back"
+    # The latest page as rendered (200 chunks), then whatever streamed in after it loaded.
     shown = await read_log(page)
-    assert [s.seq for s in shown] == [r.seq for r in log_rows[-PAGE_SIZE:]]
-    for s, row in zip(shown, log_rows[-PAGE_SIZE:], strict=True):
+    tail = log_rows[shown[0].seq - 1 :]
+    assert PAGE_SIZE <= len(tail) <= PAGE_SIZE + 3
+    assert [s.seq for s in shown] == [r.seq for r in tail]
+    for s, row in zip(shown, tail, strict=True):
         assert (s.id, s.type, s.body, s.result) == (str(row.id), *expected(row))
     assert await page.query_selector("#newer") is None
     live.assert_clean()

@@ -334,6 +334,11 @@
     var form = evt.detail.elt;
     // A 422 swaps its error message but is no success: the text stays for fixing.
     if (form && form.id === 'composer' && evt.detail.successful && evt.detail.xhr.status < 300) {
+      // Scrolled far back, the page shows no new chunks: go to the latest to see the answer.
+      if (detached()) {
+        window.location.assign($('newer').querySelector('a').href);
+        return;
+      }
       form.reset();
       grow($('composer-text'));
       follow = true;
