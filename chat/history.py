@@ -33,8 +33,9 @@ an id) raises ValueError: it is a bug in whoever wrote the log.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, NamedTuple, Protocol
 
 from chat.providers.base import (
@@ -171,18 +172,18 @@ class History:
             case role, kind:
                 raise ValueError(f"chunk {chunk.seq}: a {role!r} {kind!r} chunk cannot be sent")
 
-    def messages(self) -> tuple[Message, ...]:
+    def messages(self) -> Messages:
         """The request messages for the next step."""
         draft = self._draft
         if draft is None:
-            return tuple(self._done)
+            return Messages(self._done, len(self._done))
         if draft.role == Role.ASSISTANT:
             if not draft.calls:
-                return tuple(self._done)
+                return Messages(self._done, len(self._done))
             # Calls with no results yet: answer them so the request is valid.
             answers = _Draft(Role.USER, expects=draft.calls)
-            return (*self._done, draft.freeze(), answers.freeze())
-        return (*self._done, draft.freeze())
+            return Messages(self._done, len(self._done), (draft.freeze(), answers.freeze()))
+        return Messages(self._done, len(self._done), (draft.freeze(),))
 
     def _discard_attempt(self, chunk: ChunkLike) -> None:
         """A retry notice: the response of this step was cut off and is asked again.
@@ -278,6 +279,47 @@ def _call_id(chunk: ChunkLike) -> str:
     return call_id
 
 
+class Messages(Sequence[Message]):
+    """An immutable view of a request's messages: a prefix of the (append-only)
+    finished messages plus the draft's, without copying the prefix.
+
+    Copying would make every step cost the tab's length; the view costs what
+    the step added. Compares equal to any sequence of the same messages.
+    """
+
+    __slots__ = ("_done", "_n", "_tail")
+
+    def __init__(self, done: list[Message], n: int, tail: tuple[Message, ...] = ()) -> None:
+        self._done, self._n, self._tail = done, n, tail
+
+    def __len__(self) -> int:
+        return self._n + len(self._tail)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        length = len(self)
+        if index < 0:
+            index += length
+        if not 0 <= index < length:
+            raise IndexError("message index out of range")
+        return self._done[index] if index < self._n else self._tail[index - self._n]
+
+    def __iter__(self) -> Iterator[Message]:
+        yield from islice(self._done, self._n)
+        yield from self._tail
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Messages({list(self)!r})"
+
+
 def _results_end(parts: list[Part]) -> int:
     i = 0
     while i < len(parts) and isinstance(parts[i], ToolResultPart):
@@ -285,6 +327,6 @@ def _results_end(parts: list[Part]) -> int:
     return i
 
 
-def build(chunks: Iterable[ChunkLike]) -> tuple[Message, ...]:
+def build(chunks: Iterable[ChunkLike]) -> Messages:
     """The request messages for a whole log (cold build)."""
     return History.build(chunks).messages()

@@ -16,7 +16,7 @@ SDK retries are off: retries belong to the turn engine, which can tell the user.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anthropic
@@ -165,7 +165,7 @@ def _tool(spec: Any) -> dict[str, Any]:
     return tool
 
 
-def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
+def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Neutral messages as Anthropic message params.
 
     A message left with no block (only unsigned thinking, say) is dropped and

@@ -7,7 +7,7 @@ types and one wire format.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -162,7 +162,7 @@ class ToolSpec:
 class Request:
     system: str
     tools: tuple[ToolSpec, ...]
-    messages: tuple[Message, ...]
+    messages: Sequence[Message]
 
 
 # --- Errors ------------------------------------------------------------------

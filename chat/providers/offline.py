@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,7 +264,7 @@ def _describe(call: Call, *, markdown: bool = False) -> str:
     return f"call {call.name}"
 
 
-def _calls_before(messages: tuple[Message, ...]) -> dict[str, ToolCallPart]:
+def _calls_before(messages: Sequence[Message]) -> dict[str, ToolCallPart]:
     if len(messages) < 2 or messages[-2].role != "assistant":
         return {}
     return {p.call_id: p for p in messages[-2].parts if isinstance(p, ToolCallPart)}
