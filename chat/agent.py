@@ -169,6 +169,8 @@ class TurnRunner:
         self._flushing: asyncio.Task | None = None
         self.ended_with_error = False
         self.stopping = False
+        self.lease_lost = False
+        self.config: TurnConfig | None = None
 
     # --- control (called from the worker consumer) --------------------------
 
@@ -206,6 +208,8 @@ class TurnRunner:
         try:
             while True:
                 await self._run_turn()
+                if self.lease_lost:
+                    break  # the tab is someone else's now: release nothing
                 await self._flush_deltas()
                 # Idle goes out before the lease is released: once it is, a new
                 # runner may start on this tab and its "running" must come last.
@@ -235,19 +239,36 @@ class TurnRunner:
         self.status = TurnStatus(turn_id=str(turn_id))
         self.cancelled.clear()
         self.ended_with_error = False
+        # Auto-approval was asked for the message that started the first turn only.
+        self.auto_approve = False
 
     def _release_or_continue(self) -> uuid.UUID | None:
         """End of a turn: give the lease back, unless a message is waiting for the next turn."""
         with transaction.atomic():
             Tab.objects.select_for_update().filter(pk=self.tab_id).values_list("pk").get()
+            # Only this turn's lease: if it was recovered meanwhile, it is not ours.
+            mine = RunningTurn.objects.filter(tab_id=self.tab_id, turn_id=self.turn_id)
             if QueuedMessage.objects.filter(tab_id=self.tab_id).exists():
                 turn_id = uuid.uuid4()
-                RunningTurn.objects.filter(tab_id=self.tab_id).update(
-                    turn_id=turn_id, step=0, cancel_requested=False, status="running"
-                )
-                return turn_id
-            RunningTurn.objects.filter(tab_id=self.tab_id).delete()
+                if mine.update(turn_id=turn_id, step=0, cancel_requested=False, status="running"):
+                    return turn_id
+                return None
+            mine.delete()
             return None
+
+    async def _reload_if_changed(self) -> bool:
+        """Settings changed since the last step: say so in the log, at this point.
+
+        Also run at the end of every turn, so a change made during a one-step
+        turn is not lost (the idle-tab notice skips tabs with a running turn).
+        """
+        tab = await Tab.objects.aget(pk=self.tab_id)
+        fresh = await database_sync_to_async(TurnConfig.load)(tab)
+        if fresh == self.config:
+            return False
+        await self._system("config-reload", _describe_reload(self.config, fresh))
+        self.config = fresh
+        return True
 
     def _hand_back(self) -> None:
         from chat import turns
@@ -262,9 +283,11 @@ class TurnRunner:
             self.history = History.build(chunks)
             self.last_seq = self.history.last_seq
         config = await database_sync_to_async(TurnConfig.load)(tab)
+        self.config = config
         self.status.model = config.model
         try:
             await self._steps(tab, config)
+            await self._reload_if_changed()
         except TurnCancelled:
             await self._finish_cancel()
         except Exception as exc:  # a bug must not leave the tab stuck "running"
@@ -290,15 +313,10 @@ class TurnRunner:
             self.reducer.step = step
             self.status.step = step
             await self._set_step(step)
-            if step > 1:
-                fresh = await database_sync_to_async(TurnConfig.load)(
-                    await Tab.objects.aget(pk=self.tab_id)
-                )
-                if fresh != config:
-                    await self._system("config-reload", _describe_reload(config, fresh))
-                    if fresh.model != config.model:
-                        model = fresh.model
-                    config = fresh
+            if step > 1 and await self._reload_if_changed():
+                if self.config.model != config.model:
+                    model = self.config.model
+                config = self.config
             await self._status()
             request = Request(
                 system=tab.system_prompt,
@@ -369,8 +387,10 @@ class TurnRunner:
                 model = fallback
                 continue
             except (ValueError, LookupError) as exc:
-                # A misconfigured model (unknown provider, missing key).
+                # A misconfigured model (unknown provider, missing key), or a
+                # response that could not be read.
                 self.ended_with_error = True
+                await self._answer_pending("Not run: the response could not be read.")
                 await self._apply(self.reducer.seal())
                 await self._apply(self.reducer.feed(ErrorEvent(str(exc))))
                 return None
@@ -384,10 +404,11 @@ class TurnRunner:
                     await queue.put(event)
 
         finish = Finish()
-        async for event in self._produced(produce):
-            if isinstance(event, Finish):
-                finish = event
-            await self._apply(self.reducer.feed(event))
+        async with aclosing(self._produced(produce)) as events:
+            async for event in events:
+                if isinstance(event, Finish):
+                    finish = event
+                await self._apply(self.reducer.feed(event))
         await self._apply(self.reducer.seal())
         return finish
 
@@ -395,19 +416,19 @@ class TurnRunner:
         self, produce: Callable[[asyncio.Queue], Awaitable[None]]
     ) -> AsyncIterator[Event]:
         """Run `produce` as a cancellable producer; yield what it queues, in order."""
+        # A cancel that came while no producer ran (between steps, during a DB
+        # call) must stop the turn before the next producer starts.
+        self._check_cancel()
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def wrapper() -> None:
-            try:
-                await produce(queue)
-            except BaseException as exc:
-                queue.put_nowait(_ProducerDone(exc))
-                if not isinstance(exc, Exception):
-                    raise
-            else:
-                queue.put_nowait(_ProducerDone())
+        def done(task: asyncio.Task) -> None:
+            # From the task's outside: a task cancelled before its first step
+            # never runs its body, so the body could not report it.
+            error = asyncio.CancelledError() if task.cancelled() else task.exception()
+            queue.put_nowait(_ProducerDone(error))
 
-        self._producer = asyncio.create_task(wrapper())
+        self._producer = asyncio.create_task(produce(queue))
+        self._producer.add_done_callback(done)
         try:
             while True:
                 item = await queue.get()
@@ -451,8 +472,9 @@ class TurnRunner:
                 ToolResultEvent(call_id, name, outcome.result, outcome.is_error, outcome.truncated)
             )
 
-        async for event in self._produced(produce):
-            await self._apply(self.reducer.feed(event))
+        async with aclosing(self._produced(produce)) as events:
+            async for event in events:
+                await self._apply(self.reducer.feed(event))
 
     async def _wait_for_approval(self, call_id: str, name: str, arguments: dict) -> bool:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -486,6 +508,8 @@ class TurnRunner:
         self._check_cancel()
 
     async def _finish_cancel(self) -> None:
+        if self.lease_lost:
+            return  # the recovery that took the lease already closed this turn
         # The running call's open result (live shell output) is the first
         # pending call: answering it seals that block with its output kept.
         if self.stopping:
@@ -687,14 +711,27 @@ class TurnRunner:
 
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
-            cancel = await database_sync_to_async(self._beat)()
-            if cancel and not self.cancelled.is_set():
+            try:
+                beat = await database_sync_to_async(self._beat)()
+            except Exception:
+                # A missed beat is survivable (three make the lease stale); a dead
+                # heartbeat task is not noticed by anyone.
+                logger.exception("heartbeat of tab %s failed", self.tab_id)
+                continue
+            if beat == "lost":
+                # Recovered by someone else: another runner may own the tab now.
+                logger.error("lease of tab %s was lost; stopping this runner", self.tab_id)
+                self.lease_lost = True
+                self.cancel(stopping=True)
+            elif beat == "cancel" and not self.cancelled.is_set():
                 # Cancel requested through the database (the control message was lost).
                 self.cancel()
 
-    def _beat(self) -> bool:
-        RunningTurn.objects.filter(tab_id=self.tab_id).update(heartbeat_at=timezone.now())
-        return RunningTurn.objects.filter(tab_id=self.tab_id, cancel_requested=True).exists()
+    def _beat(self) -> str:
+        rows = RunningTurn.objects.filter(tab_id=self.tab_id, turn_id=self.turn_id)
+        if not rows.update(heartbeat_at=timezone.now()):
+            return "lost"
+        return "cancel" if rows.filter(cancel_requested=True).exists() else "ok"
 
 
 def _worker_accepts_turns() -> bool:

@@ -82,6 +82,10 @@ class TabSocket(AsyncWebsocketConsumer):
             return
         self.synced = False
         self.pending_hello = hello
+        if self.snapshot_timer is not None:
+            # A hello while an earlier one waited: only the newest is answered.
+            self.snapshot_timer.cancel()
+            self.snapshot_timer = None
         running = await RunningTurn.objects.filter(tab_id=self.tab_id).aexists()
         if not running:
             await self._catch_up(None)
@@ -221,6 +225,9 @@ class TurnWorker(AsyncConsumer):
             # its turns are interrupted, not cancelled by anyone.
             for runner in self.runners.values():
                 runner.cancel(stopping=True)
+            if self.tasks:
+                # Let interrupted turns write their notice and release their lease.
+                await asyncio.wait(list(self.tasks), timeout=turns.INTERRUPT_WAIT_SECONDS)
             for task in list(self.tasks):
                 task.cancel()
 

@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import uuid
+from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
@@ -70,10 +71,12 @@ def submit(tab: Tab, text: str, *, auto_approve: bool = False) -> QueuedMessage:
         if not tab.title:
             tab.title = _title_from(text)
             Tab.objects.filter(pk=tab.pk).update(title=tab.title)
-    _group_send(
-        tab_group(tab.pk),
-        {"type": "tab.op", "op": "queued", "id": queued.pk, "text": queued.text},
-    )
+        # Before the commit: a runner cannot take the row (and send "taken")
+        # until then, so "queued" always reaches the pages first.
+        _group_send(
+            tab_group(tab.pk),
+            {"type": "tab.op", "op": "queued", "id": queued.pk, "text": queued.text},
+        )
     request_run(tab.pk, auto_approve=auto_approve)
     return queued
 
@@ -177,7 +180,10 @@ def is_dead(running: RunningTurn) -> bool:
         return False
     pid = int(pid_text)
     if pid == os.getpid():
-        return False
+        # This process: alive if one of its runners still holds the tab.
+        from chat.agent import RUNNING
+
+        return running.tab_id not in RUNNING
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -377,6 +383,8 @@ async def run_worker() -> None:
 # A worker told to stop lets its turns finish for this long, then interrupts
 # them (each says so in its log) rather than be killed in the middle of a write.
 SHUTDOWN_GRACE_SECONDS = 20.0
+# ...and gives interrupted turns this long to write their notice.
+INTERRUPT_WAIT_SECONDS = 5.0
 
 
 # False once this process's worker is shutting down: it takes no new turns
@@ -405,7 +413,10 @@ async def _shut_down(worker) -> None:
         except TimeoutError:
             for runner in list(RUNNING.values()):
                 runner.cancel(stopping=True)
-            await drain()
+            # A runner stuck in a call must not keep the process from exiting:
+            # its lease goes stale and another worker recovers the turn.
+            with suppress(TimeoutError):
+                await asyncio.wait_for(drain(), INTERRUPT_WAIT_SECONDS)
     for instance in list(worker.application_instances.values()):
         instance["future"].cancel()
 

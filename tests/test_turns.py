@@ -593,3 +593,43 @@ async def test_a_model_change_during_a_turn_applies_at_the_next_step(script, wor
     assert rows[3].data["kind"] == "config-reload"
     assert "scripted/first → scripted/second" in rows[3].data["text"]
     assert len(second.requests) == 1
+
+
+async def test_a_cancel_before_the_stream_starts_stops_the_turn(workspace, monkeypatch):
+    """Stop clicked while the provider is still being set up: nothing is streamed."""
+    reached, release = asyncio.Event(), asyncio.Event()
+    provider = ScriptedProvider([[TextDelta("never shown"), Finish()]])
+
+    async def slow_provider_for(model: str):
+        reached.set()
+        await release.wait()
+        return provider
+
+    monkeypatch.setattr(agent, "provider_for", slow_provider_for)
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await asyncio.wait_for(reached.wait(), 10)
+            await database_sync_to_async(turns.cancel)(tab.pk)
+            await asyncio.sleep(0.1)
+            release.set()
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "system/system"]
+    assert rows[-1].data["kind"] == "cancelled"
+    assert provider.requests == []
+
+
+async def test_a_settings_change_during_a_one_step_turn_is_logged_at_its_end(script, workspace):
+    script([*[TextDelta("x ")] * 30, Finish()], delay=0.02)
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(lambda m: m["op"] == "delta")
+            await database_sync_to_async(Setting.objects.create)(key="max_steps", value=7)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text", "system/system"]
+    assert rows[-1].data["kind"] == "config-reload" and "step limit" in rows[-1].data["text"]
