@@ -276,8 +276,10 @@ class TurnWorker(AsyncConsumer):
         return self.runners.get(uuid.UUID(message["tab_id"]))
 
     async def turn_cancel(self, message: dict[str, Any]) -> None:
-        if runner := self._runner(message):
-            runner.cancel()
+        runner = self._runner(message)
+        if runner is None or message.get("turn_id") not in (None, str(runner.turn_id)):
+            return
+        runner.cancel()
 
     async def turn_approve(self, message: dict[str, Any]) -> None:
         if runner := self._runner(message):

@@ -100,11 +100,21 @@ def _title_from(text: str) -> str:
     return line[:TITLE_LENGTH].rsplit(" ", 1)[0] + "…"
 
 
-def cancel(tab_id: uuid.UUID) -> bool:
-    """Ask the turn running on this tab to stop. False when none is running."""
-    updated = RunningTurn.objects.filter(tab_id=tab_id).update(cancel_requested=True)
+def cancel(tab_id: uuid.UUID, turn_id: uuid.UUID | None = None) -> bool:
+    """Ask the turn running on this tab to stop. False when none is running.
+
+    With `turn_id` (what the page showed when Stop was pressed), only that turn:
+    a Stop that lands as one turn ends must not stop the next one.
+    """
+    running = RunningTurn.objects.filter(tab_id=tab_id)
+    if turn_id is not None:
+        running = running.filter(turn_id=turn_id)
+    updated = running.update(cancel_requested=True)
     if updated:
-        _group_send(control_group(tab_id), {"type": "turn.cancel", "tab_id": str(tab_id)})
+        message = {"type": "turn.cancel", "tab_id": str(tab_id)}
+        if turn_id is not None:
+            message["turn_id"] = str(turn_id)
+        _group_send(control_group(tab_id), message)
     return bool(updated)
 
 

@@ -304,7 +304,11 @@ def tab_send(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 @require_POST
 def tab_stop(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = _get_tab_for_user(request, tab_id)
-    turns.cancel(tab.id)
+    try:
+        turn_id = uuid.UUID(request.POST["turn"]) if request.POST.get("turn") else None
+    except ValueError:
+        return HttpResponseBadRequest("Not a turn id.")
+    turns.cancel(tab.id, turn_id)
     if not getattr(request, "htmx", False):
         return redirect("tab", tab_id=tab.id)
     return HttpResponse(status=204)

@@ -633,3 +633,17 @@ async def test_a_settings_change_during_a_one_step_turn_is_logged_at_its_end(scr
     rows = await chunks(tab.pk)
     assert kinds(rows) == ["user/text", "assistant/text", "system/system"]
     assert rows[-1].data["kind"] == "config-reload" and "step limit" in rows[-1].data["text"]
+
+
+async def test_a_stop_meant_for_an_earlier_turn_does_not_stop_this_one(script, workspace):
+    script([TextDelta("a"), *[TextDelta(".")] * 30, Finish()], delay=0.01)
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(lambda m: m["op"] == "delta")
+            stale = uuid.uuid4()
+            assert not await database_sync_to_async(turns.cancel)(tab.pk, stale)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text"]

@@ -501,6 +501,20 @@ def test_it_asks_the_running_turn_to_stop(client_alice, tab):
     assert async_to_sync(get_channel_layer().receive)(channel)["type"] == "turn.cancel"
 
 
+def test_stop_names_the_turn_it_was_pressed_for(client_alice, tab):
+    """A Stop carrying an earlier turn's id leaves the running turn alone; a bad id is refused."""
+    RunningTurn.objects.create(
+        tab=tab, turn_id=uuid.uuid4(), worker="w", heartbeat_at=timezone.now()
+    )
+    url = reverse("tab_stop", args=[tab.id])
+    client_alice.post(url, {"turn": str(uuid.uuid4())}, HTTP_HX_REQUEST="true")
+    assert RunningTurn.objects.get(tab=tab).cancel_requested is False
+    assert client_alice.post(url, {"turn": "nope"}, HTTP_HX_REQUEST="true").status_code == 400
+    running = RunningTurn.objects.get(tab=tab)
+    client_alice.post(url, {"turn": str(running.turn_id)}, HTTP_HX_REQUEST="true")
+    assert RunningTurn.objects.get(tab=tab).cancel_requested is True
+
+
 @pytest.mark.parametrize("field, approved", [("approve", True), ("deny", False)])
 def test_it_answers_an_approval(client_alice, tab, field, approved):
     """Approve/Deny send the answer for that call to the turn's worker."""
