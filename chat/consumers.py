@@ -24,6 +24,10 @@ logger = logging.getLogger(__name__)
 SNAPSHOT_TIMEOUT = 2.0
 # Close codes the page can tell apart from a network drop.
 CLOSE_FORBIDDEN = 4403
+CLOSE_RESYNC = 4409
+# Ops held for a page that has not said what it holds yet. A page says so at
+# once; one that never does must not grow the server's memory for a whole turn.
+MAX_BUFFERED_OPS = 5000
 
 
 class TabSocket(AsyncWebsocketConsumer):
@@ -159,6 +163,10 @@ class TabSocket(AsyncWebsocketConsumer):
     async def tab_op(self, message: dict[str, Any]) -> None:
         if not self.synced:
             self.buffer.append(message)
+            if len(self.buffer) > MAX_BUFFERED_OPS:
+                # The page reconnects by itself and starts over with a hello.
+                self.buffer = []
+                await self.close(code=CLOSE_RESYNC)
             return
         await self._forward(message)
 

@@ -7,10 +7,11 @@ import uuid
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 
-from chat import agent, consumers, render
+from chat import agent, consumers, render, turns
 from chat.models import RunningTurn
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
@@ -297,4 +298,19 @@ async def test_malformed_hello_is_ignored(plain_frames):
     assert await socket.receive_nothing(0.2)
     await socket.send_to(text_data=json.dumps({"type": "hello", "last_seq": 0}))
     assert json.loads(await socket.receive_from(FRAME_TIMEOUT)) == {"status": "idle"}
+    await socket.disconnect()
+
+
+async def test_a_page_that_never_says_hello_is_closed_before_its_buffer_grows(monkeypatch):
+    monkeypatch.setattr(consumers, "MAX_BUFFERED_OPS", 3)
+    tab = await make_tab()
+    owner = await database_sync_to_async(lambda: tab.owner)()
+    socket = await open_socket(tab.pk, owner)
+    layer = get_channel_layer()
+    for n in range(5):
+        await layer.group_send(
+            turns.tab_group(tab.pk), {"type": "tab.op", "op": "queued", "id": n, "text": "x"}
+        )
+    output = await socket.receive_output(FRAME_TIMEOUT)
+    assert output == {"type": "websocket.close", "code": consumers.CLOSE_RESYNC}
     await socket.disconnect()
