@@ -171,6 +171,8 @@ class TurnRunner:
         self.stopping = False
         self.lease_lost = False
         self.config: TurnConfig | None = None
+        # The open block the watchers were told about (its open op published).
+        self._shown: uuid.UUID | None = None
 
     # --- control (called from the worker consumer) --------------------------
 
@@ -194,6 +196,10 @@ class TurnRunner:
     def snapshot(self) -> dict[str, Any]:
         """The exact state a new watcher needs: last sealed seq and the open block."""
         block = self.reducer.open
+        if block is not None and block.id != self._shown:
+            # Opened in the reducer but not yet announced (a seal before it is
+            # still being written): the watcher gets it from the ops, in order.
+            block = None
         return {
             "last_seq": self.last_seq,
             "open": block.to_dict() if block is not None else None,
@@ -541,6 +547,7 @@ class TurnRunner:
                     if block.type == Kind.THINKING:
                         self._thinking_since = time.monotonic()
                     await self.publish({"op": "open", "block": block.to_dict()})
+                    self._shown = block.id
                     self._checkpoint_soon()
                 case Seal(block=block):
                     await self._flush_deltas()
@@ -562,6 +569,8 @@ class TurnRunner:
         self.last_seq = block.seq
         self.history.add(block)
         await self.publish({"op": "seal", "block": block.to_dict()})
+        if self._shown == block.id:
+            self._shown = None
 
     async def _system(self, kind: str, text: str, **extra: Any) -> None:
         ops = self.reducer.feed(SystemEvent(kind, text))
