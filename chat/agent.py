@@ -167,7 +167,6 @@ class TurnRunner:
         self._pending_chars = 0
         self._pending_timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task | None = None
-        self.ended_with_error = False
         self.stopping = False
         self.lease_lost = False
         self.config: TurnConfig | None = None
@@ -244,7 +243,6 @@ class TurnRunner:
         self.reducer = Reducer(turn_id)
         self.status = TurnStatus(turn_id=str(turn_id))
         self.cancelled.clear()
-        self.ended_with_error = False
         # Auto-approval was asked for the message that started the first turn only.
         self.auto_approve = False
 
@@ -298,7 +296,6 @@ class TurnRunner:
             await self._finish_cancel()
         except Exception as exc:  # a bug must not leave the tab stuck "running"
             logger.exception("turn %s on tab %s failed", self.turn_id, self.tab_id)
-            self.ended_with_error = True
             await self._answer_pending("Not run: the turn stopped on an internal error.")
             await self._apply(self.reducer.feed(ErrorEvent(f"Internal error: {exc}")))
 
@@ -362,7 +359,6 @@ class TurnRunner:
                 switch = exc.retryable and not retry and fallback and not switched
                 switch = switch and fallback != model
                 if not (retry or switch):
-                    self.ended_with_error = True
                     await self._answer_pending("Not run: the response was cut off by an error.")
                     await self._apply(self.reducer.feed(ErrorEvent(exc.message, exc.status_code)))
                     return None
@@ -395,7 +391,6 @@ class TurnRunner:
             except (ValueError, LookupError) as exc:
                 # A misconfigured model (unknown provider, missing key), or a
                 # response that could not be read.
-                self.ended_with_error = True
                 await self._answer_pending("Not run: the response could not be read.")
                 await self._apply(self.reducer.seal())
                 await self._apply(self.reducer.feed(ErrorEvent(str(exc))))
