@@ -212,7 +212,12 @@ class TurnRunner:
         RUNNING[self.tab_id] = self
         try:
             while True:
-                await self._run_turn()
+                try:
+                    await self._run_turn()
+                except Exception:
+                    # Closing the turn failed too (the database is down?): still
+                    # tell the pages and release, or the tab would look stuck.
+                    logger.exception("could not close turn %s on tab %s", self.turn_id, self.tab_id)
                 if self.lease_lost:
                     break  # the tab is someone else's now: release nothing
                 await self._flush_deltas()
