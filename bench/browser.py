@@ -27,13 +27,12 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.common import bench_server, bench_session, bench_tab, cpu_seconds
 from bench.server import DELTAS_MODEL, RAW_RESULTS, small_deltas
-from bench.streaming import ROOT, _cpu_seconds, _free_port, _wait_for_server
 
 # The turn: many small deltas, so per-delta cost shows.
 DELTAS = 20_000
@@ -275,9 +274,9 @@ async def _measure(base: str, server_pid: int, session: str, tab_ids: list[str])
                 await run(0)
             for i in range(1, RUNS + 1):
                 for name, run in sides.items():
-                    before = _cpu_seconds(server_pid)
+                    before = cpu_seconds(server_pid)
                     runs[name].append(await run(i))
-                    cpu[name] += _cpu_seconds(server_pid) - before
+                    cpu[name] += cpu_seconds(server_pid) - before
                 print(
                     "  run {}: {}".format(
                         i, ", ".join(f"{n} {r[-1]['seconds']:.3f} s" for n, r in runs.items())
@@ -304,39 +303,10 @@ async def _measure(base: str, server_pid: int, session: str, tab_ids: list[str])
 def run() -> dict:
     if not os.path.exists(CHROMIUM):
         raise RuntimeError(f"browser bench: no Chromium at {CHROMIUM} (make chromium)")
-    from django.contrib.auth import get_user_model
-    from django.test import Client
-
-    from bench.common import bench_tab
-
-    user = get_user_model().objects.get_or_create(username="bench")[0]
-    client = Client()
-    client.force_login(user)
-    session = client.cookies["sessionid"].value
+    session = bench_session()
     # A fresh tab per app run (and the warm-up): every run streams into the same empty page.
     tab_ids = [str(bench_tab(DELTAS_MODEL).pk) for _ in range(RUNS + 1)]
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.server",
-            str(port),
-            "0",
-            "1",
-            os.environ["DISPATCH_DATA_DIR"],
-            str(DELTAS),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        _wait_for_server(base)
+    server_args = ("0", "1", os.environ["DISPATCH_DATA_DIR"], str(DELTAS))
+    with bench_server(*server_args) as (server, port):
+        base = f"http://127.0.0.1:{port}"
         return asyncio.run(_measure(base, server.pid, session, tab_ids))
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()

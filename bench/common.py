@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def setup_django(data_dir: str | None = None) -> str:
@@ -137,3 +147,57 @@ def bench_tab(model: str):
 
     owner, _ = get_user_model().objects.get_or_create(username="bench")
     return new_tab(owner, model)
+
+
+def bench_session() -> str:
+    """The session id of the bench user, logged in (the bench server shares the database)."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user = get_user_model().objects.get_or_create(username="bench")[0]
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_server(base: str) -> None:
+    for _ in range(400):
+        try:
+            urllib.request.urlopen(f"{base}/login/", timeout=5).read()
+            return
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.05)
+    raise RuntimeError("bench server did not start")
+
+
+@contextlib.contextmanager
+def bench_server(*args: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`python -m bench.server PORT *args` on a free port, on this bench's data dir;
+    yields (process, port) once it answers, and stops it whatever happens."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.server", str(port), *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for_server(f"http://127.0.0.1:{port}")
+        yield server, port
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()

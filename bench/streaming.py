@@ -7,52 +7,27 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import websockets
+
+from bench.common import bench_server, bench_session, bench_tab, cpu_seconds
 
 TABS = (1, 10, 100)
 TOKENS = 500  # per tab
 PACE = 100.0  # tokens per second per tab, about a fast hosted model
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-ROOT = Path(__file__).resolve().parent.parent
 DELTA_RE = re.compile(r'hx-swap-oob="beforeend:#body-[0-9a-f-]+">([^<]*)<')
 # The whole run of one configuration must end by then, or the bench fails loudly.
 RUN_TIMEOUT = 120
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 def _percentile(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
-
-
-def _wait_for_server(base: str) -> None:
-    for _ in range(400):
-        try:
-            urllib.request.urlopen(f"{base}/login/", timeout=5).read()
-            return
-        except (urllib.error.URLError, ConnectionError):
-            time.sleep(0.05)
-    raise RuntimeError("bench server did not start")
 
 
 def _csrf(base: str, cookie: str, tab_id: str) -> tuple[str, str]:
@@ -155,42 +130,18 @@ def _stats(run: dict, cpu: float) -> dict:
 
 
 def run() -> dict:
-    from django.contrib.auth import get_user_model
-    from django.test import Client
-
-    from bench.common import bench_tab
-
-    user = get_user_model().objects.get_or_create(username="bench")[0]
-    client = Client()
-    client.force_login(user)
-    cookie = f"sessionid={client.cookies['sessionid'].value}"
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.server",
-            str(port),
-            str(TOKENS),
-            str(PACE),
-            os.environ["DISPATCH_DATA_DIR"],
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    cookie = f"sessionid={bench_session()}"
     results = {}
-    try:
-        _wait_for_server(base)
+    with bench_server(str(TOKENS), str(PACE), os.environ["DISPATCH_DATA_DIR"]) as (server, port):
+        base = f"http://127.0.0.1:{port}"
         for n in TABS:
             tab_ids = [str(bench_tab("bench/stamped").pk) for _ in range(n)]
-            cpu = _cpu_seconds(server.pid)
+            cpu = cpu_seconds(server.pid)
             app = asyncio.run(_app_run(base, port, cookie, tab_ids))
-            app_cpu = _cpu_seconds(server.pid) - cpu
-            cpu = _cpu_seconds(server.pid)
+            app_cpu = cpu_seconds(server.pid) - cpu
+            cpu = cpu_seconds(server.pid)
             bare = asyncio.run(_bare_run(port, n))
-            bare_cpu = _cpu_seconds(server.pid) - cpu
+            bare_cpu = cpu_seconds(server.pid) - cpu
             row = _stats(app, app_cpu)
             baseline = _stats(bare, bare_cpu)
             row["baseline"] = baseline
@@ -200,10 +151,4 @@ def run() -> dict:
             )
             results[str(n)] = row
             print(f"  {n} tab(s): {row}", flush=True)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
     return {"tokens_per_tab": TOKENS, "pace_per_tab": PACE, "by_tabs": results}
