@@ -251,8 +251,16 @@ class TurnWorker(AsyncConsumer):
             return
         tab_id = uuid.UUID(message["tab_id"])
         worker = turns.worker_id(self.channel_name)
-        turn_id = await database_sync_to_async(turns.acquire)(tab_id, worker)
+        # Claimed before the lease commits: the recovery scan must never find
+        # this process's fresh lease unclaimed and take it for a dead one's.
+        turns.claim(tab_id)
+        try:
+            turn_id = await database_sync_to_async(turns.acquire)(tab_id, worker)
+        except BaseException:
+            turns.unclaim(tab_id)
+            raise
         if turn_id is None:
+            turns.unclaim(tab_id)
             return  # another turn holds the tab; it takes queued messages itself
         group = turns.tab_group(tab_id)
 
@@ -274,6 +282,8 @@ class TurnWorker(AsyncConsumer):
         except Exception:
             logger.exception("runner for tab %s crashed", runner.tab_id)
         finally:
+            # After run(): the lease is released (or recovered by someone else).
+            turns.unclaim(runner.tab_id)
             if self.runners.get(runner.tab_id) is runner:
                 del self.runners[runner.tab_id]
                 await self.channel_layer.group_discard(

@@ -15,16 +15,19 @@ Messages between processes go through the channel layer:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import uuid
+from collections import Counter
 from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
@@ -180,8 +183,29 @@ def worker_id(channel_name: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{channel_name}"
 
 
+# Tabs whose lease this process holds or is taking, counted: a claim is made
+# before acquire() commits the lease row and dropped only after the runner has
+# released it, so the recovery scan (another thread) never sees a lease of this
+# process that no claim covers. A count, not a set: a runner that has just
+# released a tab still holds its claim while a new turn.start claims it again.
+_claims: Counter[uuid.UUID] = Counter()
+
+
+def claim(tab_id: uuid.UUID) -> None:
+    """Say this process is taking (or holds) the tab's lease. Call before acquire()."""
+    _claims[tab_id] += 1
+
+
+def unclaim(tab_id: uuid.UUID) -> None:
+    """Drop one claim: acquire() took nothing, or the runner has released the lease."""
+    _claims[tab_id] -= 1
+    if _claims[tab_id] <= 0:
+        del _claims[tab_id]
+
+
 def is_dead(running: RunningTurn) -> bool:
-    """The lease's worker is gone: its heartbeat is stale, or it ran here and its pid is not."""
+    """The lease's worker is gone: its heartbeat is stale, or it ran on this host and
+    its process is gone (or a zombie), or it is this process and no claim covers it."""
     if is_stale(running):
         return True
     host, _, rest = running.worker.partition(":")
@@ -190,17 +214,26 @@ def is_dead(running: RunningTurn) -> bool:
         return False
     pid = int(pid_text)
     if pid == os.getpid():
-        # This process: alive if one of its runners still holds the tab.
-        from chat.agent import RUNNING
+        # A previous process with the same pid (a restarted container) left it.
+        return _claims[running.tab_id] <= 0
+    return not _process_alive(pid)
 
-        return running.tab_id not in RUNNING
+
+def _process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except PermissionError:
         return False
-    return False
+    except PermissionError:
+        return True  # another user's process: it exists
+    # A killed worker whose parent has not reaped it yet still answers kill(0).
+    try:
+        stat = f"/proc/{pid}/stat"
+        with open(stat) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): kill(0) is all there is
+    return state not in ("Z", "X")
 
 
 def acquire(tab_id: uuid.UUID, worker: str) -> uuid.UUID | None:
@@ -342,9 +375,9 @@ SCAN_SECONDS = 5.0
 
 
 async def run_worker() -> None:
-    """Run turns until cancelled: the TurnWorker on WORKER_CHANNEL, plus the recovery scan."""
-    import asyncio
+    """Run turns until cancelled: the TurnWorker on WORKER_CHANNEL, plus the recovery scan.
 
+    Cancelling it drains: see _shut_down."""
     from channels.db import database_sync_to_async
     from channels.routing import ChannelNameRouter
     from channels.worker import Worker
@@ -390,11 +423,13 @@ async def run_worker() -> None:
         await _shut_down(worker)
 
 
-# A worker told to stop lets its turns finish for this long, then interrupts
-# them (each says so in its log) rather than be killed in the middle of a write.
-SHUTDOWN_GRACE_SECONDS = 20.0
-# ...and gives interrupted turns this long to write their notice.
+# A worker told to stop lets its turns finish for settings.DISPATCH_SHUTDOWN_GRACE
+# seconds, then interrupts them (each says so in its log) rather than be killed
+# in the middle of a write; it gives interrupted turns this long to write their
+# notice, seal what they streamed and release their lease.
 INTERRUPT_WAIT_SECONDS = 5.0
+# How often the drain looks whether the turns have ended.
+DRAIN_POLL_SECONDS = 0.1
 
 
 # False once this process's worker is shutting down: it takes no new turns
@@ -402,9 +437,17 @@ INTERRUPT_WAIT_SECONDS = 5.0
 accepting_turns = True
 
 
-async def _shut_down(worker) -> None:
-    import asyncio
+def interrupt_turns() -> None:
+    """Interrupt every turn this process runs: the open block is sealed as it is,
+    running tools (and their sandboxes) are killed, the log says the server shut
+    down, and the lease is released."""
+    from chat.agent import RUNNING
 
+    for runner in list(RUNNING.values()):
+        runner.cancel(stopping=True)
+
+
+async def _shut_down(worker) -> None:
     from chat.agent import RUNNING
 
     global accepting_turns
@@ -412,17 +455,18 @@ async def _shut_down(worker) -> None:
 
     async def drain() -> None:
         while RUNNING:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
 
     if RUNNING:
-        logger.info(
-            "waiting up to %ss for %d turn(s) to finish", SHUTDOWN_GRACE_SECONDS, len(RUNNING)
+        grace = settings.DISPATCH_SHUTDOWN_GRACE
+        logger.warning(
+            "stopping: waiting up to %gs for %d running turn(s) to finish", grace, len(RUNNING)
         )
         try:
-            await asyncio.wait_for(asyncio.shield(drain()), SHUTDOWN_GRACE_SECONDS)
+            await asyncio.wait_for(asyncio.shield(drain()), grace)
         except TimeoutError:
-            for runner in list(RUNNING.values()):
-                runner.cancel(stopping=True)
+            logger.warning("interrupting %d turn(s) still running", len(RUNNING))
+            interrupt_turns()
             # A runner stuck in a call must not keep the process from exiting:
             # its lease goes stale and another worker recovers the turn.
             with suppress(TimeoutError):
@@ -431,17 +475,25 @@ async def _shut_down(worker) -> None:
         instance["future"].cancel()
 
 
-_embedded_task = None
+_embedded_task: asyncio.Task | None = None
 
 
 def start_embedded_worker() -> None:
     """Start the turn worker inside this (web) process, once. Embedded mode only."""
     global _embedded_task
-    import asyncio
-
-    from django.conf import settings
-
     if settings.REDIS_URL or _embedded_task is not None:
         return
     # Called from a running loop (first request) or just before one starts (serve).
     _embedded_task = asyncio.get_event_loop().create_task(run_worker())
+
+
+async def stop_embedded_worker() -> None:
+    """Stop the embedded worker the way runworker stops: take no new turns, let the
+    running ones finish within the grace period, then interrupt them."""
+    global _embedded_task
+    task, _embedded_task = _embedded_task, None
+    if task is None:
+        return
+    task.cancel()
+    with suppress(asyncio.CancelledError):
+        await task
