@@ -229,6 +229,10 @@ DISPATCH_WORKSPACE = Path(envstr("DISPATCH_WORKSPACE") or DATA_DIR / "workspace"
 DISPATCH_MAX_STEPS = envint("DISPATCH_MAX_STEPS", 50, minimum=1)
 # Tokens per second the offline demo model streams at (0: as fast as possible).
 DISPATCH_OFFLINE_PACE = envfloat("DISPATCH_OFFLINE_PACE", 40.0, minimum=0)
+# Seconds a stopping server (serve or runworker) lets running turns finish
+# before it interrupts them: most answers end within it, and a process
+# manager's stop timeout (systemd: 90 s, Docker: 10 s) should be set above it.
+DISPATCH_SHUTDOWN_GRACE = envfloat("DISPATCH_SHUTDOWN_GRACE", 20.0, minimum=0)
 
 LOGGING = {
     "version": 1,

@@ -62,10 +62,11 @@ CHROMIUM_ARGS = [
 # Django start-up on two busy cores takes a few seconds; past this the server
 # is stuck and its log (printed with the failure) says why.
 STARTUP_TIMEOUT = 30.0
-# SIGTERM, then this long, then SIGKILL. The database is flushed after the
-# test anyway, so a turn left running need not get its graceful shutdown
-# (turns.SHUTDOWN_GRACE_SECONDS is longer than any test should wait).
+# SIGTERM, then this long, then SIGKILL. Servers get a short shutdown grace
+# (SHUTDOWN_GRACE below): a turn left running by a test is interrupted, not
+# waited for, and the server exits well within this.
 STOP_TIMEOUT = 5.0
+SHUTDOWN_GRACE = "0.5"
 # Every wait in a browser or on the database: generous for a loaded CI machine,
 # and a passing test never comes near it.
 WAIT_SECONDS = 15.0
@@ -118,6 +119,7 @@ def server_env(workspace: Path, **extra: str) -> dict[str, str]:
             "DISPATCH_WORKSPACE": str(workspace),
             "DISPATCH_MODEL": "offline/demo",
             "DISPATCH_OFFLINE_PACE": "40",
+            "DISPATCH_SHUTDOWN_GRACE": SHUTDOWN_GRACE,
             # daphne's "Listening on" line is INFO.
             "LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",

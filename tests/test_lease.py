@@ -60,10 +60,9 @@ async def test_a_recovery_scan_between_acquire_and_the_runner_start_leaves_the_t
 
     monkeypatch.setattr(turns, "acquire", acquire_then_scan)
     tab = await make_tab()
-    async with running_worker():
-        async with Watcher(tab.pk) as watcher:
-            await submit(tab, "hello")
-            await watcher.until_idle()
+    async with running_worker(), Watcher(tab.pk) as watcher:
+        await submit(tab, "hello")
+        await watcher.until_idle()
     assert seen == {"recovered": [], "second": None}
     rows = await chunks(tab.pk)
     assert kinds(rows) == ["user/text", "assistant/text"]
@@ -108,9 +107,7 @@ async def test_a_live_worker_of_this_host_and_one_elsewhere_are_alive():
     assert not turns.is_dead(parent)
     parent.worker = "another-host:1:x"
     assert not turns.is_dead(parent)
-    parent.heartbeat_at = timezone.now() - timezone.timedelta(
-        seconds=turns.LEASE_STALE_SECONDS + 1
-    )
+    parent.heartbeat_at = timezone.now() - timezone.timedelta(seconds=turns.LEASE_STALE_SECONDS + 1)
     assert turns.is_dead(parent)
 
 

@@ -1,13 +1,25 @@
 """`manage.py serve`: the app on daphne, with the turn worker started at once.
 
+SIGTERM or Ctrl+C drains like `runworker`: no new turns, running turns get
+DISPATCH_SHUTDOWN_GRACE seconds to finish, then they are interrupted (the open
+block sealed as it is, tools killed, a notice in the log, the lease released).
+A second signal skips what is left of the grace period.
+
 Plain `daphne dispatch.asgi:application` works too; it starts the embedded
-worker on the first request instead of at start-up.
+worker on the first request instead, and has no drain: its turns are recovered
+as interrupted at the next start.
 """
 
 from __future__ import annotations
 
+import asyncio
+import signal
+
 from django.conf import settings
 from django.core.management.base import BaseCommand
+from twisted.internet import defer
+
+from chat import turns
 
 
 class Command(BaseCommand):
@@ -22,7 +34,6 @@ class Command(BaseCommand):
         from daphne.server import Server
 
         from chat.providers import default_model
-        from chat.turns import start_embedded_worker
         from dispatch.asgi import application
 
         model = default_model()
@@ -40,5 +51,24 @@ class Command(BaseCommand):
         Server(
             application=application,
             endpoints=build_endpoint_description_strings(host=host, port=port),
-            ready_callable=start_embedded_worker,
+            ready_callable=self._ready,
         ).run()
+
+    def _ready(self) -> None:
+        # Imported here, after daphne.server has installed the asyncio reactor:
+        # importing the reactor earlier would install Twisted's default one.
+        from twisted.internet import reactor
+
+        turns.start_embedded_worker()
+        # Twisted waits for a "before shutdown" trigger's Deferred before it stops.
+        reactor.addSystemEventTrigger("before", "shutdown", self._drain)
+
+    def _drain(self) -> defer.Deferred:
+        loop = asyncio.get_event_loop()
+
+        def again(signum, frame) -> None:
+            loop.call_soon_threadsafe(turns.interrupt_turns)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, again)
+        return defer.Deferred.fromFuture(asyncio.ensure_future(turns.stop_embedded_worker()))
