@@ -102,7 +102,8 @@ def setup(request: HttpRequest) -> HttpResponse:
             user.is_staff = True
             user.is_superuser = True
             user.save()
-        login(request, user)
+        # Named: with axes' backend first there are two, and only this one logs in.
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect("home")
     return render(request, "chat/setup.html", {"form": form})
 

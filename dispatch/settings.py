@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -118,6 +119,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    # Failed sign-ins, counted in the database so every process sees them.
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -129,6 +132,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as axes asks: it turns a lockout into chat.throttle's 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "dispatch.urls"
@@ -209,6 +214,37 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 
+# Sign-in throttling (django-axes): failures are counted per account and,
+# separately, per client address; either reaching the limit locks sign-in for
+# that account or address until the cool-off has passed since the failure that
+# reached it. `manage.py unlock_login` lifts a lock.
+AUTHENTICATION_BACKENDS = [
+    # First: it refuses a locked sign-in before a password is even checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Five tries cover typos; a guesser gets 5 guesses per account per 15 minutes.
+DISPATCH_LOGIN_FAILURE_LIMIT = envint("DISPATCH_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+DISPATCH_LOGIN_COOLOFF_MINUTES = envint("DISPATCH_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
+# Reverse proxies in front of Dispatch that append the client to
+# X-Forwarded-For (nginx: proxy_add_x_forwarded_for). 0 trusts no header: the
+# client is the peer address. Set it, or every client counts as the proxy.
+DISPATCH_TRUSTED_PROXIES = envint("DISPATCH_TRUSTED_PROXIES", 0, minimum=0)
+AXES_FAILURE_LIMIT = DISPATCH_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=DISPATCH_LOGIN_COOLOFF_MINUTES)
+# Two separate counters (a list of two, not a pair): the account, whatever the
+# address, and the address, whatever the account.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# A try while locked is refused without counting, so the wait shown is the
+# wait there is, and the owner trying the right password does not extend it.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_CLIENT_IP_CALLABLE = "chat.throttle.client_ip"
+AXES_LOCKOUT_CALLABLE = "chat.throttle.lockout_response"
+# The sign-in log would grow by a row per sign-in forever; failures are kept.
+AXES_DISABLE_ACCESS_LOG = True
+# Quiet: no start-up banner on every manage.py command.
+AXES_VERBOSE = False
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -240,5 +276,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        # Axes logs every sign-in at INFO; its failures and lockouts are WARNING.
+        "axes": {"level": "WARNING"},
+    },
 }
