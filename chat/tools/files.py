@@ -1,22 +1,43 @@
 """The workspace and the file tools: list_files, read_file, write_file.
 
 Every path the model gives is relative to the workspace. Absolute paths and
-`..` are refused outright; what is left is resolved (following symlinks) and
-refused unless it stays inside the workspace, so a symlink cannot lead out.
+`..` are refused outright. What is left is walked one component at a time
+from a descriptor of the workspace directory: each directory is opened with
+O_NOFOLLOW under the descriptor of its parent, and the file at the end is
+opened the same way and checked with fstat on its descriptor. Nothing is
+checked by path and then used by path again, so a process that swaps a
+directory for a symlink mid-call (the shell tool can) makes the call fail;
+it cannot lead it out of the workspace.
 
-The checks run before the file is opened, so a process that swaps a directory
-for a symlink in between could still win the race. The only such process is a
-command of the shell tool, which already runs unconfined with the user's
-approval, so the race gives nothing the shell does not.
+Symlinks are resolved by this walk, not by the kernel, with the rules of
+Linux's RESOLVE_BENEATH: a relative link is followed when its target stays
+inside the workspace; a `..` in a target that would climb above the
+workspace is refused, and so is an absolute target unless it names a path
+under the workspace's own (resolved) path. A chain of more than
+MAX_SYMLINK_HOPS links is refused as a loop. Python has no binding for
+openat2(2), and a portable walk would be needed beside it anyway, so there is
+only the walk.
+
+Two moves stay out of the walk's reach and are left to the shell's sandbox,
+which mounts the workspace on its own: moving a directory the walk holds open
+out of the workspace, and hard-linking a file from outside into it. rename(2)
+and link(2) do not cross mounts, so neither can be done from inside.
+
+Only regular files are opened for reading or writing: a FIFO, socket or
+device is refused after an lstat, before any open; the open itself uses
+O_NONBLOCK and the descriptor is checked again, so something swapped in
+between can neither block the worker thread nor be read.
 
 The functions here are blocking; the registry runs them in a worker thread.
 """
 
 from __future__ import annotations
 
+import errno
 import heapq
 import os
 import stat
+from contextlib import ExitStack
 from pathlib import Path, PurePosixPath
 
 from chat.tools.base import ToolError, ToolOutcome, display_name
@@ -40,6 +61,19 @@ BINARY_SNIFF_BYTES = 8 * 1024
 # enormous line (minified JavaScript, a JSON dump) is never held in memory.
 SKIP_BLOCK_BYTES = 64 * 1024
 
+# Linux's PATH_MAX: the longest path the shell's own commands could use. The
+# walk itself has no such limit, so without it one write_file could create a
+# tree thousands of directories deep.
+MAX_PATH_BYTES = 4096
+
+# Linux's MAXSYMLINKS, the links the kernel follows in one lookup: more is a
+# loop, not a layout.
+MAX_SYMLINK_HOPS = 40
+
+# Directories are walked without following the name if it is a link (the walk
+# reads the link itself), and never leak into a shell command's process.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
 
 def ensure_workspace(workspace: Path) -> Path:
     """Create the workspace if missing; return its resolved path."""
@@ -53,59 +87,230 @@ def ensure_workspace(workspace: Path) -> Path:
     return root
 
 
-def resolve_inside(root: Path, raw: str) -> Path:
-    """Resolve `raw` (relative to the resolved workspace `root`) or refuse it."""
+# --- walking a path under the workspace ----------------------------------------
+
+
+def _checked(raw: str) -> tuple[list[str], str]:
+    """The components of `raw`, and `raw` as messages show it; or refuse it."""
     if raw == "":
         raise ToolError("the path is empty; use '.' for the workspace itself")
     if "\x00" in raw:
         raise ToolError("the path contains a NUL character")
+    try:
+        size = len(os.fsencode(raw))
+    except UnicodeEncodeError as exc:
+        # Not echoed: a lone surrogate cannot be stored or sent anywhere.
+        raise ToolError(f"the path is not valid Unicode ({exc.reason})") from exc
+    if size > MAX_PATH_BYTES:
+        raise ToolError(f"the path is {size} bytes long; at most {MAX_PATH_BYTES} are allowed")
+    shown = display_name(raw)
     relative = PurePosixPath(raw)
     if relative.is_absolute():
         raise ToolError(
-            f"{raw}: absolute paths are not allowed; give a path relative to the workspace"
+            f"{shown}: absolute paths are not allowed; give a path relative to the workspace"
         )
     if ".." in relative.parts:
-        raise ToolError(f"{raw}: '..' is not allowed in paths; paths stay inside the workspace")
-    target = (root / relative).resolve()
-    if target != root and root not in target.parents:
-        raise ToolError(f"{raw}: resolves outside the workspace through a symlink; refused")
-    return target
+        raise ToolError(f"{shown}: '..' is not allowed in paths; paths stay inside the workspace")
+    return list(relative.parts), shown
 
 
-def _stat(target: Path, raw: str) -> os.stat_result | None:
+def _walk(
+    stack: ExitStack, root: Path, parts: list[str], shown: str, *, missing: str | None
+) -> tuple[int, str, os.stat_result | None]:
+    """Follow `parts` from the workspace `root` down to their last component.
+
+    Returns a descriptor of the directory holding that component (closed with
+    `stack`), its name in it, and its lstat (None when it does not exist). A
+    link at the end has been followed, so the name is not a link unless it was
+    swapped in since; open it with O_NOFOLLOW. Directories missing on the way
+    raise ToolError(`missing`), or are created when `missing` is None.
+    """
     try:
-        return target.stat()
-    except (FileNotFoundError, NotADirectoryError):
-        # A path through a file does not exist either.
+        root_fd = os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        raise ToolError(f"the workspace cannot be opened: {exc.strerror or exc}") from exc
+    stack.callback(os.close, root_fd)
+    here = root_fd
+    # The names from the workspace down to `here`: a `..` in a link target
+    # walks them again from the top rather than trusting the directory's `..`.
+    trail: list[str] = []
+    pending = parts[::-1]
+    hops = 0
+    try:
+        while pending:
+            name = pending.pop()
+            if name == "..":
+                if not trail:
+                    raise ToolError(
+                        f"{shown}: resolves outside the workspace through a symlink; refused"
+                    )
+                trail.pop()
+                here = _move(here, _open_trail(root_fd, trail, shown), root_fd)
+                continue
+            info = _lstat(here, name, shown)
+            if info is not None and stat.S_ISLNK(info.st_mode):
+                hops += 1
+                if hops > MAX_SYMLINK_HOPS:
+                    raise ToolError(
+                        f"{shown}: more than {MAX_SYMLINK_HOPS} symbolic links on the way "
+                        "(a loop?); refused"
+                    )
+                target = _readlink(here, name, shown)
+                if target.startswith("/"):
+                    target_parts = PurePosixPath(target).parts
+                    if target_parts[: len(root.parts)] != root.parts:
+                        raise ToolError(
+                            f"{shown}: resolves outside the workspace through a symlink; refused"
+                        )
+                    target_parts = target_parts[len(root.parts) :]
+                    trail = []
+                    here = _move(here, root_fd, root_fd)
+                else:
+                    target_parts = PurePosixPath(target).parts
+                pending.extend(reversed(target_parts))
+                continue
+            if not pending:
+                break
+            if info is None:
+                if missing is not None:
+                    raise ToolError(f"{shown}: {missing}")
+                _mkdir(here, name, shown)
+            elif not stat.S_ISDIR(info.st_mode):
+                if missing is not None:
+                    raise ToolError(f"{shown}: {missing}")
+                raise ToolError(
+                    f"{shown}: cannot create its parent directory: "
+                    f"{display_name(name)} is not a directory"
+                )
+            here = _move(here, _open_dir(here, name, shown), root_fd)
+            trail.append(name)
+        else:
+            # Nothing left to follow: the path names the directory reached.
+            name, info = ".", _lstat(here, ".", shown)
+    except BaseException:
+        if here != root_fd:
+            os.close(here)
+        raise
+    if here != root_fd:
+        stack.callback(os.close, here)
+    return here, name, info
+
+
+def _move(old: int, new: int, root_fd: int) -> int:
+    """Step from descriptor `old` to `new`, closing `old` unless it is the root's."""
+    if old not in (root_fd, new):
+        os.close(old)
+    return new
+
+
+def _open_trail(root_fd: int, trail: list[str], shown: str) -> int:
+    here = root_fd
+    try:
+        for name in trail:
+            here = _move(here, _open_dir(here, name, shown), root_fd)
+    except BaseException:
+        if here != root_fd:
+            os.close(here)
+        raise
+    return here
+
+
+def _changed(shown: str) -> ToolError:
+    return ToolError(f"{shown}: changed while it was being opened; try again")
+
+
+def _lstat(here: int, name: str, shown: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=here, follow_symlinks=False)
+    except FileNotFoundError:
         return None
     except OSError as exc:
-        raise ToolError(f"{raw}: {exc.strerror or exc}") from exc
+        raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
+
+
+def _readlink(here: int, name: str, shown: str) -> str:
+    try:
+        return os.readlink(name, dir_fd=here)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise _changed(shown) from exc
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            # No longer a link.
+            raise _changed(shown) from exc
+        raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
+
+
+def _open_dir(here: int, name: str, shown: str) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=here)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        # It was a directory at the lstat: it has been removed or replaced (a
+        # link gives ENOTDIR or ELOOP under O_NOFOLLOW).
+        raise _changed(shown) from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _changed(shown) from exc
+        raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
+
+
+def _mkdir(here: int, name: str, shown: str) -> None:
+    try:
+        os.mkdir(name, dir_fd=here)
+    except FileExistsError:
+        # Made by someone else since the lstat; opening it checks what it is.
+        pass
+    except OSError as exc:
+        raise ToolError(
+            f"{shown}: cannot create its parent directory: {exc.strerror or exc}"
+        ) from exc
+
+
+def _open_file(here: int, name: str, shown: str, flags: int) -> int:
+    """Open the last component (never through a link) without blocking on a FIFO."""
+    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, 0o666, dir_fd=here)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise _changed(shown) from exc
+    except IsADirectoryError as exc:
+        raise ToolError(f"{shown}: is a directory") from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _changed(shown) from exc
+        if exc.errno == errno.ENXIO:
+            # A FIFO with no reader, opened for writing without blocking.
+            raise ToolError(f"{shown}: not a regular file") from exc
+        raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
 
 
 # --- list_files ----------------------------------------------------------------
 
 
 def list_files(root: Path, raw: str = ".") -> ToolOutcome:
-    target = resolve_inside(root, raw)
-    info = _stat(target, raw)
-    if info is None:
-        raise ToolError(f"{raw}: no such directory")
-    if not stat.S_ISDIR(info.st_mode):
-        raise ToolError(f"{raw}: not a directory; use read_file to read a file")
-    total = 0
+    parts, shown = _checked(raw)
+    with ExitStack() as stack:
+        here, name, info = _walk(stack, root, parts, shown, missing="no such directory")
+        if info is None:
+            raise ToolError(f"{shown}: no such directory")
+        if not stat.S_ISDIR(info.st_mode):
+            raise ToolError(f"{shown}: not a directory; use read_file to read a file")
+        fd = _open_dir(here, name, shown)
+        stack.callback(os.close, fd)
+        total = 0
 
-    def counted(entries):
-        nonlocal total
-        for entry in entries:
-            total += 1
-            yield entry
+        def counted(entries):
+            nonlocal total
+            for entry in entries:
+                total += 1
+                yield entry
 
-    try:
-        with os.scandir(target) as entries:
-            kept = heapq.nsmallest(MAX_LIST_ENTRIES, counted(entries), key=lambda e: e.name)
-            lines = [_entry_line(entry) for entry in kept]
-    except OSError as exc:
-        raise ToolError(f"{raw}: {exc.strerror or exc}") from exc
+        try:
+            # scandir works on a duplicate of `fd`; the stack closes the original.
+            with os.scandir(fd) as entries:
+                kept = heapq.nsmallest(MAX_LIST_ENTRIES, counted(entries), key=lambda e: e.name)
+                lines = [_entry_line(entry) for entry in kept]
+        except OSError as exc:
+            raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
     if not lines:
         return ToolOutcome("(empty directory)", is_error=False)
     truncated = total > len(kept)
@@ -141,31 +346,43 @@ def _entry_line(entry: os.DirEntry) -> str:
 def read_file(
     root: Path, raw: str, offset: int = 1, limit: int = READ_DEFAULT_LINES
 ) -> ToolOutcome:
-    target = resolve_inside(root, raw)
-    info = _stat(target, raw)
+    parts, shown = _checked(raw)
+    with ExitStack() as stack:
+        here, name, info = _walk(stack, root, parts, shown, missing="no such file")
+        # Checked before opening, so that a device is never opened at all, and
+        # again on the descriptor, which is what is read.
+        _check_readable(info, shown)
+        fd = _open_file(here, name, shown, os.O_RDONLY)
+        f = stack.enter_context(os.fdopen(fd, "rb"))
+        info = os.fstat(fd)
+        _check_readable(info, shown)
+        try:
+            return _read_lines(f, shown, info.st_size, offset, limit)
+        except OSError as exc:
+            raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
+
+
+def _check_readable(info: os.stat_result | None, shown: str) -> None:
     if info is None:
-        raise ToolError(f"{raw}: no such file")
+        raise ToolError(f"{shown}: no such file")
     if stat.S_ISDIR(info.st_mode):
-        raise ToolError(f"{raw}: is a directory; use list_files to see what it holds")
+        raise ToolError(f"{shown}: is a directory; use list_files to see what it holds")
     if not stat.S_ISREG(info.st_mode):
-        # Opening a FIFO or a device could block the worker thread forever.
-        raise ToolError(f"{raw}: not a regular file")
-    try:
-        with open(target, "rb") as f:
-            return _read_lines(f, raw, info.st_size, offset, limit)
-    except OSError as exc:
-        raise ToolError(f"{raw}: {exc.strerror or exc}") from exc
+        # Reading a FIFO or a device could block the worker thread forever.
+        raise ToolError(f"{shown}: not a regular file")
 
 
-def _read_lines(f, raw: str, size: int, offset: int, limit: int) -> ToolOutcome:
+def _read_lines(f, shown: str, size: int, offset: int, limit: int) -> ToolOutcome:
     if b"\x00" in f.read(BINARY_SNIFF_BYTES):
         raise ToolError(
-            f"{raw}: looks like a binary file ({size} bytes); inspect it with the shell tool"
+            f"{shown}: looks like a binary file ({size} bytes); inspect it with the shell tool"
         )
     f.seek(0)
     for skipped in range(offset - 1):
         if not _skip_line(f):
-            raise ToolError(f"{raw}: offset {offset} is past the end of the file ({skipped} lines)")
+            raise ToolError(
+                f"{shown}: offset {offset} is past the end of the file ({skipped} lines)"
+            )
     pieces: list[bytes] = []
     used = 0
     shown = 0
@@ -223,26 +440,35 @@ def _skip_line(f) -> bool:
 
 
 def write_file(root: Path, raw: str, content: str) -> ToolOutcome:
-    target = resolve_inside(root, raw)
-    info = _stat(target, raw)
-    if info is not None and stat.S_ISDIR(info.st_mode):
-        raise ToolError(f"{raw}: is a directory")
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        raise ToolError(f"{raw}: not a regular file")
+    parts, shown = _checked(raw)
     try:
         data = content.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ToolError(f"{raw}: the content is not valid Unicode ({exc.reason})") from exc
-    try:
-        # `target` is resolved and inside the workspace, so are all its parents.
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ToolError(
-            f"{raw}: cannot create its parent directory: {exc.strerror or exc}"
-        ) from exc
-    try:
-        target.write_bytes(data)
-    except OSError as exc:
-        raise ToolError(f"{raw}: {exc.strerror or exc}") from exc
+        raise ToolError(f"{shown}: the content is not valid Unicode ({exc.reason})") from exc
+    with ExitStack() as stack:
+        here, name, info = _walk(stack, root, parts, shown, missing=None)
+        _check_writable(info, shown)
+        fd = _open_file(here, name, shown, os.O_WRONLY | os.O_CREAT)
+        stack.callback(os.close, fd)
+        _check_writable(os.fstat(fd), shown)
+        try:
+            # Truncated in place, only now that the descriptor is known to be a
+            # regular file: unlike a rename over it, this keeps the file's mode
+            # (an executable script stays executable) and its hard links.
+            os.ftruncate(fd, 0)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as exc:
+            raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
     verb = "Overwrote" if info is not None else "Created"
-    return ToolOutcome(f"{verb} {raw} ({len(data)} bytes)", is_error=False)
+    return ToolOutcome(f"{verb} {shown} ({len(data)} bytes)", is_error=False)
+
+
+def _check_writable(info: os.stat_result | None, shown: str) -> None:
+    if info is None:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise ToolError(f"{shown}: is a directory")
+    if not stat.S_ISREG(info.st_mode):
+        raise ToolError(f"{shown}: not a regular file")
