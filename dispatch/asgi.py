@@ -4,17 +4,28 @@ import os
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
+from django.core.exceptions import ImproperlyConfigured
+
+from dispatch.envcheck import exit_configuration_error
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatch.settings")
 # Django must be set up before anything imports models (routing does).
-django_asgi_app = get_asgi_application()
+try:
+    django_asgi_app = get_asgi_application()
+except ImproperlyConfigured as exc:
+    # Under plain daphne this would be a traceback: one line naming the variable instead.
+    exit_configuration_error(exc)
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from chat import routing  # noqa: E402
+from chat import routing, startup  # noqa: E402
 from chat.turns import start_embedded_worker  # noqa: E402
+
+# What `manage.py serve` checks before serving, for plain daphne too; not the
+# services: importing a module should not wait on the network.
+startup.check(services=False)
 
 router = ProtocolTypeRouter(
     {

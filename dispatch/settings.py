@@ -11,9 +11,12 @@ import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from dispatch.envcheck import masked_url, url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -69,6 +72,23 @@ def envlist(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def envchoice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of `choices`, in any case; returned as spelled in `choices`."""
+    value = envstr(name, default)
+    for choice in choices:
+        if value.lower() == choice.lower():
+            return choice
+    raise ImproperlyConfigured(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+def envurl(name: str, schemes: tuple[str, ...], example: str) -> str:
+    """A URL of one of `schemes` with a host; "" when unset."""
+    value = envstr(name)
+    if value and (problem := url_problem(value, schemes)):
+        raise ImproperlyConfigured(f"{name}={masked_url(value)!r} {problem}; set it like {example}")
+    return value
+
+
 def _default_data_dir() -> Path:
     xdg = os.environ.get("XDG_DATA_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "share"
@@ -105,7 +125,21 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 DEBUG = envbool("DEBUG", False)
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1"])
+if not ALLOWED_HOSTS:
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS is set but empty, so every request would be refused: list the host "
+        "names the server is reached by, comma-separated (e.g. localhost,127.0.0.1)"
+    )
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+for _origin in CSRF_TRUSTED_ORIGINS:
+    # Django compares whole origins: a path or a missing scheme never matches.
+    _problem = url_problem(_origin, ("http", "https"))
+    if _problem is None and urlsplit(_origin)[2:] != ("", "", ""):
+        _problem = "has a path; an origin is only scheme://host[:port]"
+    if _problem:
+        raise ImproperlyConfigured(
+            f"CSRF_TRUSTED_ORIGINS entry {_origin!r} {_problem} (e.g. https://chat.example.com)"
+        )
 
 INSTALLED_APPS = [
     "daphne",
@@ -157,6 +191,11 @@ TEMPLATES = [
 # --- Database ----------------------------------------------------------------
 
 DATABASE_URL = envstr("DATABASE_URL", f"sqlite:///{DATA_DIR / 'dispatch.db'}")
+if urlsplit(DATABASE_URL).scheme not in ("sqlite", "postgres", "postgresql", "pgsql"):
+    raise ImproperlyConfigured(
+        f"DATABASE_URL={masked_url(DATABASE_URL)!r} is not a SQLite or PostgreSQL URL; set it "
+        "like sqlite:////var/lib/dispatch/dispatch.db or postgres://user:password@host:5432/db"
+    )
 try:
     # Connections are kept: the turn worker's thread would otherwise reconnect
     # (and re-run the SQLite PRAGMAs) for every write.
@@ -164,7 +203,17 @@ try:
         "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
     }
 except ValueError as exc:
-    raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from exc
+    raise ImproperlyConfigured(
+        f"DATABASE_URL={masked_url(DATABASE_URL)!r} is not a database URL ({exc})"
+    ) from exc
+
+# libpq waits for ever on an address that drops packets; a server that is up
+# answers in milliseconds, so past this it is down (and start-up says so).
+DATABASE_CONNECT_TIMEOUT = 10
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "connect_timeout", DATABASE_CONNECT_TIMEOUT
+    )
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
@@ -180,7 +229,15 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channels ------------------------------------------------------------------
 
-REDIS_URL = envstr("REDIS_URL")
+REDIS_URL = envurl("REDIS_URL", ("redis", "rediss", "unix"), "redis://127.0.0.1:6379/0")
+if REDIS_URL and urlsplit(REDIS_URL).scheme != "unix":
+    # redis-py reads the path as the database number.
+    _db = urlsplit(REDIS_URL).path.strip("/")
+    if _db and not _db.isdigit():
+        raise ImproperlyConfigured(
+            f"REDIS_URL={masked_url(REDIS_URL)!r}: the path {_db!r} is not a database "
+            "number; set it like redis://127.0.0.1:6379/0"
+        )
 # channels-redis blocks 5 s on an idle channel, and redis-py's default read
 # timeout is also 5 s: the two race, and an idle worker or socket dies. A read
 # must outlast the blocking pop. A socket_timeout in the URL still wins.
@@ -261,6 +318,11 @@ DISPATCH_MODEL = envstr("DISPATCH_MODEL")
 DISPATCH_FALLBACK_MODEL = envstr("DISPATCH_FALLBACK_MODEL")
 # Where the tools may read, write and run commands.
 DISPATCH_WORKSPACE = Path(envstr("DISPATCH_WORKSPACE") or DATA_DIR / "workspace").expanduser()
+if DISPATCH_WORKSPACE.exists() and not DISPATCH_WORKSPACE.is_dir():
+    raise ImproperlyConfigured(
+        f"DISPATCH_WORKSPACE={str(DISPATCH_WORKSPACE)!r} is not a directory: point it at a "
+        "directory (a missing one is created)"
+    )
 # A runaway model must not loop forever; 50 steps is far past a normal task.
 DISPATCH_MAX_STEPS = envint("DISPATCH_MAX_STEPS", 50, minimum=1)
 # Tokens per second the offline demo model streams at (0: as fast as possible).
@@ -275,7 +337,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+    "root": {
+        "handlers": ["console"],
+        "level": envchoice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")),
+    },
     "loggers": {
         "django.channels.server": {"level": "WARNING"},
         # Axes logs every sign-in at INFO; its failures and lockouts are WARNING.

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from dispatch.envcheck import masked_url, reason, url_problem
 from dispatch.settings import envbool, envfloat, envint, envlist
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,3 +117,146 @@ def test_a_bad_environment_value_stops_start_up_with_its_name(tmp_path):
     done = _settings_in_subprocess(tmp_path, DEBUG="perhaps")
     assert done.returncode != 0
     assert "DEBUG='perhaps' is not a boolean" in done.stderr
+
+
+# --- Every variable, checked at start-up -----------------------------------------------
+
+
+def _manage_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}}
+    clean.update(DJANGO_SETTINGS_MODULE="dispatch.settings", DISPATCH_DATA_DIR=str(tmp_path), **env)
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"REDIS_URL": "notaurl"}, "REDIS_URL='notaurl' does not start with redis://"),
+        (
+            {"REDIS_URL": "redis://:pw@127.0.0.1:6379/zero"},
+            "REDIS_URL='redis://:***@127.0.0.1:6379/zero': the path 'zero' is not a database",
+        ),
+        ({"REDIS_URL": "redis://:6379"}, "REDIS_URL='redis://:6379' names no host"),
+        ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS is set but empty"),
+        ({"ALLOWED_HOSTS": " , "}, "ALLOWED_HOSTS is set but empty"),
+        (
+            {"CSRF_TRUSTED_ORIGINS": "chat.example.com"},
+            "CSRF_TRUSTED_ORIGINS entry 'chat.example.com' does not start with http://",
+        ),
+        (
+            {"CSRF_TRUSTED_ORIGINS": "https://chat.example.com/"},
+            "CSRF_TRUSTED_ORIGINS entry 'https://chat.example.com/' has a path",
+        ),
+        ({"LOG_LEVEL": "loud"}, "LOG_LEVEL='loud' is not one of DEBUG, INFO, WARNING"),
+        ({"DATABASE_URL": "notaurl"}, "DATABASE_URL='notaurl' is not a SQLite or PostgreSQL URL"),
+        (
+            {"DATABASE_URL": "mysql://u:hunter2@h/db"},
+            "DATABASE_URL='mysql://u:***@h/db' is not a SQLite or PostgreSQL URL",
+        ),
+        (
+            {"DATABASE_URL": "postgres://u:hunter2@h:port/db"},
+            "DATABASE_URL='postgres://u:***@h:port/db' is not a database URL",
+        ),
+        ({"DEBUG": "perhaps"}, "DEBUG='perhaps' is not a boolean"),
+        (
+            {"DISPATCH_LOGIN_FAILURE_LIMIT": "0"},
+            "DISPATCH_LOGIN_FAILURE_LIMIT=0 must be at least 1",
+        ),
+        ({"DISPATCH_TRUSTED_PROXIES": "one"}, "DISPATCH_TRUSTED_PROXIES='one' is not an integer"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_it_and_no_traceback(tmp_path, env, expected):
+    done = _manage_check(tmp_path, **env)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert done.stderr.startswith(f"Configuration error: {expected}"), done.stderr
+    assert "hunter2" not in done.stderr
+
+
+def test_a_workspace_that_is_a_file_is_refused(tmp_path):
+    path = tmp_path / "workspace"
+    path.write_text("not a directory")
+    done = _manage_check(tmp_path, DISPATCH_WORKSPACE=str(path))
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"Configuration error: DISPATCH_WORKSPACE='{path}' is not a directory: point it at a "
+        "directory (a missing one is created)"
+    )
+
+
+def test_good_values_pass(tmp_path):
+    done = _manage_check(
+        tmp_path,
+        REDIS_URL="unix:///run/redis.sock",
+        ALLOWED_HOSTS="chat.example.com",
+        CSRF_TRUSTED_ORIGINS="https://chat.example.com,http://127.0.0.1:8000",
+        LOG_LEVEL="warning",
+        DATABASE_URL="postgresql://u:pw@db.example.com:5432/dispatch",
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "schemes", "problem"),
+    [
+        ("https://api.example.com/v1", ("http", "https"), None),
+        ("http://127.0.0.1:11434/v1", ("http", "https"), None),
+        ("rediss://:pw@redis.example.com:6380/1", ("redis", "rediss", "unix"), None),
+        ("unix:///run/redis.sock", ("redis", "rediss", "unix"), None),
+        ("unix://", ("redis", "rediss", "unix"), "names no socket path"),
+        ("api.example.com", ("http", "https"), "does not start with http:// or https://"),
+        ("ftp://example.com", ("http", "https"), "does not start with http:// or https://"),
+        ("https://", ("http", "https"), "names no host"),
+        ("https://h:99999", ("http", "https"), "is not a URL (Port out of range 0-65535)"),
+    ],
+)
+def test_url_problem(url, schemes, problem):
+    assert url_problem(url, schemes) == problem
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgres://dispatch:s3cret@db:5432/dispatch", "postgres://dispatch:***@db:5432/dispatch"),
+        ("redis://:s3cret@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+        ("postgres://a:b:c@d@host/db", "postgres://a:***@host/db"),
+        ("postgres://dispatch@db/dispatch", "postgres://dispatch@db/dispatch"),
+        ("sqlite:////var/lib/dispatch.db", "sqlite:////var/lib/dispatch.db"),
+        ("postgres://u:s3cret@h:port/db", "postgres://u:***@h:port/db"),
+        ("postgres://u:s3cret@[::1/db", "(a value that is not a URL)"),
+    ],
+)
+def test_masked_url_never_shows_a_password(url, shown):
+    assert masked_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("message", "cause"),
+    [
+        (
+            'connection failed: connection to server at "127.0.0.1", port 1 failed: '
+            "Connection refused\n\tIs the server running on that host?",
+            "Connection refused",
+        ),
+        (
+            'connection failed: connection to server at "h", port 5432 failed: FATAL:  '
+            'password authentication failed for user "u"',
+            'password authentication failed for user "u"',
+        ),
+        (
+            "Error 111 connecting to 127.0.0.1:1. Connection refused.",
+            "Error 111 connecting to 127.0.0.1:1. Connection refused",
+        ),
+        ("", "OSError"),
+    ],
+)
+def test_reason_is_the_cause_on_one_line(message, cause):
+    assert reason(OSError(message) if message else OSError()) == cause

@@ -14,6 +14,8 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from chat import startup
+
 
 class Command(BaseCommand):
     help = "Run turns from the channel layer (needs REDIS_URL)."
@@ -26,6 +28,7 @@ class Command(BaseCommand):
                 "REDIS_URL is not set: without Redis, turns run inside the web process "
                 "(make run) and a separate worker could not receive them."
             )
+        startup.check()
         self.stdout.write("Turn worker started; Ctrl+C or SIGTERM stops it.")
         asyncio.run(self._main(run_worker))
 

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from chat import turns
+from chat import startup, turns
 from chat.models import Tab, new_tab
 
 
@@ -40,6 +40,7 @@ class Command(BaseCommand):
         parser.add_argument("message")
 
     def handle(self, *args, **options):
+        startup.check()
         tab = self._tab(options)
         printer = (
             JsonPrinter(self.stdout) if options["json"] else TextPrinter(self.stdout, self.stderr)

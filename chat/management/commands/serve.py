@@ -19,7 +19,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from twisted.internet import defer
 
-from chat import turns
+from chat import startup, turns
 
 
 class Command(BaseCommand):
@@ -32,6 +32,9 @@ class Command(BaseCommand):
     def handle(self, *args, host: str, port: int, **options):
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
+
+        # Before anything reads the database: a bad value or a dead service is one line.
+        startup.check()
 
         from chat.providers import default_model
         from dispatch.asgi import application

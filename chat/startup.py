@@ -1,0 +1,127 @@
+"""Start-up checks: what settings.py cannot check, before anything is served.
+
+settings.py checks every variable it reads. What the app reads outside it (the
+model ids, whose providers the registry knows; the providers' base URLs, read
+by the registry from the environment) and the services a server needs (the
+database; Redis in the scaled mode) are checked here, by `serve`, `runworker`
+and `send` before they start, and (without the services) by plain daphne
+through dispatch.asgi. Every problem is one line on stderr naming the variable
+and the fix, then the process exits: 2 for configuration, 69 for a service
+that did not answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+
+from chat.providers.registry import OFFLINE_MODEL, PROVIDERS, model_info
+from dispatch.envcheck import (
+    EXIT_CONFIGURATION,
+    EXIT_UNAVAILABLE,
+    exit_with,
+    unreachable_line,
+    url_problem,
+)
+
+logger = logging.getLogger(__name__)
+
+# A Redis that is up answers a PING in milliseconds; this only bounds a dead
+# address (one that drops packets instead of refusing).
+REDIS_TIMEOUT = 5
+# The settings that name a model.
+MODEL_VARIABLES = ("DISPATCH_MODEL", "DISPATCH_FALLBACK_MODEL")
+# An example endpoint for a provider whose spec has no hint of its own.
+URL_EXAMPLE = "https://api.example.com/v1"
+
+
+def configuration_problems() -> list[str]:
+    """One line per problem with the models, provider URLs and workspace; empty when fine."""
+    return [*_model_problems(), *_base_url_problems(), *_workspace_problems()]
+
+
+def _model_problems() -> list[str]:
+    problems = []
+    for variable in MODEL_VARIABLES:
+        value = (getattr(settings, variable, "") or "").strip()
+        if not value:
+            continue
+        try:
+            # An unknown model of a known provider is allowed: it gets the
+            # provider's defaults. An unknown provider or a malformed id is not.
+            model_info(value)
+        except ValueError as exc:
+            problems.append(
+                f"{variable}={value!r}: {exc}. Set it to a provider/model id such as "
+                f"{PROVIDERS['anthropic'].default_model} or {OFFLINE_MODEL}, or unset it."
+            )
+    return problems
+
+
+def _base_url_problems() -> list[str]:
+    problems = []
+    for spec in PROVIDERS.values():
+        value = os.environ.get(spec.url_env, "").strip() if spec.url_env else ""
+        if value and (problem := url_problem(value, ("http", "https"))):
+            example = spec.url_hint or URL_EXAMPLE
+            problems.append(
+                f"{spec.url_env}={value!r} {problem}: set it to the {spec.label} API's "
+                f"http(s) URL (e.g. {example}), or unset it."
+            )
+    return problems
+
+
+def _workspace_problems() -> list[str]:
+    workspace = Path(settings.DISPATCH_WORKSPACE)
+    try:
+        workspace.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return [
+            f"DISPATCH_WORKSPACE={str(workspace)!r} cannot be created "
+            f"({exc.strerror or exc}): point it at a directory this user can write."
+        ]
+    if not os.access(workspace, os.W_OK | os.X_OK):
+        return [
+            f"DISPATCH_WORKSPACE={str(workspace)!r} is not writable by this user: "
+            "the tools write there; fix its permissions or point it elsewhere."
+        ]
+    return []
+
+
+def service_problems() -> list[str]:
+    """One line per service that does not answer (passwords masked); empty when all do."""
+    problems = []
+    connection = connections[DEFAULT_DB_ALIAS]
+    try:
+        connection.ensure_connection()
+    except DatabaseError as exc:
+        problems.append(
+            unreachable_line("the database", settings.DATABASE_URL, "DATABASE_URL", exc)
+        )
+    finally:
+        # Whoever uses the database next opens its own connection, in its thread.
+        connection.close()
+    if settings.REDIS_URL:
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_connect_timeout=REDIS_TIMEOUT, socket_timeout=REDIS_TIMEOUT
+        )
+        try:
+            client.ping()
+        except (redis.RedisError, OSError) as exc:
+            problems.append(unreachable_line("Redis", settings.REDIS_URL, "REDIS_URL", exc))
+        finally:
+            client.close()
+    return problems
+
+
+def check(*, services: bool = True) -> None:
+    """Exit with one line per problem when the configuration (or a service) is not usable."""
+    if problems := configuration_problems():
+        exit_with("\n".join(f"Configuration error: {p}" for p in problems), EXIT_CONFIGURATION)
+    if services and (problems := service_problems()):
+        exit_with("\n".join(problems), EXIT_UNAVAILABLE)
