@@ -6,8 +6,8 @@ by the registry from the environment) and the services a server needs (the
 database; Redis in the scaled mode) are checked here, by `serve`, `runworker`
 and `send` before they start, and (without the services) by plain daphne
 through dispatch.asgi. Every problem is one line on stderr naming the variable
-and the fix, then the process exits: 2 for configuration, 69 for a service
-that did not answer.
+and the fix, then the process exits: 2 for configuration (or migrations not
+applied), 69 for a service that did not answer.
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from pathlib import Path
 import redis
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db.migrations.executor import MigrationExecutor
 
 from chat.providers.registry import OFFLINE_MODEL, PROVIDERS, model_info
 from dispatch.envcheck import (
     EXIT_CONFIGURATION,
     EXIT_UNAVAILABLE,
     exit_with,
+    masked_url,
     unreachable_line,
     url_problem,
 )
@@ -119,9 +121,31 @@ def service_problems() -> list[str]:
     return problems
 
 
+def schema_problem() -> str | None:
+    """A line when the database lacks migrations (a new install or an upgrade without
+    `migrate`), which would otherwise surface as "no such table" on some later request."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    try:
+        executor = MigrationExecutor(connection)
+        pending = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    finally:
+        connection.close()
+    if not pending:
+        return None
+    return (
+        f"The database at {masked_url(settings.DATABASE_URL)} lacks {len(pending)} "
+        "migration(s): run `manage.py migrate` first (with the same DATABASE_URL)."
+    )
+
+
 def check(*, services: bool = True) -> None:
     """Exit with one line per problem when the configuration (or a service) is not usable."""
     if problems := configuration_problems():
         exit_with("\n".join(f"Configuration error: {p}" for p in problems), EXIT_CONFIGURATION)
-    if services and (problems := service_problems()):
+    if not services:
+        return
+    if problems := service_problems():
         exit_with("\n".join(problems), EXIT_UNAVAILABLE)
+    if problem := schema_problem():
+        # Restarting will not apply them: the exit status of a configuration error.
+        exit_with(problem, EXIT_CONFIGURATION)

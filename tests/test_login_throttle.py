@@ -120,9 +120,10 @@ def test_a_try_while_locked_does_not_extend_the_lock(alice):
     """Refused tries are not counted: the owner retrying does not push the end back."""
     fail(LIMIT)
     before = list(AccessAttempt.objects.values_list("failures_since_start", "attempt_time"))
+    assert before, "the failures were counted"
     move_clock(timedelta(minutes=5))
-    fail(3)
-    sign_in("alice", RIGHT)
+    assert fail(3) == [429] * 3
+    assert sign_in("alice", RIGHT)[0].status_code == 429
     after = list(AccessAttempt.objects.values_list("failures_since_start", "attempt_time"))
     assert [(n, t - timedelta(minutes=5)) for n, t in before] == after
 

@@ -156,6 +156,14 @@ def test_an_unreachable_redis_is_named_with_its_password_masked(tmp_path):
     assert SECRET not in done.stdout + done.stderr
 
 
+def test_a_database_without_its_migrations_is_named_with_the_fix(tmp_path):
+    """A new data dir, or an upgrade, without `migrate`: one line, not "no such table" later."""
+    line = one_line(manage(tmp_path, "serve", "--port", "0"), EXIT_CONFIGURATION)
+    database = tmp_path / "data" / "dispatch.db"
+    assert line.startswith(f"The database at sqlite:///{database} lacks ")
+    assert line.endswith("run `manage.py migrate` first (with the same DATABASE_URL).")
+
+
 def test_every_configuration_problem_is_listed_at_once(tmp_path):
     done = manage(
         tmp_path, "serve", "--port", "0", DISPATCH_MODEL="foo/bar", OPENAI_BASE_URL="nope"
