@@ -146,4 +146,7 @@ def lockout_response(
         "locked": wait_message(minutes_left(until, now)),
         "next": request.POST.get("next", ""),
     }
-    return render(request, "chat/login.html", context, status=LOCKED_STATUS)
+    response = render(request, "chat/login.html", context, status=LOCKED_STATUS)
+    # For scripts and clients that honour it; people read the page.
+    response["Retry-After"] = str(max(1, math.ceil((until - now).total_seconds())))
+    return response

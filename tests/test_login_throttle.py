@@ -83,6 +83,7 @@ def test_it_locks_the_account_after_the_limit_even_from_another_address(alice):
     assert response.status_code == 429
     page = response.content.decode()
     assert "Too many failed sign-ins. Try again in 15 minutes." in page
+    assert 14 * 60 < int(response["Retry-After"]) <= 15 * 60
     assert 'name="password"' in page, "the sign-in page itself, not a bare error"
     assert "correct username and password" not in page
 
