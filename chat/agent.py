@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -37,6 +38,7 @@ from chat.providers.base import (
     ToolResultEvent,
     Usage,
 )
+from chat.providers.registry import STREAM_IDLE_TIMEOUT
 from chat.stream import Block, Delta, Kind, Op, Open, Reducer, Role, Seal
 
 logger = logging.getLogger(__name__)
@@ -52,9 +54,32 @@ COALESCE_SECONDS = 0.03
 # ...or earlier once this much text is waiting, so big deltas are not held back.
 COALESCE_MAX_CHARS = 4096
 # Retries of a retryable provider error before the fallback model or giving up.
+# A provider that stalls on every attempt is given up after each attempt's idle
+# timeout (registry.STREAM_IDLE_TIMEOUT, 60 s unless the endpoint overrides
+# it), so it holds a turn for at most (len(RETRY_DELAYS) + 1) * 60 +
+# sum(RETRY_DELAYS) = 4 * 60 + 20 = 260 s per model, twice that when a fallback
+# model takes over and stalls too.
 RETRY_DELAYS = (1.0, 4.0, 15.0)
 # A server's retry-after beyond this is not worth holding a turn for.
 MAX_RETRY_AFTER = 60.0
+# After this long with nothing new to show, the status line says "waiting for
+# the model · N s": shorter pauses are normal before a first token.
+WAITING_STATUS_AFTER = 10.0
+# The error type of an attempt given up by the idle watchdog.
+STALLED = "stream_idle"
+# Stop reasons that cut the answer short, and the notice written after it.
+STOP_NOTICES = {
+    "max_tokens": (
+        "output-limit",
+        "The model stopped at its output limit: the answer is cut short.",
+    ),
+    "model_context_window_exceeded": (
+        "context-limit",
+        "The model stopped because the conversation filled its context window.",
+    ),
+}
+# The result of calls a crashed turn never ran.
+NOT_RUN_CRASHED = "Not run: the turn stopped on an internal error."
 
 
 async def provider_for(model: str):
@@ -91,6 +116,16 @@ class _ProducerDone:
     error: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class _Watch:
+    """The idle watchdog of one stream: its timeout, when the provider last
+    received bytes (loop time, None if it cannot tell), and the model's name."""
+
+    idle: float
+    alive_at: Callable[[], float | None]
+    model: str
+
+
 @dataclass
 class TurnStatus:
     state: str = "running"
@@ -100,6 +135,9 @@ class TurnStatus:
     started_at: str = field(default_factory=lambda: timezone.now().isoformat())
     usage: Usage = field(default_factory=Usage)
     approval: dict[str, Any] | None = None
+    # When the stream last showed something (ISO time), while it has been
+    # silent for WAITING_STATUS_AFTER: the page counts the seconds from it.
+    waiting_since: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         usage = self.usage
@@ -116,6 +154,7 @@ class TurnStatus:
                 "cache_write": usage.cache_write_tokens,
             },
             "approval": self.approval,
+            "waiting_since": self.waiting_since,
         }
 
 
@@ -172,6 +211,11 @@ class TurnRunner:
         self.config: TurnConfig | None = None
         # The open block the watchers were told about (its open op published).
         self._shown: uuid.UUID | None = None
+        # Loop time of the stream's last event (or of its start).
+        self._visible_at = 0.0
+        # This turn's crash is in the log: a later failure (publishing idle
+        # on the same broken channel layer) adds no second error chunk.
+        self._crash_logged = False
 
     # --- control (called from the worker consumer) --------------------------
 
@@ -214,19 +258,17 @@ class TurnRunner:
             while True:
                 try:
                     await self._run_turn()
-                except Exception:
-                    # Closing the turn failed too (the database is down?): still
-                    # tell the pages and release, or the tab would look stuck.
-                    logger.exception("could not close turn %s on tab %s", self.turn_id, self.tab_id)
-                if self.lease_lost:
-                    break  # the tab is someone else's now: release nothing
-                await self._flush_deltas()
-                # Idle goes out before the lease is released: once it is, a new
-                # runner may start on this tab and its "running" must come last.
-                self.status.state = "idle"
-                self.status.approval = None
-                await self.publish({"op": "status", "status": self.status.as_dict()})
-                next_turn = await database_sync_to_async(self._release_or_continue)()
+                    if self.lease_lost:
+                        break  # the tab is someone else's now: release nothing
+                    await self._publish_idle()
+                    next_turn = await database_sync_to_async(self._release_or_continue)()
+                except Exception as exc:
+                    # Outside the steps (building the history, loading the
+                    # settings) or closing the turn failed: the turn still ends
+                    # with an error chunk, idle and a released lease. No next
+                    # turn: whatever failed would likely fail it too.
+                    await self.abort(exc)
+                    break
                 if next_turn is None:
                     break
                 if self.stopping or not _worker_accepts_turns():
@@ -243,10 +285,45 @@ class TurnRunner:
                 await heartbeat
             self._cancel_checkpoint()
 
+    async def _publish_idle(self) -> None:
+        await self._flush_deltas()
+        # Idle goes out before the lease is released: once it is, a new
+        # runner may start on this tab and its "running" must come last.
+        self.status.state = "idle"
+        self.status.approval = None
+        self.status.waiting_since = None
+        await self.publish({"op": "status", "status": self.status.as_dict()})
+
+    async def abort(self, exc: BaseException) -> None:
+        """End the turn after `exc` escaped it: an error chunk saying what
+        happened, idle, and this turn's lease released. Each step is tried even
+        when the one before failed (the database or the channel layer may be
+        what broke), so the tab does not look stuck and recovery does not
+        later report a crash as a server that stopped."""
+        if self.lease_lost:
+            return  # recovered by another worker, which closed the turn
+        try:
+            await self._end_with_crash(exc)
+        except Exception:
+            logger.exception("could not record the crash of turn %s", self.turn_id)
+        self._discard_deltas()
+        try:
+            await self._publish_idle()
+        except Exception:
+            logger.exception("could not report turn %s idle", self.turn_id)
+        try:
+            await database_sync_to_async(self._release)()
+        except Exception:
+            logger.exception("could not release the lease of tab %s", self.tab_id)
+
+    def _release(self) -> None:
+        RunningTurn.objects.filter(tab_id=self.tab_id, turn_id=self.turn_id).delete()
+
     def _start_turn(self, turn_id: uuid.UUID) -> None:
         self.turn_id = turn_id
         self.reducer = Reducer(turn_id)
         self.status = TurnStatus(turn_id=str(turn_id))
+        self._crash_logged = False
         self.cancelled.clear()
         # Auto-approval was asked for the message that started the first turn only.
         self.auto_approve = False
@@ -300,9 +377,7 @@ class TurnRunner:
         except TurnCancelled:
             await self._finish_cancel()
         except Exception as exc:  # a bug must not leave the tab stuck "running"
-            logger.exception("turn %s on tab %s failed", self.turn_id, self.tab_id)
-            await self._answer_pending("Not run: the turn stopped on an internal error.")
-            await self._apply(self.reducer.feed(ErrorEvent(f"Internal error: {exc}")))
+            await self._end_with_crash(exc)
 
     async def _steps(self, tab: Tab, config: TurnConfig) -> None:
         model = config.model
@@ -336,6 +411,9 @@ class TurnRunner:
                 return  # an error chunk ended the turn
             model = finish[1]
             self.status.model = model
+            if notice := STOP_NOTICES.get(finish[0].stop_reason):
+                # A cut answer must not pass for a complete one.
+                await self._system(*notice, stop_reason=finish[0].stop_reason)
             if not self.reducer.pending_calls:
                 # The model is done. A message queued meanwhile starts the next
                 # turn (DESIGN §4.1): _release_or_continue picks it up.
@@ -364,13 +442,20 @@ class TurnRunner:
                 switch = exc.retryable and not retry and fallback and not switched
                 switch = switch and fallback != model
                 if not (retry or switch):
+                    message = exc.message
+                    if exc.error_type == STALLED and attempt:
+                        message += (
+                            f", on each of {attempt + 1} attempts: the provider seems stalled. "
+                            "Try again later or pick another model."
+                        )
                     await self._answer_pending("Not run: the response was cut off by an error.")
-                    await self._apply(self.reducer.feed(ErrorEvent(exc.message, exc.status_code)))
+                    await self._apply(self.reducer.feed(ErrorEvent(message, exc.status_code)))
                     return None
                 # The cut-off attempt stays in the log; the retry notice tells
                 # history not to send it, and its calls are never run.
                 self.reducer.pending_calls.clear()
                 await self._apply(self.reducer.seal())
+                await self._status()  # a "waiting" count ends with the attempt
                 if retry:
                     delay = RETRY_DELAYS[attempt]
                     if exc.retry_after is not None:
@@ -403,25 +488,79 @@ class TurnRunner:
 
     async def _stream(self, request: Request, model: str) -> Finish:
         provider = await provider_for(model)
+        idle = getattr(provider, "idle_timeout", STREAM_IDLE_TIMEOUT)
 
         async def produce(queue: asyncio.Queue) -> None:
             async with aclosing(provider.stream(request)) as events:
                 async for event in events:
                     await queue.put(event)
 
+        watch = _Watch(idle, lambda: getattr(provider, "alive_at", None), model)
         finish = Finish()
-        async with aclosing(self._produced(produce)) as events:
-            async for event in events:
-                if isinstance(event, Finish):
-                    finish = event
-                await self._apply(self.reducer.feed(event))
+        self._visible_at = asyncio.get_running_loop().time()
+        try:
+            async with aclosing(self._produced(produce, watch)) as events:
+                async for event in events:
+                    await self._progress()
+                    if isinstance(event, Finish):
+                        finish = event
+                    await self._apply(self.reducer.feed(event))
+        finally:
+            self.status.waiting_since = None
         await self._apply(self.reducer.seal())
         return finish
 
+    async def _progress(self) -> None:
+        """An event came: the "waiting for the model" count ends."""
+        self._visible_at = asyncio.get_running_loop().time()
+        if self.status.waiting_since is not None:
+            self.status.waiting_since = None
+            await self._status()
+
+    async def _next(self, queue: asyncio.Queue, watch: _Watch | None) -> Any:
+        """The producer's next item, under `watch` when given: after
+        WAITING_STATUS_AFTER without an event the status says since when the
+        model has been silent, and after `watch.idle` seconds with neither an
+        event nor a byte on the wire the attempt fails as a retryable
+        ProviderError (the caller's finally cancels the producer)."""
+        if watch is None:
+            return await queue.get()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + watch.idle
+        while True:
+            wake = deadline
+            if self.status.waiting_since is None:
+                wake = min(wake, self._visible_at + WAITING_STATUS_AFTER)
+            try:
+                async with asyncio.timeout_at(wake):
+                    return await queue.get()
+            except TimeoutError:
+                pass
+            now = loop.time()
+            if now >= deadline:
+                alive_at = watch.alive_at()
+                if alive_at is not None and alive_at + watch.idle > now:
+                    # Bytes that made no event (a ping, a tool call's
+                    # arguments): the model is slow, not gone.
+                    deadline = alive_at + watch.idle
+                    continue
+                raise ProviderError(
+                    f"{watch.model} sent nothing for {watch.idle:g} s",
+                    error_type=STALLED,
+                    retryable=True,
+                )
+            if self.status.waiting_since is None:
+                silent = timedelta(seconds=now - self._visible_at)
+                self.status.waiting_since = (timezone.now() - silent).isoformat()
+                await self._status()
+
     async def _produced(
-        self, produce: Callable[[asyncio.Queue], Awaitable[None]]
+        self,
+        produce: Callable[[asyncio.Queue], Awaitable[None]],
+        watch: _Watch | None = None,
     ) -> AsyncIterator[Event]:
-        """Run `produce` as a cancellable producer; yield what it queues, in order."""
+        """Run `produce` as a cancellable producer; yield what it queues, in
+        order; with `watch`, a producer that stays silent fails (see `_next`)."""
         # A cancel that came while no producer ran (between steps, during a DB
         # call) must stop the turn before the next producer starts.
         self._check_cancel()
@@ -437,7 +576,7 @@ class TurnRunner:
         self._producer.add_done_callback(done)
         try:
             while True:
-                item = await queue.get()
+                item = await self._next(queue, watch)
                 if isinstance(item, _ProducerDone):
                     if isinstance(item.error, asyncio.CancelledError):
                         raise TurnCancelled()
@@ -529,6 +668,69 @@ class TurnRunner:
         await self._answer_pending("Cancelled by the user.")
         await self._apply(self.reducer.seal())
         await self._system("cancelled", "Stopped by the user.")
+
+    async def _end_with_crash(self, exc: BaseException) -> None:
+        """A bug (or a failed database or channel layer) ended the turn.
+
+        Pending calls get results, the open block is sealed as it is and an
+        error chunk says what happened: never the "interrupted" notice, which
+        means a server that stopped. The blocks are written in one append and
+        then published, each publish on its own: the channel layer may be
+        what failed. When the reducer itself is what broke, its open block is
+        dropped (the checkpoint has it until the append clears it).
+        """
+        logger.error("turn %s on tab %s crashed", self.turn_id, self.tab_id, exc_info=exc)
+        if self.lease_lost or self._crash_logged:
+            return
+        message = f"Internal error in the turn runner: {type(exc).__name__}: {exc}"
+        self._cancel_checkpoint()
+        self._discard_deltas()
+        pending = list(self.reducer.pending_calls)
+
+        def close(reducer: Reducer) -> list[Op]:
+            ops: list[Op] = []
+            for call_id, name in list(reducer.pending_calls):
+                ops += reducer.feed(ToolResultEvent(call_id, name, NOT_RUN_CRASHED, True))
+            ops += reducer.seal()
+            return ops + reducer.feed(ErrorEvent(message))
+
+        try:
+            ops = close(self.reducer)
+        except Exception:
+            logger.exception("the reducer of turn %s cannot close it", self.turn_id)
+            self.reducer = Reducer(self.turn_id, self.reducer.step)
+            self.reducer.pending_calls = pending
+            ops = close(self.reducer)
+        blocks = [op.block for op in ops if isinstance(op, Seal)]
+        if self._cp_write is not None:
+            # A checkpoint write in flight must land before the append clears it.
+            with suppress(Exception):
+                await self._cp_write
+        await database_sync_to_async(log.append)(self.tab_id, blocks, clear_checkpoint=True)
+        self._crash_logged = True
+        self._shown = None
+        for block in blocks:
+            self.last_seq = block.seq
+            if self.history is not None:
+                try:
+                    self.history.add(block)
+                except Exception:
+                    # Rebuilt from the log if another turn runs.
+                    self.history = None
+        for block in blocks:
+            try:
+                await self.publish({"op": "seal", "block": block.to_dict()})
+            except Exception:
+                logger.exception("could not publish the end of crashed turn %s", self.turn_id)
+                break
+
+    def _discard_deltas(self) -> None:
+        """Forget deltas not yet broadcast: the seals that follow replace them."""
+        if self._pending_timer is not None:
+            self._pending_timer.cancel()
+            self._pending_timer = None
+        self._pending = None
+        self._flushing = None
 
     async def _answer_pending(self, why: str) -> None:
         for call_id, name in list(self.reducer.pending_calls):
@@ -750,6 +952,8 @@ def _worker_accepts_turns() -> bool:
 
 
 def _reason(exc: ProviderError) -> str:
+    if exc.error_type == STALLED:
+        return exc.message
     if exc.status_code == 429:
         return "Rate limited (429)"
     if exc.status_code in (529, 503) or exc.error_type == "overloaded_error":

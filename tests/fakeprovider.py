@@ -13,8 +13,9 @@ Script replies in order (each request takes the next one):
 
 Items of `Reply.events`: a dict (sent as JSON), a str (sent verbatim as the
 data line: recorded lines keep their exact bytes), `Raw(data, event)` (a line
-that need not be JSON), `Pause(seconds)`, or `CUT` (close the socket without
-ending the chunked body). Every request is recorded (raw bytes, parsed JSON,
+that need not be JSON), `Pause(seconds)`, `STALL` (send nothing more until the
+client leaves or the server stops: a provider that hangs), or `CUT` (close the
+socket without ending the chunked body). Every request is recorded (raw bytes, parsed JSON,
 headers), and `disconnected` tells when the client closed before the reply was
 over. Tests import the fixtures explicitly:
 
@@ -66,6 +67,8 @@ class _Cut:
 
 
 CUT = _Cut()
+# A pause as long as every wait here is allowed: the client gives up first.
+STALL = Pause(WAIT_SECONDS)
 
 
 @dataclass

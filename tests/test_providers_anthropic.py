@@ -33,6 +33,7 @@ from chat.providers.registry import INTERLEAVED_THINKING_BETA, model_info
 from chat.stream import Block, Reducer, Seal
 from tests.fakeprovider import (  # noqa: F401
     CUT,
+    STALL,
     FakeProviderServer,
     Pause,
     Raw,
@@ -213,6 +214,108 @@ async def test_it_ignores_server_tool_blocks(fake_server):
 
 
 # --- The request ------------------------------------------------------------------
+
+
+def message_start(content: list[dict[str, Any]] | Any) -> dict[str, Any]:
+    return {
+        "type": "message_start",
+        "message": {
+            "id": "msg_prefilled",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5",
+            "content": content,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 12, "output_tokens": 1},
+        },
+    }
+
+
+def message_end(stop_reason: str = "end_turn", output_tokens: int = 9) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": output_tokens},
+        },
+        {"type": "message_stop"},
+    ]
+
+
+async def test_it_treats_content_prefilled_in_message_start_like_streamed_blocks(fake_server):
+    """Text, a tool_use and a server tool's result that came whole in message_start are
+    events like streamed ones (the server result is Anthropic's own); streamed blocks
+    after them follow."""
+    prefilled = [
+        {"type": "text", "text": "Looking now."},
+        {"type": "tool_use", "id": "toolu_pre", "name": "list_files", "input": {"path": "."}},
+        {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+    ]
+    fake_server.add(
+        Reply(
+            events=[
+                message_start(prefilled),
+                {"type": "content_block_start", "index": 3, "content_block": {"type": "text"}},
+                {
+                    "type": "content_block_delta",
+                    "index": 3,
+                    "delta": {"type": "text_delta", "text": "And more."},
+                },
+                {"type": "content_block_stop", "index": 3},
+                *message_end("tool_use"),
+            ]
+        )
+    )
+    events = await collect(provider(fake_server).stream(ask()))
+    assert events == [
+        TextDelta("Looking now."),
+        ToolCallEvent("toolu_pre", "list_files", {"path": "."}),
+        TextDelta("And more."),
+        Finish(Usage(input_tokens=12, output_tokens=9), "tool_use"),
+    ]
+
+
+UNEXPECTED_SHAPES = {
+    "text delta that is an object": (
+        [
+            message_start([]),
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": {"value": "Hi"}},
+            },
+        ],
+        "`content_block_delta.delta.text` of type dict",
+    ),
+    "message_start content that is an object": (
+        [message_start({"type": "text", "text": "Hi"})],
+        "`message_start.message.content` of type dict",
+    ),
+    "tool input that is a list": (
+        [
+            message_start(
+                [{"type": "tool_use", "id": "toolu_1", "name": "list_files", "input": ["."]}]
+            )
+        ],
+        "`message_start.message.content[0].input` of type list",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UNEXPECTED_SHAPES, ids=list(UNEXPECTED_SHAPES))
+async def test_an_unexpected_shape_is_a_provider_error_naming_the_field(fake_server, case):
+    """Well-formed JSON of a shape the adapter does not know: a non-retryable error that
+    names the provider and the field, never an exception of another kind."""
+    events, field = UNEXPECTED_SHAPES[case]
+    fake_server.add(Reply(events=[*events, *message_end()]))
+    with pytest.raises(ProviderError) as raised:
+        await collect(provider(fake_server).stream(ask()))
+    assert raised.value.message.startswith("Anthropic stream: unexpected ")
+    assert field in raised.value.message
+    assert raised.value.retryable is False
+    assert raised.value.error_type == "unexpected_response"
 
 
 async def test_it_sends_manual_thinking_with_the_interleaved_beta_and_no_sdk_retries(fake_server):

@@ -193,6 +193,98 @@ async def test_it_reads_reasoning_from_the_reasoning_field(fake_server):
     ]
 
 
+def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "magistral",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def thinking_part(*texts: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": [{"type": "text", "text": t} for t in texts]}
+
+
+async def test_it_reads_content_sent_as_a_list_of_typed_parts(fake_server):
+    """Mistral's content parts: thinking parts (holding text parts) are reasoning, text
+    parts are text, and a plain string after them still counts."""
+    fake_server.add(
+        Reply(
+            events=[
+                chunk({"role": "assistant", "content": [thinking_part("Let me ", "think.")]}),
+                chunk({"content": [thinking_part(" Done.")]}),
+                chunk({"content": [{"type": "text", "text": "Hello"}]}),
+                chunk({"content": " there."}, finish="stop"),
+            ]
+        )
+    )
+    events = await collect(provider(fake_server).stream(ask()))
+    assert events == [
+        ReasoningDelta("Let me think."),
+        ReasoningDelta(" Done."),
+        ReasoningEnd(),
+        TextDelta("Hello"),
+        TextDelta(" there."),
+        Finish(Usage(), "end_turn"),
+    ]
+
+
+UNEXPECTED_SHAPES = {
+    "a content part of an unknown type": (
+        chunk({"content": [{"type": "reference", "reference_ids": [1]}]}),
+        "`choices[0].delta.content[0]` of type dict",
+    ),
+    "a thinking part holding an image": (
+        chunk({"content": [{"type": "thinking", "thinking": [{"type": "image_url"}]}]}),
+        "`choices[0].delta.content[0].thinking[0]` of type dict",
+    ),
+    "content that is an object": (
+        chunk({"content": {"text": "Hi"}}),
+        "`choices[0].delta.content` of type dict",
+    ),
+    "reasoning that is a list": (
+        chunk({"reasoning_content": ["Hm"]}),
+        "`choices[0].delta.reasoning_content` of type list",
+    ),
+    "tool arguments that are an object": (
+        chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"arguments": {"a": 1}}}]}),
+        "`choices[0].delta.tool_calls[0].function.arguments` of type dict",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UNEXPECTED_SHAPES, ids=list(UNEXPECTED_SHAPES))
+async def test_an_unexpected_shape_is_a_provider_error_naming_the_field(fake_server, case):
+    """Well-formed JSON of a shape the adapter does not know: a non-retryable error that
+    names the provider and the field, never an exception of another kind."""
+    bad, field = UNEXPECTED_SHAPES[case]
+    fake_server.add(Reply(events=[chunk({"content": "Hi"}), bad, chunk({}, finish="stop")]))
+    with pytest.raises(ProviderError) as raised:
+        await collect(provider(fake_server).stream(ask()))
+    assert raised.value.message.startswith("OpenAI-compatible server stream: unexpected ")
+    assert field in raised.value.message
+    assert raised.value.retryable is False
+    assert raised.value.error_type == "unexpected_response"
+
+
+async def test_a_length_stop_after_a_complete_tool_call_still_says_max_tokens(fake_server):
+    """A call that finished before the output limit runs, and the stop reason still says
+    the limit cut the response (not tool_use)."""
+    fake_server.add(
+        Reply(
+            events=[
+                chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "weather"}}]}),
+                chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+                chunk({"content": "and then"}, finish="length"),
+            ]
+        )
+    )
+    events = await collect(provider(fake_server).stream(ask()))
+    assert events[-2:] == [ToolCallEvent("c", "weather", {}), Finish(Usage(), "max_tokens")]
+
+
 # --- The request ------------------------------------------------------------------
 
 

@@ -647,3 +647,195 @@ async def test_a_stop_meant_for_an_earlier_turn_does_not_stop_this_one(script, w
             await watcher.until_idle()
     rows = await chunks(tab.pk)
     assert kinds(rows) == ["user/text", "assistant/text"]
+
+
+# --- Crashes, stalls and cut answers --------------------------------------------
+
+
+async def assert_closed_cleanly(tab, watcher) -> None:
+    """The turn ended as a turn should: idle sent last, no lease, no 'interrupted'."""
+    assert watcher.ops[-1]["op"] == "status" and watcher.ops[-1]["status"]["state"] == "idle"
+    assert not await RunningTurn.objects.aexists()
+    rows = await chunks(tab.pk)
+    assert not [r for r in rows if r.type == "system" and r.data["kind"] == "interrupted"]
+
+
+async def test_a_crash_in_the_reducer_ends_the_turn_with_an_error_chunk(script, workspace):
+    """A delta whose text is not a string breaks the reducer's open block: the turn still
+    ends with an error chunk naming the exception, the tab idle and its lease released."""
+    script([TextDelta("Partial "), TextDelta(["not", "text"]), Finish()])
+    async with running_worker():
+        tab = await make_tab()
+        watcher = await run_one(tab, "hi")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/error"]
+    message = rows[-1].data["message"]
+    assert message.startswith("Internal error in the turn runner: TypeError: ")
+    sealed = [m["block"]["id"] for m in watcher.ops if m["op"] == "seal"]
+    assert sealed[-1] == str(rows[-1].id)
+    await assert_closed_cleanly(tab, watcher)
+
+
+async def test_a_crash_answers_every_pending_call(script, workspace, monkeypatch):
+    """A tool crashing the runner (not failing as a tool): the call and the one after it
+    get results, then the error chunk."""
+
+    async def broken_run_tool(*args, **kwargs):
+        raise RuntimeError("the tool runner broke")
+
+    monkeypatch.setattr(agent.tools, "run_tool", broken_run_tool)
+    script(
+        [call("a", "list_files", path="."), call("b", "list_files"), Finish(stop_reason="tool_use")]
+    )
+    async with running_worker():
+        tab = await make_tab()
+        watcher = await run_one(tab, "list")
+    rows = await chunks(tab.pk)
+    assert kinds(rows)[-3:] == ["tool/tool_result", "tool/tool_result", "assistant/error"]
+    assert [r.data["call_id"] for r in rows[-3:-1]] == ["a", "b"]
+    assert all(
+        r.data["is_error"] and r.data["result"] == agent.NOT_RUN_CRASHED for r in rows[-3:-1]
+    )
+    assert rows[-1].data["message"] == (
+        "Internal error in the turn runner: RuntimeError: the tool runner broke"
+    )
+    await assert_closed_cleanly(tab, watcher)
+
+
+async def test_a_history_that_cannot_be_built_ends_the_turn_with_an_error_chunk(script, workspace):
+    """A crash before the steps (a log no request can hold): an error chunk, idle, the
+    lease released, and no loop restarting the turn for the message still queued."""
+    provider = script([TextDelta("never"), Finish()])
+    tab = await make_tab()
+    from chat.stream import Block
+
+    broken = Block(uuid.uuid4(), None, 0, "tool", "text", {"text": "no such chunk"})
+    await database_sync_to_async(log.append)(tab.pk, [broken])
+    async with running_worker():
+        watcher = await run_one(tab, "hi")
+        await asyncio.sleep(0.1)  # a restarted turn would write a second error by now
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["tool/text", "assistant/error"]
+    assert rows[-1].data["message"] == (
+        "Internal error in the turn runner: ValueError: chunk 1: a 'tool' 'text' chunk "
+        "cannot be sent"
+    )
+    assert provider.requests == []
+    assert await QueuedMessage.objects.acount() == 1
+    await assert_closed_cleanly(tab, watcher)
+
+
+async def test_a_channel_layer_that_fails_for_good_still_ends_the_turn(script, workspace):
+    """Every publish fails from the first assistant seal on: the error chunk is still in
+    the log and the lease is released (recovery would otherwise call it a server stop)."""
+    script([TextDelta("Hello"), Finish()])
+    tab = await make_tab()
+    await submit(tab, "hi")
+    turn_id = await database_sync_to_async(turns.acquire)(tab.pk, "elsewhere:1:test")
+    published: list[dict] = []
+    broken = False
+
+    async def publish(op: dict) -> None:
+        nonlocal broken
+        if op["op"] == "seal" and op["block"]["role"] == "assistant":
+            broken = True
+        if broken:
+            raise RuntimeError("channel layer down")
+        published.append(op)
+
+    await agent.TurnRunner(tab.pk, turn_id, publish).run()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text", "assistant/error"]
+    assert rows[-1].data["message"] == (
+        "Internal error in the turn runner: RuntimeError: channel layer down"
+    )
+    assert not await RunningTurn.objects.aexists()
+
+
+async def test_it_notes_in_the_log_that_the_output_limit_cut_the_answer(script, workspace):
+    script([TextDelta("The answer is cut sho"), Finish(Usage(5, 100), "max_tokens")])
+    async with running_worker():
+        tab = await make_tab()
+        await run_one(tab, "write a lot")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text", "system/system"]
+    assert rows[-1].data == {
+        "kind": "output-limit",
+        "text": "The model stopped at its output limit: the answer is cut short.",
+        "stop_reason": "max_tokens",
+    }
+    # Usage of the cut response is kept like any other.
+    assert await UsageRecord.objects.acount() == 1
+
+
+async def test_a_provider_that_stalls_every_time_ends_the_turn_with_a_clear_error(
+    script, workspace, monkeypatch
+):
+    """Silent past the idle timeout on every attempt: each attempt is cut with a retry
+    notice, and after the last one an error chunk says what happened."""
+    monkeypatch.setattr(agent, "RETRY_DELAYS", (0.01, 0.01, 0.01))
+    never = asyncio.Event()
+    provider = ScriptedProvider([[TextDelta("Start"), never]] * 4, idle_timeout=0.2)
+    script(models={"scripted/test": provider})
+    async with running_worker():
+        tab = await make_tab()
+        watcher = await run_one(tab, "hi")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == [
+        "user/text",
+        *["assistant/text", "system/system"] * 3,
+        "assistant/text",
+        "assistant/error",
+    ]
+    notices = [r.data for r in rows if r.type == "system"]
+    assert [n["text"] for n in notices] == [
+        f"scripted/test sent nothing for 0.2 s; retrying in 0.01 s (attempt {n} of 4)."
+        for n in (2, 3, 4)
+    ]
+    assert all(n["retry"] for n in notices)
+    assert rows[-1].data["message"] == (
+        "scripted/test sent nothing for 0.2 s, on each of 4 attempts: the provider seems "
+        "stalled. Try again later or pick another model."
+    )
+    assert provider.outcomes == ["closed"] * 4
+    await assert_closed_cleanly(tab, watcher)
+
+
+async def test_a_stalled_attempt_is_retried_and_left_out_of_the_request(
+    script, workspace, monkeypatch
+):
+    monkeypatch.setattr(agent, "RETRY_DELAYS", (0.01,))
+    provider = ScriptedProvider(
+        [[TextDelta("Half"), asyncio.Event()], [TextDelta("Whole."), Finish()]], idle_timeout=0.2
+    )
+    script(models={"scripted/test": provider})
+    async with running_worker():
+        tab = await make_tab()
+        await run_one(tab, "hi")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text", "system/system", "assistant/text"]
+    assert rows[-1].data["text"] == "Whole."
+    first, retry = provider.requests
+    assert retry.messages == first.messages
+
+
+async def test_the_status_says_since_when_the_model_has_been_silent(script, workspace, monkeypatch):
+    """Silent past WAITING_STATUS_AFTER: a status with `waiting_since` goes out; the next
+    event clears it."""
+    monkeypatch.setattr(agent, "WAITING_STATUS_AFTER", 0.05)
+    gate = asyncio.Event()
+    script([TextDelta("a"), gate, TextDelta("b"), Finish()])
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "hi")
+            waiting = await watcher.until(
+                lambda m: m["op"] == "status" and m["status"].get("waiting_since")
+            )
+            gate.set()
+            resumed = await watcher.until(lambda m: m["op"] == "status")
+            await watcher.until_idle()
+    since = waiting["status"]["waiting_since"]
+    assert since >= waiting["status"]["started_at"]
+    assert resumed["status"]["state"] == "running" and resumed["status"]["waiting_since"] is None
+    assert [r.data.get("text") for r in await chunks(tab.pk)] == ["hi", "ab"]

@@ -15,6 +15,7 @@ SDK retries are off: retries belong to the turn engine, which can tell the user.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -39,8 +40,8 @@ from chat.providers.base import (
     ToolResultPart,
     Usage,
 )
-from chat.providers.common import canonical, default_timeout, parse_arguments
-from chat.providers.registry import ModelInfo
+from chat.providers.common import canonical, default_timeout, parse_arguments, watched_client
+from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +61,15 @@ class AnthropicProvider:
         api_key: str,
         base_url: str | None = None,
         timeout: httpx2.Timeout | float | None = None,
+        idle_timeout: float = STREAM_IDLE_TIMEOUT,
     ) -> None:
         self.model = model
         self.api_key = api_key
         self.base_url = base_url
-        self.timeout = timeout if timeout is not None else default_timeout()
+        self.idle_timeout = idle_timeout
+        # Loop time of the last bytes of the current stream (see base.Provider).
+        self.alive_at: float | None = None
+        self.timeout = timeout if timeout is not None else default_timeout(idle_timeout)
 
     def __repr__(self) -> str:
         return f"AnthropicProvider({self.model.id!r}, base_url={self.base_url!r})"
@@ -74,11 +79,18 @@ class AnthropicProvider:
         headers = {"anthropic-beta": ",".join(self.model.betas)} if self.model.betas else None
         # A client per call: closing it closes the connection however the
         # stream ends, and nothing is bound to an event loop between calls.
+        loop = asyncio.get_running_loop()
+        self.alive_at = None
+
+        def seen() -> None:
+            self.alive_at = loop.time()
+
         client = anthropic.AsyncAnthropic(
             api_key=self.api_key,
             base_url=self.base_url,
             max_retries=0,
             timeout=self.timeout,
+            http_client=watched_client(anthropic.DefaultAsyncHttpxClient, seen),
         )
         async with client:
             try:
@@ -95,15 +107,26 @@ class AnthropicProvider:
                         break
                     except Exception as exc:
                         raise classify(exc) from exc
-                    for event in translator.feed(raw):
+                    for event in _read(translator.feed, raw):
                         yield event
                 if not translator.stopped:
                     raise errors.connection(
                         NAME, "the stream ended before the response was complete"
                     )
-                yield translator.finish()
+                yield _read(translator.finish)
             finally:
                 await stream.close()
+
+
+def _read(step: Any, *args: Any) -> Any:
+    """One translator step; a failure of its own becomes the provider's error."""
+    try:
+        return step(*args)
+    except ProviderError:
+        raise
+    except Exception as exc:
+        logger.exception("%s: could not translate a stream event", NAME)
+        raise errors.unreadable(NAME, exc) from exc
 
 
 def classify(exc: BaseException) -> ProviderError:
@@ -259,8 +282,10 @@ class Translator:
     def feed(self, raw: Any) -> list[Event]:
         kind = getattr(raw, "type", None)
         if kind == "message_start":
-            self._usage(getattr(getattr(raw, "message", None), "usage", None))
-        elif kind == "content_block_start":
+            message = getattr(raw, "message", None)
+            self._usage(getattr(message, "usage", None))
+            return self._prefilled(getattr(message, "content", None))
+        if kind == "content_block_start":
             return self._start(raw.index, raw.content_block)
         elif kind == "content_block_delta":
             return self._delta(raw.index, raw.delta)
@@ -301,25 +326,53 @@ class Translator:
             if isinstance(value, int):
                 self.usage[name] = value
 
-    def _start(self, index: int, block: Any) -> list[Event]:
+    def _prefilled(self, content: Any) -> list[Event]:
+        """Blocks that came whole in message_start: each as if streamed (started
+        and stopped at once). They take keys below 0, which no streamed block's
+        index uses."""
+        if not content:
+            return []
+        if not isinstance(content, list):
+            raise errors.unexpected(NAME, "message_start.message.content", content)
+        out: list[Event] = []
+        for i, block in enumerate(content):
+            key = -1 - i
+            out += self._start(key, block, f"message_start.message.content[{i}]")
+            out += self._stop(key)
+        return out
+
+    def _start(self, index: int, block: Any, where: str = "content_block_start") -> list[Event]:
         kind = getattr(block, "type", None)
         if kind == "text":
             self.blocks[index] = {"type": "text"}
-            text = getattr(block, "text", None)
+            text = _string(getattr(block, "text", None), f"{where}.text")
             return [TextDelta(text)] if text else []
         if kind == "thinking":
-            self.blocks[index] = {"type": "thinking", "signature": getattr(block, "signature", "")}
-            text = getattr(block, "thinking", None)
+            signature = _string(getattr(block, "signature", None), f"{where}.signature")
+            self.blocks[index] = {"type": "thinking", "signature": signature}
+            text = _string(getattr(block, "thinking", None), f"{where}.thinking")
             return [ReasoningDelta(text)] if text else []
         if kind == "redacted_thinking":
             # Arrives whole; no deltas follow.
-            return [ReasoningEnd(redacted_data=block.data)]
+            data = getattr(block, "data", None)
+            if not isinstance(data, str) or not data:
+                raise errors.unexpected(NAME, f"{where}.data", data)
+            return [ReasoningEnd(redacted_data=data)]
         if kind == "tool_use":
+            call_id = getattr(block, "id", None)
+            name = getattr(block, "name", None)
+            arguments = getattr(block, "input", None) or {}
+            if not isinstance(call_id, str) or not call_id:
+                raise errors.unexpected(NAME, f"{where}.id", call_id)
+            if not isinstance(name, str) or not name:
+                raise errors.unexpected(NAME, f"{where}.name", name)
+            if not isinstance(arguments, dict):
+                raise errors.unexpected(NAME, f"{where}.input", arguments)
             self.blocks[index] = {
                 "type": "tool_use",
-                "id": block.id,
-                "name": block.name,
-                "input": getattr(block, "input", None) or {},
+                "id": call_id,
+                "name": name,
+                "input": arguments,
                 "json": [],
             }
         # Server tools and their results run at Anthropic and are not ours.
@@ -330,14 +383,20 @@ class Translator:
         if block is None:
             return []
         kind = getattr(delta, "type", None)
+        where = "content_block_delta.delta"
         if kind == "text_delta":
-            return [TextDelta(delta.text)] if delta.text else []
+            text = _string(getattr(delta, "text", None), f"{where}.text")
+            return [TextDelta(text)] if text else []
         if kind == "thinking_delta":
-            return [ReasoningDelta(delta.thinking)] if delta.thinking else []
+            text = _string(getattr(delta, "thinking", None), f"{where}.thinking")
+            return [ReasoningDelta(text)] if text else []
         if kind == "signature_delta":
-            block["signature"] = (block.get("signature") or "") + (delta.signature or "")
-        elif kind == "input_json_delta":
-            block["json"].append(delta.partial_json or "")
+            signature = _string(getattr(delta, "signature", None), f"{where}.signature")
+            block["signature"] = (block.get("signature") or "") + signature
+        elif kind == "input_json_delta" and block["type"] == "tool_use":
+            block["json"].append(
+                _string(getattr(delta, "partial_json", None), f"{where}.partial_json")
+            )
         return []
 
     def _stop(self, index: int) -> list[Event]:
@@ -357,3 +416,12 @@ class Translator:
                 return []
             return [ToolCallEvent(block["id"], block["name"], arguments)]
         return []
+
+
+def _string(value: Any, where: str) -> str:
+    """A text field of the stream: a string, or absent ("")."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise errors.unexpected(NAME, where, value)
+    return value

@@ -201,6 +201,14 @@ class ProviderError(Exception):
 
 
 class Provider(Protocol):
-    """Streams one model response. Closing the iterator early closes the connection."""
+    """Streams one model response. Closing the iterator early closes the connection.
+
+    `idle_timeout`: the longest silence (seconds) the turn runner allows between
+    two events of a stream before it gives the attempt up as stalled. HTTP
+    adapters also keep `alive_at`, the loop time their last bytes arrived: a
+    ping, or a tool call's arguments, is no event but is not silence either.
+    """
+
+    idle_timeout: float
 
     def stream(self, request: Request) -> AsyncIterator[Event]: ...

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import httpx2
@@ -21,10 +21,45 @@ WRITE_TIMEOUT = 30.0
 POOL_TIMEOUT = 10.0
 
 
-def default_timeout() -> httpx2.Timeout:
+def default_timeout(idle_timeout: float = 0.0) -> httpx2.Timeout:
+    """The HTTP timeouts of a stream whose runner allows `idle_timeout` seconds
+    of silence: the read timeout is only the backstop behind that watchdog,
+    so it never cuts a stream the endpoint's override allows."""
     return httpx2.Timeout(
-        READ_TIMEOUT, connect=CONNECT_TIMEOUT, write=WRITE_TIMEOUT, pool=POOL_TIMEOUT
+        max(READ_TIMEOUT, idle_timeout),
+        connect=CONNECT_TIMEOUT,
+        write=WRITE_TIMEOUT,
+        pool=POOL_TIMEOUT,
     )
+
+
+class _Watched(httpx2.AsyncByteStream):
+    """A response body that reports each piece of it as it arrives."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, seen: Callable[[], None]) -> None:
+        self._inner = inner
+        self._seen = seen
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self._seen()
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def watched_client(
+    factory: Callable[..., httpx2.AsyncClient], seen: Callable[[], None]
+) -> httpx2.AsyncClient:
+    """An SDK's default HTTP client (`factory`) that calls `seen` whenever bytes
+    of a response body arrive: pings and comment lines, which the SDKs drop
+    before any event, still show that the server is there."""
+
+    async def watch(response: httpx2.Response) -> None:
+        response.stream = _Watched(response.stream, seen)
+
+    return factory(event_hooks={"response": [watch]})
 
 
 def canonical(value: Any) -> Any:

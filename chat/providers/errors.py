@@ -144,3 +144,35 @@ def bad_stream(provider: str, what: str) -> ProviderError:
     """A stream that cannot be understood (a malformed line, a stream cut short
     without a transport error). A retry usually gets a clean one."""
     return ProviderError(f"{provider}: {what}", error_type="invalid_response", retryable=True)
+
+
+def unexpected(provider: str, where: str, value: Any) -> ProviderError:
+    """A stream that is well-formed JSON but has a shape this adapter does not
+    know (a field of another type, a content part of an unknown kind). Not
+    retryable: the server would send the same shape again."""
+    return ProviderError(
+        f"{provider} stream: unexpected `{where}` of type {type(value).__name__} "
+        f"({_preview(value)})",
+        error_type="unexpected_response",
+        retryable=False,
+    )
+
+
+# How much of an unexpected value an error message quotes: enough to recognise
+# it, short enough for one line in the tab.
+PREVIEW_CHARS = 120
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+def unreadable(provider: str, exc: BaseException) -> ProviderError:
+    """A stream event the adapter failed on in a way no check above it named:
+    still the provider's error in the tab, not a crash of the turn."""
+    return ProviderError(
+        f"{provider} stream: an event this adapter cannot read ({type(exc).__name__}: {exc})",
+        error_type="unexpected_response",
+        retryable=False,
+    )

@@ -31,7 +31,7 @@ from chat.providers.base import (
     ToolResultPart,
     Usage,
 )
-from chat.providers.registry import MODELS, OFFLINE_MODEL, ModelInfo
+from chat.providers.registry import MODELS, OFFLINE_MODEL, STREAM_IDLE_TIMEOUT, ModelInfo
 
 # Tokens per second when neither the caller nor settings say: about the speed
 # of a hosted model, so the demo looks like one.
@@ -88,9 +88,16 @@ class Plan:
 
 
 class OfflineProvider:
-    def __init__(self, pace: float | None = None, *, model: ModelInfo | None = None) -> None:
+    def __init__(
+        self,
+        pace: float | None = None,
+        *,
+        model: ModelInfo | None = None,
+        idle_timeout: float = STREAM_IDLE_TIMEOUT,
+    ) -> None:
         """`pace` is tokens per second (0: no sleeping); None takes
         settings.DISPATCH_OFFLINE_PACE."""
+        self.idle_timeout = idle_timeout
         if pace is None:
             pace = _settings_pace()
         if pace < 0:

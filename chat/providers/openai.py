@@ -16,6 +16,7 @@ SDK retries are off: retries belong to the turn engine.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,8 +41,14 @@ from chat.providers.base import (
     ToolResultPart,
     Usage,
 )
-from chat.providers.common import arguments_json, canonical, default_timeout, parse_arguments
-from chat.providers.registry import ModelInfo
+from chat.providers.common import (
+    arguments_json,
+    canonical,
+    default_timeout,
+    parse_arguments,
+    watched_client,
+)
+from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +76,15 @@ class OpenAIProvider:
         api_key: str,
         base_url: str | None = None,
         timeout: httpx2.Timeout | float | None = None,
+        idle_timeout: float = STREAM_IDLE_TIMEOUT,
     ) -> None:
         self.model = model
         self.api_key = api_key
         self.base_url = base_url
-        self.timeout = timeout if timeout is not None else default_timeout()
+        self.idle_timeout = idle_timeout
+        # Loop time of the last bytes of the current stream (see base.Provider).
+        self.alive_at: float | None = None
+        self.timeout = timeout if timeout is not None else default_timeout(idle_timeout)
 
     def __repr__(self) -> str:
         return f"OpenAIProvider({self.model.id!r}, base_url={self.base_url!r})"
@@ -85,7 +96,14 @@ class OpenAIProvider:
             options["base_url"] = self.base_url
         # A client per call: closing it closes the connection however the
         # stream ends, and nothing is bound to an event loop between calls.
-        client = openai.AsyncOpenAI(timeout=self.timeout, **options)
+        loop = asyncio.get_running_loop()
+        self.alive_at = None
+
+        def seen() -> None:
+            self.alive_at = loop.time()
+
+        http_client = watched_client(openai.DefaultAsyncHttpxClient, seen)
+        client = openai.AsyncOpenAI(timeout=self.timeout, http_client=http_client, **options)
         async with client:
             try:
                 stream = await client.chat.completions.create(**params, stream=True)
@@ -101,12 +119,23 @@ class OpenAIProvider:
                         break
                     except Exception as exc:
                         raise classify(exc) from exc
-                    for event in translator.feed(chunk):
+                    for event in _read(translator.feed, chunk):
                         yield event
-                for event in translator.end():
+                for event in _read(translator.end):
                     yield event
             finally:
                 await stream.close()
+
+
+def _read(step: Any, *args: Any) -> list[Event]:
+    """One translator step; a failure of its own becomes the provider's error."""
+    try:
+        return step(*args)
+    except ProviderError:
+        raise
+    except Exception as exc:
+        logger.exception("%s: could not translate a stream chunk", NAME)
+        raise errors.unreadable(NAME, exc) from exc
 
 
 def classify(exc: BaseException) -> ProviderError:
@@ -265,8 +294,9 @@ class Translator:
                 ) from exc
             calls.append(ToolCallEvent(call["id"] or f"call_{index}", call["name"], arguments))
         out += calls
-        if calls:
-            # Some servers (Ollama) say "stop" even when they called tools.
+        if calls and stop == "end_turn":
+            # Some servers (Ollama) say "stop" even when they called tools. A
+            # "length" stays: the output limit cut something off.
             stop = "tool_use"
         out.append(Finish(self.usage, stop))
         return out
@@ -276,18 +306,61 @@ class Translator:
         extra = getattr(delta, "model_extra", None) or {}
         for name in REASONING_FIELDS:
             text = extra.get(name)
-            if isinstance(text, str) and text:
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                raise errors.unexpected(NAME, f"choices[0].delta.{name}", text)
+            if text:
                 self.reasoning = True
                 out.append(ReasoningDelta(text))
                 break
         content = getattr(delta, "content", None)
-        if content:
+        if isinstance(content, str):
+            if content:
+                out += self._text(content)
+        elif isinstance(content, list):
+            # Typed parts (Mistral): text, and thinking holding text parts.
+            for i, part in enumerate(content):
+                out += self._part(part, f"choices[0].delta.content[{i}]")
+        elif content is not None:
+            raise errors.unexpected(NAME, "choices[0].delta.content", content)
+        fragments = getattr(delta, "tool_calls", None) or []
+        if not isinstance(fragments, list):
+            raise errors.unexpected(NAME, "choices[0].delta.tool_calls", fragments)
+        for i, fragment in enumerate(fragments):
             out += self._end_reasoning()
-            out.append(TextDelta(content))
-        for fragment in getattr(delta, "tool_calls", None) or ():
-            out += self._end_reasoning()
-            self._fragment(fragment)
+            self._fragment(fragment, f"choices[0].delta.tool_calls[{i}]")
         return out
+
+    def _text(self, text: str) -> list[Event]:
+        return [*self._end_reasoning(), TextDelta(text)]
+
+    def _part(self, part: Any, where: str) -> list[Event]:
+        kind = _field(part, "type")
+        if kind == "text":
+            text = _field(part, "text")
+            if not isinstance(text, str):
+                raise errors.unexpected(NAME, f"{where}.text", text)
+            return self._text(text) if text else []
+        if kind == "thinking":
+            thinking = _field(part, "thinking")
+            if isinstance(thinking, str):
+                text = thinking
+            elif isinstance(thinking, list):
+                texts = []
+                for j, inner in enumerate(thinking):
+                    inner_text = _field(inner, "text")
+                    if _field(inner, "type") != "text" or not isinstance(inner_text, str):
+                        raise errors.unexpected(NAME, f"{where}.thinking[{j}]", inner)
+                    texts.append(inner_text)
+                text = "".join(texts)
+            else:
+                raise errors.unexpected(NAME, f"{where}.thinking", thinking)
+            if not text:
+                return []
+            self.reasoning = True
+            return [ReasoningDelta(text)]
+        raise errors.unexpected(NAME, where, part)
 
     def _end_reasoning(self) -> list[Event]:
         if not self.reasoning:
@@ -295,8 +368,10 @@ class Translator:
         self.reasoning = False
         return [ReasoningEnd()]
 
-    def _fragment(self, fragment: Any) -> None:
+    def _fragment(self, fragment: Any, where: str) -> None:
         index = getattr(fragment, "index", None)
+        if index is not None and not isinstance(index, int):
+            raise errors.unexpected(NAME, f"{where}.index", index)
         if index is None:
             index = len(self.calls)
         call = self.calls.setdefault(index, {"id": None, "name": None, "arguments": []})
@@ -306,10 +381,24 @@ class Translator:
         function = getattr(fragment, "function", None)
         if function is None:
             return
-        if call["name"] is None and getattr(function, "name", None):
-            call["name"] = function.name
-        if getattr(function, "arguments", None):
-            call["arguments"].append(function.arguments)
+        name = getattr(function, "name", None)
+        if name is not None and not isinstance(name, str):
+            raise errors.unexpected(NAME, f"{where}.function.name", name)
+        if call["name"] is None and name:
+            call["name"] = name
+        arguments = getattr(function, "arguments", None)
+        if arguments is not None and not isinstance(arguments, str):
+            raise errors.unexpected(NAME, f"{where}.function.arguments", arguments)
+        if arguments:
+            call["arguments"].append(arguments)
+
+
+def _field(value: Any, name: str) -> Any:
+    """A field of a content part: a dict (what the SDK leaves of a shape it does
+    not model) or an object."""
+    if isinstance(value, dict):
+        return value.get(name)
+    return getattr(value, name, None)
 
 
 def _usage(usage: Any) -> Usage:

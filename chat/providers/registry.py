@@ -42,6 +42,15 @@ MIN_THINKING_BUDGET = 1024
 # max_tokens, so it has to be one every current model accepts: too high is a 400.
 DEFAULT_CONTEXT_WINDOW = 200_000
 DEFAULT_MAX_OUTPUT = 32_000
+# The longest silence between two events of a stream before the turn runner
+# gives the attempt up as stalled (and retries it). Anthropic pings idle
+# streams, and thinking or a long tool call streams fragments the whole time,
+# so a minute of nothing at all is a stalled server, not a slow model. Set per
+# provider with <PROVIDER>_STREAM_IDLE_TIMEOUT (a slow local model may need more).
+STREAM_IDLE_TIMEOUT = 60.0
+# The most an override may ask for: the SDKs' own default timeout, beyond
+# which a silent stream has long been dead.
+MAX_STREAM_IDLE_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +321,33 @@ def _read_stored(provider: str, want_key: bool, want_url: bool) -> tuple[str | N
     return key, url
 
 
+def idle_env(provider: str) -> str:
+    """The environment variable overriding STREAM_IDLE_TIMEOUT for `provider`."""
+    return f"{provider.upper()}_STREAM_IDLE_TIMEOUT"
+
+
+def idle_timeout(provider: str) -> float:
+    """Seconds of silence allowed in a stream of `provider`.
+
+    Raises ProviderConfigError naming the variable when its value is not a
+    number of seconds in (0, MAX_STREAM_IDLE_TIMEOUT].
+    """
+    name = idle_env(provider)
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return STREAM_IDLE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_STREAM_IDLE_TIMEOUT:
+        raise ProviderConfigError(
+            f"{name}={raw!r} is not a number of seconds between 0 and "
+            f"{MAX_STREAM_IDLE_TIMEOUT:g}: fix it or unset it (default {STREAM_IDLE_TIMEOUT:g})."
+        )
+    return value
+
+
 def has_key(provider: str) -> bool:
     """Whether `provider` could be used now (offline always can)."""
     spec = PROVIDERS[provider]
@@ -338,10 +374,11 @@ def get_provider(model_id: str) -> Provider:
     """
     info = model_info(model_id)
     spec = PROVIDERS[info.provider]
+    idle = idle_timeout(spec.name)
     if spec.adapter == "offline":
         from chat.providers.offline import OfflineProvider
 
-        return OfflineProvider(model=info)
+        return OfflineProvider(model=info, idle_timeout=idle)
     creds = credentials(spec.name)
     if creds.api_key is None:
         raise ProviderConfigError(
@@ -362,10 +399,12 @@ def get_provider(model_id: str) -> Provider:
     if spec.adapter == "anthropic":
         from chat.providers.anthropic import AnthropicProvider
 
-        return AnthropicProvider(info, api_key=creds.api_key, base_url=creds.base_url)
+        return AnthropicProvider(
+            info, api_key=creds.api_key, base_url=creds.base_url, idle_timeout=idle
+        )
     from chat.providers.openai import OpenAIProvider
 
-    return OpenAIProvider(info, api_key=creds.api_key, base_url=creds.base_url)
+    return OpenAIProvider(info, api_key=creds.api_key, base_url=creds.base_url, idle_timeout=idle)
 
 
 def default_model() -> str:

@@ -11,7 +11,8 @@ and the model of the benchmarks.
 Each `stream()` call consumes the next step of the script, in order, and
 records the request it was given. In a step, an Event is yielded, an Exception
 is raised there (events before it were already yielded), and an asyncio.Event
-holds the stream until the test sets it (to cancel or inspect mid-stream).
+holds the stream until the test sets it (to cancel or inspect mid-stream, or,
+never set, to stall it past `idle_timeout`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from chat.providers.base import Event, Request
-from chat.providers.registry import ModelInfo
+from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
 
 Item = Event | BaseException | asyncio.Event
 
@@ -36,10 +37,13 @@ class ScriptedProvider:
         delay: float = 0.0,
         *,
         model: ModelInfo | None = None,
+        idle_timeout: float = STREAM_IDLE_TIMEOUT,
     ) -> None:
-        """`delay` seconds are slept before each item (0: none)."""
+        """`delay` seconds are slept before each item (0: none); `idle_timeout`
+        is what the turn runner allows between two events."""
         if delay < 0:
             raise ValueError(f"delay must be >= 0 seconds, not {delay}")
+        self.idle_timeout = idle_timeout
         self.steps = [list(step) for step in steps]
         self.delay = delay
         self.model = model or ModelInfo("scripted/replay", "Scripted replay")
