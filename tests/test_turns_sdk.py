@@ -3,14 +3,24 @@
 # ruff: noqa: F811
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
 
-from chat.models import UsageRecord
+from chat import agent
+from chat.models import RunningTurn, UsageRecord
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
-from tests.fakeprovider import Reply, fake_server, fake_server_factory, recorded  # noqa: F401
+from tests.fakeprovider import (  # noqa: F401
+    STALL,
+    Pause,
+    Reply,
+    fake_server,
+    fake_server_factory,
+    recorded,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -122,3 +132,247 @@ async def test_a_provider_error_through_the_sdk_becomes_an_error_chunk(
     assert kinds(rows) == ["user/text", "assistant/error"]
     assert rows[-1].data["status_code"] == 401
     assert "invalid x-api-key" in rows[-1].data["message"]
+
+
+# --- Unusual but valid streams, stalls and cut answers ---------------------------
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "magistral-medium",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        **extra,
+    }
+
+
+USAGE = {"usage": {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}}
+
+
+def use_openai(monkeypatch, server) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.setenv("OPENAI_BASE_URL", server.openai_url)
+
+
+def use_anthropic(monkeypatch, server) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
+
+
+async def assert_ended_cleanly(tab) -> None:
+    assert not await RunningTurn.objects.aexists()
+    rows = await chunks(tab.pk)
+    assert not [r for r in rows if r.type == "system" and r.data["kind"] == "interrupted"]
+
+
+async def test_content_as_typed_parts_becomes_thinking_and_text(
+    fake_server, monkeypatch, workspace
+):
+    """Mistral's list-typed content: a thinking chunk, a text chunk and the usage."""
+    use_openai(monkeypatch, fake_server)
+    thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "Short answer."}]}
+    fake_server.add(
+        Reply(
+            events=[
+                chunk({"role": "assistant", "content": [thinking]}),
+                chunk({"content": [{"type": "text", "text": "Hello!"}]}, finish="stop"),
+                {**chunk({}), "choices": [], **USAGE},
+            ]
+        )
+    )
+    async with running_worker():
+        tab = await make_tab("openai/magistral-medium")
+        await run_one(tab, "hi")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/thinking", "assistant/text"]
+    assert rows[1].data["text"] == "Short answer." and rows[2].data["text"] == "Hello!"
+    usage = await UsageRecord.objects.aget()
+    assert (usage.input_tokens, usage.output_tokens) == (20, 7)
+    await assert_ended_cleanly(tab)
+
+
+async def test_a_content_part_of_an_unknown_type_is_an_error_chunk_naming_the_field(
+    fake_server, monkeypatch, workspace
+):
+    use_openai(monkeypatch, fake_server)
+    fake_server.add(
+        Reply(
+            events=[
+                chunk({"role": "assistant", "content": "Per the docs"}),
+                chunk({"content": [{"type": "reference", "reference_ids": [3]}]}),
+                chunk({}, finish="stop"),
+            ]
+        )
+    )
+    async with running_worker():
+        tab = await make_tab("openai/magistral-medium")
+        await run_one(tab, "hi")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text", "assistant/error"]
+    message = rows[-1].data["message"]
+    assert message.startswith("OpenAI-compatible server stream: unexpected ")
+    assert "`choices[0].delta.content[0]` of type dict" in message
+    assert len(fake_server.requests) == 1  # not retried: the server would say it again
+    await assert_ended_cleanly(tab)
+
+
+def message_start(content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5",
+            "content": content,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 30, "output_tokens": 1},
+        },
+    }
+
+
+def message_end(stop_reason: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": 12},
+        },
+        {"type": "message_stop"},
+    ]
+
+
+def text_block(index: int, text: str) -> list[dict[str, Any]]:
+    return [
+        {"type": "content_block_start", "index": index, "content_block": {"type": "text"}},
+        {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "text_delta", "text": text},
+        },
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+async def test_content_prefilled_in_message_start_is_logged_and_its_call_runs(
+    fake_server, monkeypatch, workspace
+):
+    """Text and a tool_use that came whole in message_start are chunks like streamed
+    ones; the call runs and the next step answers it."""
+    use_anthropic(monkeypatch, fake_server)
+    (workspace / "notes.txt").write_text("x")
+    prefilled = [
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "toolu_pre", "name": "list_files", "input": {"path": "."}},
+    ]
+    fake_server.add(
+        Reply(events=[message_start(prefilled), *message_end("tool_use")]),
+        Reply(
+            events=[
+                message_start([]),
+                *text_block(0, "There is notes.txt."),
+                *message_end("end_turn"),
+            ]
+        ),
+    )
+    async with running_worker():
+        tab = await make_tab("anthropic/claude-haiku-4-5")
+        await run_one(tab, "what is here?")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == [
+        "user/text",
+        "assistant/text",
+        "assistant/tool_call",
+        "tool/tool_result",
+        "assistant/text",
+    ]
+    assert rows[1].data["text"] == "Let me look."
+    assert rows[2].data["call_id"] == "toolu_pre" and "notes.txt" in rows[3].data["result"]
+    result = fake_server.requests[1].json["messages"][-1]["content"][0]
+    assert result["type"] == "tool_result" and result["tool_use_id"] == "toolu_pre"
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "openai"])
+async def test_an_answer_cut_at_the_output_limit_is_followed_by_a_notice(
+    fake_server, monkeypatch, workspace, wire
+):
+    """stop_reason max_tokens (Anthropic) and finish_reason length (OpenAI): the text
+    stays and a system notice says the answer is cut short."""
+    if wire == "anthropic":
+        use_anthropic(monkeypatch, fake_server)
+        model = "anthropic/claude-haiku-4-5"
+        events = [message_start([]), *text_block(0, "It all began"), *message_end("max_tokens")]
+    else:
+        use_openai(monkeypatch, fake_server)
+        model = "openai/gpt-4.1"
+        events = [chunk({"content": "It all began"}, finish="length")]
+    fake_server.add(Reply(events=events))
+    async with running_worker():
+        tab = await make_tab(model)
+        await run_one(tab, "tell me everything")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text", "system/system"]
+    assert rows[-1].data["kind"] == "output-limit"
+    assert rows[-1].data["text"] == (
+        "The model stopped at its output limit: the answer is cut short."
+    )
+
+
+async def test_a_stalling_server_is_retried_then_reported(fake_server, monkeypatch, workspace):
+    """A server that goes silent mid-answer on every attempt: each attempt is cut after
+    the endpoint's idle timeout (the connection closed), retried with a notice, and the
+    turn ends with an error saying the provider stalled."""
+    use_openai(monkeypatch, fake_server)
+    monkeypatch.setenv("OPENAI_STREAM_IDLE_TIMEOUT", "0.3")
+    monkeypatch.setattr(agent, "RETRY_DELAYS", (0.01, 0.01, 0.01))
+    for _ in range(4):
+        fake_server.add(Reply(events=[chunk({"content": "Once upon"}), STALL]))
+    async with running_worker():
+        tab = await make_tab("openai/gpt-4.1")
+        await run_one(tab, "a story")
+    rows = await chunks(tab.pk)
+    notices = [r.data["text"] for r in rows if r.type == "system"]
+    assert notices == [
+        f"openai/gpt-4.1 sent nothing for 0.3 s; retrying in 0.01 s (attempt {n} of 4)."
+        for n in (2, 3, 4)
+    ]
+    assert kinds(rows)[-1] == "assistant/error"
+    assert "sent nothing for 0.3 s, on each of 4 attempts" in rows[-1].data["message"]
+    assert len(fake_server.requests) == 4
+    for request in fake_server.requests:
+        assert await asyncio.to_thread(request.wait_disconnected)
+    await assert_ended_cleanly(tab)
+
+
+async def test_pings_keep_a_silent_stream_alive(fake_server, monkeypatch, workspace):
+    """Pings (which the SDK drops before any event) are life: a model thinking silently
+    for longer than the idle timeout is not cut off."""
+    use_anthropic(monkeypatch, fake_server)
+    monkeypatch.setenv("ANTHROPIC_STREAM_IDLE_TIMEOUT", "0.5")
+    pings = [item for _ in range(20) for item in (Pause(0.05), {"type": "ping"})]
+    fake_server.add(
+        Reply(events=[message_start([]), *pings, *text_block(0, "Done."), *message_end("end_turn")])
+    )
+    async with running_worker():
+        tab = await make_tab("anthropic/claude-haiku-4-5")
+        await run_one(tab, "think hard")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text"]
+    assert len(fake_server.requests) == 1
+
+
+async def test_a_bad_idle_timeout_setting_is_an_error_naming_the_variable(
+    fake_server, monkeypatch, workspace
+):
+    use_openai(monkeypatch, fake_server)
+    monkeypatch.setenv("OPENAI_STREAM_IDLE_TIMEOUT", "soon")
+    async with running_worker():
+        tab = await make_tab("openai/gpt-4.1")
+        await run_one(tab, "hi")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/error"]
+    assert rows[-1].data["message"].startswith("OPENAI_STREAM_IDLE_TIMEOUT='soon' is not a number")
+    assert fake_server.requests == []
