@@ -216,6 +216,8 @@ class TurnRunner:
         # This turn's crash is in the log: a later failure (publishing idle
         # on the same broken channel layer) adds no second error chunk.
         self._crash_logged = False
+        # This turn moved its queued messages into the log.
+        self._took_queued = False
 
     # --- control (called from the worker consumer) --------------------------
 
@@ -302,6 +304,14 @@ class TurnRunner:
         later report a crash as a server that stopped."""
         if self.lease_lost:
             return  # recovered by another worker, which closed the turn
+        if not self._took_queued:
+            # Crashed before the turn took its messages: they go into the log
+            # anyway, so the error answers them (and a follower such as
+            # `manage.py send` sees its message taken and the error after it).
+            try:
+                await self._take_queued()
+            except Exception:
+                logger.exception("could not take the messages of crashed turn %s", self.turn_id)
         try:
             await self._end_with_crash(exc)
         except Exception:
@@ -324,6 +334,7 @@ class TurnRunner:
         self.reducer = Reducer(turn_id)
         self.status = TurnStatus(turn_id=str(turn_id))
         self._crash_logged = False
+        self._took_queued = False
         self.cancelled.clear()
         # Auto-approval was asked for the message that started the first turn only.
         self.auto_approve = False
@@ -876,9 +887,11 @@ class TurnRunner:
     async def _take_queued(self) -> bool:
         """Move waiting user messages into the log, in order. True if there were any."""
         blocks, ids = await database_sync_to_async(self._take_queued_sync)()
+        self._took_queued = self._took_queued or bool(ids)
         for block in blocks:
             self.last_seq = block.seq
-            self.history.add(block)
+            if self.history is not None:  # None: a crash before it was built
+                self.history.add(block)
             await self.publish({"op": "seal", "block": block.to_dict()})
         if ids:
             await self.publish({"op": "taken", "ids": ids})

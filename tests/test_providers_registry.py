@@ -191,6 +191,31 @@ def test_it_takes_key_and_endpoint_from_the_environment(monkeypatch):
     assert (provider.api_key, provider.base_url) == ("sk-env", "http://127.0.0.1:1/anthropic")
 
 
+def test_the_idle_timeout_is_sixty_seconds_unless_the_endpoint_says_otherwise(monkeypatch):
+    """Each provider's <PROVIDER>_STREAM_IDLE_TIMEOUT overrides the default; the HTTP read
+    timeout (the backstop behind the runner's watchdog) never cuts a stream earlier."""
+    for provider in ("ANTHROPIC", "OPENAI"):
+        monkeypatch.setenv(f"{provider}_API_KEY", "sk-env")
+        monkeypatch.setenv(f"{provider}_BASE_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("OPENAI_STREAM_IDLE_TIMEOUT", "300")
+    assert get_provider("anthropic/claude-sonnet-4-5").idle_timeout == 60.0
+    slow = get_provider("openai/gpt-4.1")
+    assert slow.idle_timeout == 300.0
+    assert slow.timeout.read == 300.0
+    assert get_provider(OFFLINE_MODEL).idle_timeout == 60.0
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "nan", "100000"])
+def test_a_bad_idle_timeout_names_the_variable_to_fix(monkeypatch, value):
+    monkeypatch.setenv("ANTHROPIC_STREAM_IDLE_TIMEOUT", value)
+    with pytest.raises(ProviderConfigError) as raised:
+        get_provider("anthropic/claude-sonnet-4-5")
+    assert raised.value.message == (
+        f"ANTHROPIC_STREAM_IDLE_TIMEOUT={value!r} is not a number of seconds between 0 and "
+        "600: fix it or unset it (default 60)."
+    )
+
+
 @pytest.mark.django_db
 def test_it_takes_key_and_endpoint_from_the_database():
     """No environment: the stored (encrypted) key and the stored endpoint."""

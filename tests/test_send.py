@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import os
 import signal
@@ -9,15 +11,20 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
 from django.db import connection
 
-from chat import log, turns
-from chat.models import Chunk, RunningTurn, Tab
+from chat import agent, log, turns
+from chat.models import Chunk, RunningTurn, Tab, new_tab
+from chat.providers.base import TextDelta
 from chat.providers.offline import TOKEN_RE
+from chat.stream import Block
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -185,3 +192,80 @@ def test_a_killed_runner_loses_at_most_about_a_second_and_is_recovered(workspace
     again = send(workspace, "--tab", str(running.tab_id), "hello again")
     assert again.returncode == 0, again.stderr
     assert log.tail(running.tab_id)[-1].type == "text"
+
+
+# --- How the turn ended, in the exit status -----------------------------------------
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+def test_it_exits_1_saying_why_when_the_turn_ends_in_an_error(workspace):
+    done = send(workspace, "--new", "--model", "nowhere/model", "hi")
+    assert done.returncode == 1
+    assert last_line(done.stderr) == (
+        "CommandError: the turn ended with an error: unknown model provider 'nowhere' in "
+        "'nowhere/model' (known: anthropic, deepseek, offline, openai)"
+    )
+
+
+def test_it_exits_1_saying_why_when_the_runner_crashes(workspace):
+    """A tab whose log no request can hold: the runner crashes before its first step."""
+    owner = get_user_model().objects.create_superuser("owner", password="pw")
+    tab = new_tab(owner, "offline/demo")
+    log.append(tab.pk, [Block(uuid.uuid4(), None, 0, "tool", "text", {"text": "bad"})])
+    done = send(workspace, "--tab", str(tab.pk), "hi")
+    assert done.returncode == 1
+    assert last_line(done.stderr) == (
+        "CommandError: the turn ended with an error: Internal error in the turn runner: "
+        "ValueError: chunk 1: a 'tool' 'text' chunk cannot be sent"
+    )
+    assert not RunningTurn.objects.exists()
+
+
+class EndsMidStream:
+    """A provider that, once it has said something, interrupts (the worker shutting
+    down) or stops (the user) the turn that is streaming it."""
+
+    idle_timeout = 60.0
+
+    def __init__(self, stopping: bool) -> None:
+        self.stopping = stopping
+
+    async def stream(self, request):
+        yield TextDelta("Once upon")
+        for runner in list(agent.RUNNING.values()):
+            runner.cancel(stopping=self.stopping)
+        await asyncio.Event().wait()  # cancelled by the line above
+
+
+@pytest.mark.parametrize(
+    ("stopping", "reason"),
+    [
+        (
+            True,
+            "the turn was interrupted: The server shut down in the middle of this turn. "
+            "Send a message to go on.",
+        ),
+        (False, "the turn was stopped: Stopped by the user."),
+    ],
+)
+def test_it_fails_saying_why_when_the_turn_is_interrupted_or_stopped(
+    workspace, monkeypatch, settings, stopping, reason
+):
+    """In-process (the provider is a test double): the command raises CommandError, which
+    manage.py turns into exit status 1 with the reason on stderr."""
+    settings.DISPATCH_WORKSPACE = workspace
+
+    async def provider_for(model: str):
+        return EndsMidStream(stopping)
+
+    monkeypatch.setattr(agent, "provider_for", provider_for)
+    get_user_model().objects.create_superuser("owner", password="pw")
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command("send", "--new", "--model", "offline/demo", "hi", stdout=out, stderr=err)
+    assert str(raised.value) == reason
+    assert "Once upon" in out.getvalue()
+    assert not RunningTurn.objects.exists()

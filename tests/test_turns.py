@@ -703,8 +703,8 @@ async def test_a_crash_answers_every_pending_call(script, workspace, monkeypatch
 
 
 async def test_a_history_that_cannot_be_built_ends_the_turn_with_an_error_chunk(script, workspace):
-    """A crash before the steps (a log no request can hold): an error chunk, idle, the
-    lease released, and no loop restarting the turn for the message still queued."""
+    """A crash before the steps (a log no request can hold): the message goes into the
+    log and an error chunk answers it; idle, the lease released, and no turn restarted."""
     provider = script([TextDelta("never"), Finish()])
     tab = await make_tab()
     from chat.stream import Block
@@ -715,13 +715,14 @@ async def test_a_history_that_cannot_be_built_ends_the_turn_with_an_error_chunk(
         watcher = await run_one(tab, "hi")
         await asyncio.sleep(0.1)  # a restarted turn would write a second error by now
     rows = await chunks(tab.pk)
-    assert kinds(rows) == ["tool/text", "assistant/error"]
+    assert kinds(rows) == ["tool/text", "user/text", "assistant/error"]
     assert rows[-1].data["message"] == (
         "Internal error in the turn runner: ValueError: chunk 1: a 'tool' 'text' chunk "
         "cannot be sent"
     )
     assert provider.requests == []
-    assert await QueuedMessage.objects.acount() == 1
+    assert not await QueuedMessage.objects.aexists()
+    assert any(m["op"] == "taken" for m in watcher.ops)
     await assert_closed_cleanly(tab, watcher)
 
 

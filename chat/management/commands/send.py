@@ -3,6 +3,10 @@
 It goes through the same path as the web page: the message is queued, a turn
 worker runs it (in this process unless REDIS_URL points at shared workers),
 and the ops come back through the tab's channel-layer group.
+
+The exit status is 0 when the turn ended normally, and 1 with one line on
+stderr saying why when it ended in an error (a provider's or a crash of the
+runner), was interrupted (the worker shut down) or was stopped.
 """
 
 from __future__ import annotations
@@ -47,9 +51,9 @@ class Command(BaseCommand):
         )
         if not options["json"]:
             self.stderr.write(f"tab {tab.pk} · model {tab.model}")
-        ok = asyncio.run(self._run(tab, options["message"], options["yes_to_tools"], printer))
-        if not ok:
-            raise CommandError("the turn ended with an error")
+        failure = asyncio.run(self._run(tab, options["message"], options["yes_to_tools"], printer))
+        if failure is not None:
+            raise CommandError(failure)
 
     def _tab(self, options) -> Tab:
         model = options["model"]
@@ -65,7 +69,7 @@ class Command(BaseCommand):
             tab.save(update_fields=["model"])
         return tab
 
-    async def _run(self, tab: Tab, text: str, auto_approve: bool, printer) -> bool:
+    async def _run(self, tab: Tab, text: str, auto_approve: bool, printer) -> str | None:
         layer = get_channel_layer()
         channel = await layer.new_channel()
         await layer.group_add(turns.tab_group(tab.pk), channel)
@@ -86,9 +90,10 @@ class Command(BaseCommand):
                 worker.cancel()
                 await asyncio.gather(worker, return_exceptions=True)
 
-    async def _follow(self, layer, channel, tab, queued_id, printer) -> bool:
+    async def _follow(self, layer, channel, tab, queued_id, printer) -> str | None:
+        """Print the turn's ops until it is idle; why it failed, or None."""
         taken = False
-        ok = True
+        failure: str | None = None
         while True:
             try:
                 message = await layer.receive(channel)
@@ -100,17 +105,33 @@ class Command(BaseCommand):
             if not taken:
                 continue
             printer.op(message)
-            if op == "seal" and message["block"]["type"] == "error":
-                ok = False
+            if op == "seal":
+                failure = failure or _failure(message["block"])
             if op == "status":
                 status = message["status"]
                 if status["state"] == "idle":
-                    return ok
+                    return failure
                 if status["state"] == "waiting" and status.get("approval"):
                     approved = await asyncio.to_thread(printer.ask, status["approval"])
                     await database_sync_to_async(turns.approve)(
                         tab.pk, status["approval"]["call_id"], approved
                     )
+
+
+# What a sealed system chunk of these kinds says about how the turn ended.
+ENDINGS = {"interrupted": "the turn was interrupted", "cancelled": "the turn was stopped"}
+
+
+def _failure(block: dict[str, Any]) -> str | None:
+    """The one-line reason a chunk gives for a failed turn, or None."""
+    data = block["data"]
+    if block["type"] == "error":
+        reason = f"the turn ended with an error: {data.get('message', '')}"
+    elif block["type"] == "system" and data.get("kind") in ENDINGS:
+        reason = f"{ENDINGS[data['kind']]}: {data.get('text', '')}"
+    else:
+        return None
+    return " ".join(reason.split())
 
 
 class JsonPrinter:
