@@ -279,8 +279,12 @@ class TurnWorker(AsyncConsumer):
     async def _run(self, runner: TurnRunner) -> None:
         try:
             await runner.run()
-        except Exception:
+        except Exception as exc:
+            # run() ends its own crashes; one that still escapes (handing a
+            # turn back failed) gets the same ending, not a stuck tab whose
+            # lease recovery would later call a server that stopped.
             logger.exception("runner for tab %s crashed", runner.tab_id)
+            await runner.abort(exc)
         finally:
             # After run(): the lease is released (or recovered by someone else).
             turns.unclaim(runner.tab_id)

@@ -840,3 +840,22 @@ async def test_the_status_says_since_when_the_model_has_been_silent(script, work
     assert since >= waiting["status"]["started_at"]
     assert resumed["status"]["state"] == "running" and resumed["status"]["waiting_since"] is None
     assert [r.data.get("text") for r in await chunks(tab.pk)] == ["hi", "ab"]
+
+
+async def test_a_crash_escaping_the_runner_is_ended_by_the_worker(script, workspace, monkeypatch):
+    """Whatever escapes run() itself: the worker still ends the turn with an error chunk,
+    idle and a released lease, instead of only logging it."""
+
+    async def broken_run(self):
+        raise RuntimeError("run() broke")
+
+    monkeypatch.setattr(agent.TurnRunner, "run", broken_run)
+    async with running_worker():
+        tab = await make_tab()
+        watcher = await run_one(tab, "hi")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/error"]
+    assert (
+        rows[-1].data["message"] == "Internal error in the turn runner: RuntimeError: run() broke"
+    )
+    await assert_closed_cleanly(tab, watcher)
