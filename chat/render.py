@@ -512,11 +512,21 @@ def elapsed(ms: int | None, now: float | None = None) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
+def waited(ms: int | None, now: float | None = None) -> str:
+    """How long the model has been silent, as the status line counts it."""
+    if ms is None:
+        return ""
+    seconds = max(0, int((now if now is not None else time.time()) - ms / 1000))
+    return f"waiting for the model · {seconds} s"
+
+
 def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, Any]:
     """What the status partials need, from chat.turns.status() or the runner's status."""
     state = status.get("state") or "idle"
     usage = status.get("usage") or {}
     started = _epoch_ms(status.get("started_at")) if state != "idle" else None
+    # Set by the runner once a stream has been silent for a while (agent.WAITING_STATUS_AFTER).
+    waiting = _epoch_ms(status.get("waiting_since")) if state == "running" else None
     approval = status.get("approval") or None
     if approval:
         call = Item(
@@ -547,6 +557,8 @@ def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, An
         "model": status.get("model") or "",
         "started_ms": started,
         "elapsed": elapsed(started),
+        "waiting_ms": waiting,
+        "waiting": waited(waiting),
         "usage": {
             "input": tokens(usage.get("input")),
             "output": tokens(usage.get("output")),

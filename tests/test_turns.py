@@ -9,7 +9,7 @@ import uuid
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import agent, log, turns
+from chat import agent, log, render, turns
 from chat.models import QueuedMessage, RunningTurn, Setting, UsageRecord
 from chat.providers.base import (
     Finish,
@@ -840,6 +840,11 @@ async def test_the_status_says_since_when_the_model_has_been_silent(script, work
     assert since >= waiting["status"]["started_at"]
     assert resumed["status"]["state"] == "running" and resumed["status"]["waiting_since"] is None
     assert [r.data.get("text") for r in await chunks(tab.pk)] == ["hi", "ab"]
+    # The status line counts from it (the page's clock ticks the same element).
+    line = render.fragment_status(waiting["status"])
+    assert 'class="sep waiting" data-since="' in line
+    assert "waiting for the model · " in line
+    assert "waiting for the model" not in render.fragment_status(resumed["status"])
 
 
 async def test_a_crash_escaping_the_runner_is_ended_by_the_worker(script, workspace, monkeypatch):

@@ -370,6 +370,10 @@
       var rest = seconds % 60;
       el.textContent = Math.floor(seconds / 60) + ':' + (rest < 10 ? '0' : '') + rest;
     });
+    all(document, '.waiting[data-since]').forEach(function (el) {
+      var seconds = Math.max(0, Math.floor((Date.now() - parseInt(el.getAttribute('data-since'), 10)) / 1000));
+      el.textContent = 'waiting for the model · ' + seconds + ' s';
+    });
   }, 1000);
 
   // The deferred script runs once the page is parsed: start at the newest message.
