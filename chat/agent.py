@@ -80,6 +80,9 @@ STOP_NOTICES = {
 }
 # The result of calls a crashed turn never ran.
 NOT_RUN_CRASHED = "Not run: the turn stopped on an internal error."
+# The most of an exception's text a crash's error chunk quotes: enough to debug
+# from the tab (the traceback is in the server log), not a wall of repr.
+CRASH_MESSAGE_CHARS = 1000
 
 
 async def provider_for(model: str):
@@ -693,9 +696,17 @@ class TurnRunner:
         logger.error("turn %s on tab %s crashed", self.turn_id, self.tab_id, exc_info=exc)
         if self.lease_lost or self._crash_logged:
             return
-        message = f"Internal error in the turn runner: {type(exc).__name__}: {exc}"
+        detail = str(exc)
+        if len(detail) > CRASH_MESSAGE_CHARS:
+            detail = detail[: CRASH_MESSAGE_CHARS - 1] + "…"
+        message = f"Internal error in the turn runner: {type(exc).__name__}: {detail}"
         self._cancel_checkpoint()
+        # Deltas in flight go out before the seals that replace them, if the
+        # channel layer still works; whatever is left is dropped.
+        with suppress(Exception):
+            await self._flush_deltas()
         self._discard_deltas()
+        self._thinking_since = None
         pending = list(self.reducer.pending_calls)
 
         def close(reducer: Reducer) -> list[Op]:

@@ -753,18 +753,31 @@ async def test_a_channel_layer_that_fails_for_good_still_ends_the_turn(script, w
     assert not await RunningTurn.objects.aexists()
 
 
-async def test_it_notes_in_the_log_that_the_output_limit_cut_the_answer(script, workspace):
-    script([TextDelta("The answer is cut sho"), Finish(Usage(5, 100), "max_tokens")])
+@pytest.mark.parametrize(
+    ("stop_reason", "kind", "text"),
+    [
+        (
+            "max_tokens",
+            "output-limit",
+            "The model stopped at its output limit: the answer is cut short.",
+        ),
+        (
+            "model_context_window_exceeded",
+            "context-limit",
+            "The model stopped because the conversation filled its context window.",
+        ),
+    ],
+)
+async def test_it_notes_in_the_log_that_a_limit_cut_the_answer(
+    script, workspace, stop_reason, kind, text
+):
+    script([TextDelta("The answer is cut sho"), Finish(Usage(5, 100), stop_reason)])
     async with running_worker():
         tab = await make_tab()
         await run_one(tab, "write a lot")
     rows = await chunks(tab.pk)
     assert kinds(rows) == ["user/text", "assistant/text", "system/system"]
-    assert rows[-1].data == {
-        "kind": "output-limit",
-        "text": "The model stopped at its output limit: the answer is cut short.",
-        "stop_reason": "max_tokens",
-    }
+    assert rows[-1].data == {"kind": kind, "text": text, "stop_reason": stop_reason}
     # Usage of the cut response is kept like any other.
     assert await UsageRecord.objects.acount() == 1
 
@@ -864,3 +877,20 @@ async def test_a_crash_escaping_the_runner_is_ended_by_the_worker(script, worksp
         rows[-1].data["message"] == "Internal error in the turn runner: RuntimeError: run() broke"
     )
     await assert_closed_cleanly(tab, watcher)
+
+
+async def test_a_crash_message_is_capped(script, workspace):
+    """An exception with a huge text (a repr of a big object) is quoted up to a bound."""
+
+    class Huge:
+        def __repr__(self) -> str:
+            return "x" * 50_000
+
+    script([Huge()])
+    async with running_worker():
+        tab = await make_tab()
+        await run_one(tab, "hi")
+    message = (await chunks(tab.pk))[-1].data["message"]
+    prefix = "Internal error in the turn runner: TypeError: "
+    assert message.startswith(prefix + "not a provider event: xxx")
+    assert len(message) == len(prefix) + agent.CRASH_MESSAGE_CHARS and message.endswith("…")
