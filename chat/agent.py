@@ -215,7 +215,7 @@ class TurnRunner:
         # The open block the watchers were told about (its open op published).
         self._shown: uuid.UUID | None = None
         # Loop time of the stream's last event (or of its start).
-        self._visible_at = 0.0
+        self._last_event_at = 0.0
         # This turn's crash is in the log: a later failure (publishing idle
         # on the same broken channel layer) adds no second error chunk.
         self._crash_logged = False
@@ -511,7 +511,7 @@ class TurnRunner:
 
         watch = _Watch(idle, lambda: getattr(provider, "alive_at", None), model)
         finish = Finish()
-        self._visible_at = asyncio.get_running_loop().time()
+        self._last_event_at = asyncio.get_running_loop().time()
         try:
             async with aclosing(self._produced(produce, watch)) as events:
                 async for event in events:
@@ -526,7 +526,7 @@ class TurnRunner:
 
     async def _progress(self) -> None:
         """An event came: the "waiting for the model" count ends."""
-        self._visible_at = asyncio.get_running_loop().time()
+        self._last_event_at = asyncio.get_running_loop().time()
         if self.status.waiting_since is not None:
             self.status.waiting_since = None
             await self._status()
@@ -544,7 +544,7 @@ class TurnRunner:
         while True:
             wake = deadline
             if self.status.waiting_since is None:
-                wake = min(wake, self._visible_at + WAITING_STATUS_AFTER)
+                wake = min(wake, self._last_event_at + WAITING_STATUS_AFTER)
             try:
                 async with asyncio.timeout_at(wake):
                     return await queue.get()
@@ -564,7 +564,7 @@ class TurnRunner:
                     retryable=True,
                 )
             if self.status.waiting_since is None:
-                silent = timedelta(seconds=now - self._visible_at)
+                silent = timedelta(seconds=now - self._last_event_at)
                 self.status.waiting_since = (timezone.now() - silent).isoformat()
                 await self._status()
 

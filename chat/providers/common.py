@@ -11,9 +11,9 @@ import httpx2
 # Every call has a timeout. Connecting takes well under a second on a sane
 # network; ten covers a slow DNS or TLS handshake.
 CONNECT_TIMEOUT = 10.0
-# The longest silence allowed between two pieces of a stream. Anthropic pings
-# idle streams and thinking models stream their reasoning, so two minutes of
-# nothing means a dead connection, not a slow model.
+# The longest silence the HTTP client allows between two pieces of a stream:
+# only a backstop (a dead connection) behind the turn runner's idle watchdog
+# (registry.STREAM_IDLE_TIMEOUT), which gives up on a stalled model sooner.
 READ_TIMEOUT = 120.0
 # Sending the request body: large histories are a few MB at most.
 WRITE_TIMEOUT = 30.0
