@@ -18,10 +18,10 @@ except ImproperlyConfigured as exc:
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from chat import routing, startup  # noqa: E402
 from chat.turns import start_embedded_worker  # noqa: E402
+from dispatch.origin import SameOriginValidator  # noqa: E402
 
 # What `manage.py serve` checks before serving, for plain daphne too; not the
 # services: importing a module should not wait on the network.
@@ -32,7 +32,8 @@ router = ProtocolTypeRouter(
         # One self-hosted process serves its own few static files; a reverse
         # proxy in front may serve STATIC_ROOT instead (see README).
         "http": ASGIStaticFilesHandler(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(
+        # The page's own origin only: scheme, host and port (dispatch/origin.py).
+        "websocket": SameOriginValidator(
             AuthMiddlewareStack(URLRouter(routing.websocket_urlpatterns))
         ),
         "channel": ChannelNameRouter(routing.channel_routes),
