@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import socket
+import unicodedata
 import uuid
 from collections import Counter
 from contextlib import suppress
@@ -60,13 +61,30 @@ def _group_send(group: str, message: dict[str, Any]) -> None:
     async_to_sync(get_channel_layer().group_send)(group, message)
 
 
+# Characters that show nothing on their own: controls, format characters (zero
+# width spaces and joiners, the BOM, direction marks), separators, and marks,
+# which only decorate a base character (a variation selector is one). A message
+# needs one character outside these; emoji, and letters with marks, have one.
+# Unassigned code points count as visible: they may be a newer emoji.
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp", "Mn", "Me"})
+# Letters and symbols that are drawn blank (Hangul fillers, the braille blank).
+BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def visible(text: str) -> bool:
+    return any(
+        ch not in BLANK_CHARACTERS and unicodedata.category(ch) not in INVISIBLE_CATEGORIES
+        for ch in text
+    )
+
+
 def submit(tab: Tab, text: str, *, auto_approve: bool = False) -> QueuedMessage:
     """Accept a user message: persist it, show it as queued, and make sure a turn takes it.
 
     Sync (ORM + channel layer); from async code wrap it in database_sync_to_async.
     """
     text = text.strip()
-    if not text:
+    if not visible(text):
         raise ValueError("The message is empty.")
     with transaction.atomic():
         Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()

@@ -455,6 +455,48 @@ def test_it_refuses_an_empty_message(client_alice, tab, text):
     assert not QueuedMessage.objects.exists()
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\u200b",
+        "\u200b\u200d\ufeff",
+        " \u200b \n\u2060\u00ad\u200e",
+        "\ufe0f\u0301",
+        "\u3164\u2800",
+        "\u2028\u2029\u3000",
+    ],
+)
+def test_it_refuses_a_message_of_invisible_characters_like_an_empty_one(client_alice, tab, text):
+    """Zero-width characters, joiners, the BOM, lone marks and blank letters show nothing."""
+    response = client_alice.post(
+        reverse("tab_send", args=[tab.id]), {"text": text}, HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 422
+    assert parse(page(response)).by_id("composer-error").text == "The message is empty."
+    assert not QueuedMessage.objects.exists()
+    with pytest.raises(ValueError, match="The message is empty."):
+        turns.submit(tab, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\U0001f468\u200d\U0001f469\u200d\U0001f467",  # a family: one emoji of three joined
+        "\u2764\ufe0f",
+        "e\u0301",
+        "\u200bhi\u200b",
+        "\u0928\u093f",  # Devanagari: a letter and its vowel sign
+        ".",
+    ],
+)
+def test_it_accepts_visible_text_made_with_joiners_and_marks(client_alice, tab, text):
+    response = client_alice.post(
+        reverse("tab_send", args=[tab.id]), {"text": text}, HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 200
+    assert list(QueuedMessage.objects.values_list("text", flat=True)) == [text]
+
+
 def test_it_refuses_an_overlong_message(client_alice, tab):
     """A message past the limit is refused with its size."""
     response = client_alice.post(
