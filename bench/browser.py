@@ -267,7 +267,8 @@ async def _measure(base: str, server_pid: int, session: str, tab_ids: list[str])
             executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=RUN_TIMEOUT * 1000
         )
         try:
-            context = await browser.new_context(viewport=VIEWPORT)
+            # Playwright's wait_for_function uses eval, which the page's CSP refuses.
+            context = await browser.new_context(viewport=VIEWPORT, bypass_csp=True)
             await context.add_cookies([{"name": "sessionid", "value": session, "url": base}])
             # Warm-up: the first page load compiles scripts and fills caches on every side.
             for run in sides.values():

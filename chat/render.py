@@ -98,12 +98,31 @@ def _image_as_link(self, tokens, idx, options, env) -> str:
     return f'<a href="{escape(token.attrGet("src") or "")}">{escape("Image: " + alt)}</a>'
 
 
+# A strict Content-Security-Policy forbids style attributes: a table column's
+# alignment (markdown-it writes style="text-align:right") becomes a class.
+ALIGN_CLASSES = {
+    "text-align:left": "align-left",
+    "text-align:center": "align-center",
+    "text-align:right": "align-right",
+}
+
+
+def _cell_align_class(self, tokens, idx, options, env) -> str:
+    token = tokens[idx]
+    style = token.attrs.pop("style", None)
+    if style in ALIGN_CLASSES:
+        token.attrSet("class", ALIGN_CLASSES[style])
+    return self.renderToken(tokens, idx, options, env)
+
+
 # html=False: raw HTML in a message is shown as text (a model writing "<br>" in
 # prose means the characters); nh3 below is the second line of defence.
 _md = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable(
     ["table", "strikethrough"]
 )
 _md.add_render_rule("image", _image_as_link)
+_md.add_render_rule("th_open", _cell_align_class)
+_md.add_render_rule("td_open", _cell_align_class)
 
 _cleaner = nh3.Cleaner(
     tags={
@@ -140,13 +159,11 @@ _cleaner = nh3.Cleaner(
         "code": {"class"},
         "span": {"class"},
         "ol": {"start"},
-        "th": {"style"},
-        "td": {"style"},
     },
     url_schemes={"http", "https", "mailto"},
     link_rel="noopener noreferrer",
     set_tag_attribute_values={"a": {"target": "_blank"}},
-    filter_style_properties={"text-align"},
+    allowed_classes={cell: set(ALIGN_CLASSES.values()) for cell in ("th", "td")},
 )
 
 

@@ -295,12 +295,16 @@ async def open_page(
     width: int = 1100,
     height: int = 800,
     mobile: bool = False,
+    bypass_csp: bool = True,
 ) -> LivePage:
+    """`bypass_csp`: Playwright's `wait_for_function` evaluates its predicate with eval,
+    which the pages' Content-Security-Policy refuses; the test of that policy says False."""
     context = await browser.new_context(
         viewport={"width": width, "height": height},
         is_mobile=mobile,
         has_touch=mobile,
         device_scale_factor=1,
+        bypass_csp=bypass_csp,
     )
     if session:
         await context.add_cookies([{"name": "sessionid", "value": session, "url": server.url}])

@@ -669,3 +669,76 @@ async def test_it_fits_a_phone_and_follows_the_dark_color_scheme(browser, serve)
     assert light > DARK_LUMINANCE
     await screenshot(page, "dark")
     desktop.assert_clean()
+
+
+# --- Content-Security-Policy -------------------------------------------------------------
+
+# Runs before each page's own scripts: every CSP violation the page reports.
+CSP_RECORDER = """
+window.__csp = [];
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.__csp.push(e.violatedDirective + ' ' + (e.blockedURI || 'inline') + ' ' + e.sourceFile
+    + ':' + e.lineNumber);
+});
+"""
+# Polled from Python with page.evaluate (wait_for_function would need eval, which the
+# policy refuses); checked this often.
+POLL_SECONDS = 0.05
+
+
+async def _until(page, expression: str, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await page.evaluate(expression):
+            await asyncio.sleep(POLL_SECONDS)
+
+
+async def test_no_page_breaks_its_content_security_policy(browser, serve):
+    """Chat (the socket, a live turn, every chunk type, a table), settings, admin and login
+    run under the policy with nothing refused: no violation event, no console complaint."""
+    user, tab, session = await owner_and_tab()
+    await sync_to_async(seed_every_type)(tab.id)
+    chunk = await sync_to_async(lambda: Chunk.objects.filter(tab=tab).first())()
+    await sync_to_async(type(user).objects.filter(pk=user.pk).update)(is_superuser=True)
+    server = await serve()
+    live = await open_page(browser, server, "/login/", bypass_csp=False)
+    page = live.page
+    await live.context.add_init_script(CSP_RECORDER)
+    console: list[str] = []
+    page.on("console", lambda m: console.append(m.text))
+
+    found: dict[str, list[str]] = {}
+    await page.goto(server.url + "/login/")
+    found["/login/"] = await page.evaluate("window.__csp")
+    await live.context.add_cookies([{"name": "sessionid", "value": session, "url": server.url}])
+    await page.goto(f"{server.url}/t/{tab.id}/")
+    await _until(page, "window.__e2e.synced")
+    before = await page.evaluate("document.querySelectorAll('#log .chunk').length")
+    await send_message(page, "| a | b |\n|:-:|--:|\n| 1 | 2 |")
+    await _until(
+        page,
+        f"document.querySelectorAll('#log .chunk').length >= {before + 2} && "
+        "document.getElementById('status').dataset.state === 'idle'",
+    )
+    assert await page.evaluate("getComputedStyle(document.querySelector('td')).textAlign") in (
+        "center",
+        "-webkit-center",
+    )
+    found["tab"] = await page.evaluate("window.__csp")
+    complaints = list(console)
+    # The policy is in force: markup that slipped through could not run a script.
+    injected = """() => {
+      const s = document.createElement('script');
+      s.textContent = 'window.__ran = true';
+      document.body.appendChild(s);
+      return window.__ran === true;
+    }"""
+    assert await page.evaluate(injected) is False
+    assert [v.split()[0] for v in await page.evaluate("window.__csp")] == ["script-src-elem"]
+    console[:] = complaints
+    for path in ("/settings/", "/admin/", f"/admin/chat/chunk/{chunk.pk}/change/"):
+        await page.goto(server.url + path)
+        found[path] = await page.evaluate("window.__csp")
+    assert all(v == [] for v in found.values()), found
+    refused = [m for m in console if "Content Security Policy" in m or "Refused" in m]
+    assert refused == []
+    live.assert_clean()

@@ -577,7 +577,7 @@ def test_it_highlights_fenced_code_and_renders_tables():
     assert any("k" in n.classes for n in code.iter())
     assert code.text == "def f():\n    return 1\n"
     assert tree.find_all(lambda n: n.tag == "table")
-    assert tree.find_all(lambda n: n.tag == "td" and n.get("style") == "text-align:right")
+    assert tree.find_all(lambda n: n.tag == "td" and n.get("class") == "align-right")
 
 
 def test_it_shows_code_in_an_unknown_language_plain():

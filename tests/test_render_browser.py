@@ -116,7 +116,8 @@ async def browser():
 
 
 async def open_tab(browser, live_server, session: str, tab: Tab, *, height: int = 800):
-    context = await browser.new_context(viewport={"width": 1000, "height": height})
+    # Playwright's wait_for_function uses eval, which the page's CSP refuses.
+    context = await browser.new_context(viewport={"width": 1000, "height": height}, bypass_csp=True)
     await context.add_cookies([{"name": "sessionid", "value": session, "url": live_server.url}])
     page = await context.new_page()
     page.set_default_timeout(WAIT_SECONDS * 1000)
