@@ -40,6 +40,7 @@ from chat.providers.base import (
 )
 from chat.providers.registry import STREAM_IDLE_TIMEOUT
 from chat.stream import Block, Delta, Kind, Op, Open, Reducer, Role, Seal
+from chat.tools import sandbox
 
 logger = logging.getLogger(__name__)
 
@@ -626,7 +627,13 @@ class TurnRunner:
             def on_output(text: str) -> None:
                 queue.put_nowait(ShellOutput(call_id, text))
 
-            outcome = await tools.run_tool(name, arguments, self.workspace, on_output=on_output)
+            outcome = await tools.run_tool(
+                name,
+                arguments,
+                self.workspace,
+                on_output=on_output,
+                policy=sandbox.policy_from(django_settings),
+            )
             queue.put_nowait(
                 ToolResultEvent(call_id, name, outcome.result, outcome.is_error, outcome.truncated)
             )

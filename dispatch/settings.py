@@ -365,6 +365,12 @@ DISPATCH_OFFLINE_PACE = envfloat("DISPATCH_OFFLINE_PACE", 40.0, minimum=0)
 # before it interrupts them: most answers end within it, and a process
 # manager's stop timeout (systemd: 90 s, Docker: 10 s) should be set above it.
 DISPATCH_SHUTDOWN_GRACE = envfloat("DISPATCH_SHUTDOWN_GRACE", 20.0, minimum=0)
+# Shell commands run in a bubblewrap sandbox (chat/tools/sandbox.py). Network
+# on by default (package installs, git); off gives them only a loopback.
+DISPATCH_SHELL_NETWORK = envbool("DISPATCH_SHELL_NETWORK", True)
+# The explicit opt-out where bwrap cannot run: commands then run unconfined and
+# can read the server's secrets. Loud on purpose; the UI says it is set.
+DISPATCH_SHELL_UNSANDBOXED = envbool("DISPATCH_SHELL_UNSANDBOXED", False)
 
 LOGGING = {
     "version": 1,

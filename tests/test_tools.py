@@ -17,6 +17,7 @@ from chat.providers.base import ToolSpec
 from chat.tools import TOOLS, ToolOutcome, needs_approval, run_tool, tool_specs
 from chat.tools.files import MAX_LIST_ENTRIES, READ_DEFAULT_LINES, READ_MAX_BYTES
 from chat.tools.registry import SUPPORTED_KEYWORDS
+from chat.tools.sandbox import Policy
 from chat.tools.shell import OUTPUT_CAP, OUTPUT_HEAD, OUTPUT_TAIL
 
 # Every shell call in these tests gets this bound, so a broken kill or a lost
@@ -25,6 +26,11 @@ TEST_TIMEOUT = 20.0
 
 # How long a test waits for an event the tool should cause almost at once.
 EVENT_WAIT = 10.0
+
+# The operator's opt-out: commands are plain children of this process, so the
+# process-group tests below can see their pids. The sandbox's own kill is
+# tested in tests/test_sandbox.py.
+UNSANDBOXED = Policy(unsandboxed=True)
 
 
 @pytest.fixture
@@ -530,11 +536,19 @@ async def test_it_marks_a_failing_command_as_an_error(ws):
     assert outcome == ToolOutcome("oops\n[exit code 3]", is_error=True, shell_output="oops")
 
 
-async def test_it_reports_a_command_killed_by_a_signal(ws):
+@pytest.mark.parametrize(
+    ("policy", "status"),
+    [
+        # bwrap passes a signal death on as 128 + N, as shells do.
+        (Policy(), "[exit code 137 (128 + SIGKILL)]"),
+        (UNSANDBOXED, "[killed by signal SIGKILL]"),
+    ],
+)
+async def test_it_reports_a_command_killed_by_a_signal(ws, policy, status):
     """A command that dies from a signal says which."""
-    outcome = await sh("kill -KILL $$", ws)
+    outcome = await sh("kill -KILL $$", ws, policy=policy)
     assert outcome.is_error
-    assert outcome.result == "[killed by signal SIGKILL]"
+    assert outcome.result == status
 
 
 async def test_it_runs_in_the_workspace_with_an_empty_stdin(ws):
@@ -608,9 +622,19 @@ async def test_it_survives_a_failing_output_listener(ws):
 async def test_it_reports_a_command_that_cannot_start(tmp_path, ws, monkeypatch):
     """A missing shell binary gives an error outcome, not an exception."""
     monkeypatch.setattr("chat.tools.shell.shell_path", lambda: str(tmp_path / "no-such-shell"))
-    outcome = await sh("true", ws)
+    outcome = await sh("true", ws, policy=UNSANDBOXED)
     assert outcome.is_error
     assert outcome.result.startswith("the command could not be started:")
+
+
+async def test_it_reports_a_shell_missing_in_the_sandbox(tmp_path, ws, monkeypatch):
+    """In the sandbox bwrap starts and cannot run the shell: its message and status."""
+    monkeypatch.setattr("chat.tools.shell.shell_path", lambda: str(tmp_path / "no-such-shell"))
+    outcome = await sh("true", ws)
+    assert outcome.is_error
+    assert outcome.result == (
+        f"bwrap: execvp {tmp_path / 'no-such-shell'}: No such file or directory\n[exit code 1]"
+    )
 
 
 # --- shell: output cap -------------------------------------------------------------
@@ -693,13 +717,15 @@ async def test_it_gives_the_command_no_secrets(ws, monkeypatch):
     assert env["PATH"] == os.environ["PATH"]
 
 
-# --- shell: process group ------------------------------------------------------------
+# --- shell: process group (unsandboxed; the sandbox's kill: tests/test_sandbox.py) ------
 
 
 async def test_it_kills_the_whole_group_on_timeout(ws):
     """At the timeout the command and its background children are killed, and the
     call returns only once no process of the group remains."""
-    outcome = await sh("echo pgid=$$; sleep 60 & echo child=$!; wait", ws, timeout=0.5)
+    outcome = await sh(
+        "echo pgid=$$; sleep 60 & echo child=$!; wait", ws, timeout=0.5, policy=UNSANDBOXED
+    )
     assert outcome.is_error
     assert outcome.result.endswith(
         "[timed out after 0.5 s; the command and everything it started were killed]"
@@ -713,7 +739,7 @@ async def test_it_kills_the_whole_group_on_timeout(ws):
 async def test_it_kills_background_children_when_the_command_ends(ws):
     """A command that exits leaving a child in the background returns at once, and the
     child is killed with the group."""
-    outcome = await sh("sleep 60 & echo pgid=$$", ws)
+    outcome = await sh("sleep 60 & echo pgid=$$", ws, policy=UNSANDBOXED)
     assert outcome.result.endswith("[exit code 0]")
     assert not group_exists(number("pgid", outcome.result))
 
@@ -729,7 +755,12 @@ async def test_it_kills_the_whole_group_when_cancelled(ws):
             started.set()
 
     task = asyncio.create_task(
-        sh("echo pgid=$$; sleep 60 & echo child=$!; wait", ws, on_output=on_output)
+        sh(
+            "echo pgid=$$; sleep 60 & echo child=$!; wait",
+            ws,
+            on_output=on_output,
+            policy=UNSANDBOXED,
+        )
     )
     await asyncio.wait_for(started.wait(), EVENT_WAIT)
     task.cancel()
@@ -745,15 +776,19 @@ async def test_it_kills_the_whole_group_when_cancelled(ws):
 async def test_it_adopts_the_orphans_of_a_command(ws):
     """This process is a child subreaper, so a command's orphans become its children and
     are reaped at once, even under a PID 1 that reaps late or never."""
-    outcome = await sh("bash -c 'sleep 30 & echo $! > pid'; grep PPid /proc/$(cat pid)/status", ws)
+    outcome = await sh(
+        "bash -c 'sleep 30 & echo $! > pid'; grep PPid /proc/$(cat pid)/status",
+        ws,
+        policy=UNSANDBOXED,
+    )
     assert outcome.shell_output.split() == ["PPid:", str(os.getpid())]
 
 
 async def test_it_returns_when_an_escaped_process_holds_the_output_open(ws):
-    """A process that left the group (setsid) keeps the pipe open and survives the group
-    kill; the call still returns with the output it has."""
+    """Unsandboxed, a process that left the group (setsid) keeps the pipe open and survives
+    the group kill; the call still returns with the output it has."""
     outcome = await asyncio.wait_for(
-        sh("setsid sleep 600 & echo escaped=$!", ws), EVENT_WAIT + TEST_TIMEOUT
+        sh("setsid sleep 600 & echo escaped=$!", ws, policy=UNSANDBOXED), EVENT_WAIT + TEST_TIMEOUT
     )
     escaped = number("escaped", outcome.result)
     try:

@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from chat.providers.base import ToolSpec
-from chat.tools import files, shell
+from chat.tools import files, sandbox, shell
 from chat.tools.base import ToolError, ToolOutcome
 
 logger = logging.getLogger(__name__)
 
 OnOutput = Callable[[str], None]
-Runner = Callable[[Mapping[str, Any], Path, "OnOutput | None", float], Awaitable[ToolOutcome]]
+Runner = Callable[
+    [Mapping[str, Any], Path, "OnOutput | None", float, sandbox.Policy], Awaitable[ToolOutcome]
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +37,11 @@ class Tool:
     run: Runner
 
 
-async def _list_files(args, root, on_output, timeout) -> ToolOutcome:
+async def _list_files(args, root, on_output, timeout, policy) -> ToolOutcome:
     return await asyncio.to_thread(files.list_files, root, args.get("path", "."))
 
 
-async def _read_file(args, root, on_output, timeout) -> ToolOutcome:
+async def _read_file(args, root, on_output, timeout, policy) -> ToolOutcome:
     return await asyncio.to_thread(
         files.read_file,
         root,
@@ -49,12 +51,14 @@ async def _read_file(args, root, on_output, timeout) -> ToolOutcome:
     )
 
 
-async def _write_file(args, root, on_output, timeout) -> ToolOutcome:
+async def _write_file(args, root, on_output, timeout, policy) -> ToolOutcome:
     return await asyncio.to_thread(files.write_file, root, args["path"], args["content"])
 
 
-async def _shell(args, root, on_output, timeout) -> ToolOutcome:
-    return await shell.run_shell(args["command"], root, on_output=on_output, timeout=timeout)
+async def _shell(args, root, on_output, timeout, policy) -> ToolOutcome:
+    return await shell.run_shell(
+        args["command"], root, on_output=on_output, timeout=timeout, policy=policy
+    )
 
 
 _PATH = {"type": "string", "description": "A path relative to the workspace."}
@@ -195,13 +199,15 @@ async def run_tool(
     *,
     on_output: OnOutput | None = None,
     timeout: float | None = None,
+    policy: sandbox.Policy | None = None,
 ) -> ToolOutcome:
     """Run one tool call in `workspace` (created if missing).
 
     Bad calls (unknown tool, invalid arguments, a path leaving the workspace, a
     failing command) come back as an `is_error` outcome, never as an exception;
     cancelling the awaiting task kills a running command and re-raises.
-    `timeout` (seconds) bounds the shell tool; the file tools ignore it.
+    `timeout` (seconds) bounds the shell tool and `policy` confines it (default:
+    sandboxed, with network); the file tools ignore both.
     """
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -216,7 +222,9 @@ async def run_tool(
     args = {key: value for key, value in arguments.items() if value is not None}
     try:
         root = await asyncio.to_thread(files.ensure_workspace, Path(workspace))
-        return await tool.run(args, root, on_output, timeout or shell.SHELL_TIMEOUT)
+        return await tool.run(
+            args, root, on_output, timeout or shell.SHELL_TIMEOUT, policy or sandbox.Policy()
+        )
     except ToolError as exc:
         return ToolOutcome(str(exc), is_error=True)
     except Exception as exc:

@@ -1,14 +1,24 @@
 """The shell tool: one command, in the workspace, bounded in time, output and reach.
 
-The command runs as `bash -c COMMAND` (or `/bin/sh -c` without bash) in a new
-session, so it leads its own process group. When the command ends, times out
-or the call is cancelled, the whole group gets SIGKILL: nothing it started in
-the background outlives the call. The call returns once the group is gone.
+The command runs as `bash -c COMMAND` (or `/bin/sh -c` without bash) inside a
+bubblewrap sandbox (chat/tools/sandbox.py): the workspace is the only writable
+directory, the data directory and the server's processes are not there, and
+the environment is an allowlist. Where the sandbox cannot run, the call is
+refused with the reason and the fix, unless the operator opted out
+(Policy.unsandboxed), in which case the command runs as a plain child.
 
-Killed orphans must also be reaped, or they stay in the process table as
-zombies (and the group stays visible). Containers often run a PID 1 that reaps
-late or never, so this process makes itself a child subreaper (Linux): the
-orphans of a command become its own children, and it reaps them by group.
+bwrap (or the command, unsandboxed) starts in a new session, so it leads its
+own process group, which holds the sandbox's PID 1. When the command ends,
+times out or the call is cancelled, the whole group gets SIGKILL, and PID 1's
+death ends everything in the sandbox, even what left the group (setsid, a
+daemon). The call returns once the group is gone.
+
+Killed processes must also be reaped, or they stay in the process table as
+zombies (and the group stays visible). bwrap's PID 1 outlives bwrap by a
+moment and is then orphaned; containers often run a PID 1 that reaps late or
+never, so this process makes itself a child subreaper (Linux): the orphans
+become its own children, and it reaps them by group. PID 1 reaped means its
+namespace is empty.
 
 stdout and stderr share one pipe, so their interleaving is kept. Output is
 streamed live to `on_output` and kept for the result, both up to a cap.
@@ -29,6 +39,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from chat.tools import sandbox
 from chat.tools.base import ToolOutcome, clean_text
 
 logger = logging.getLogger(__name__)
@@ -53,8 +64,9 @@ READ_CHUNK = 64 * 1024
 GROUP_EXIT_GRACE = 5.0
 GROUP_POLL_INTERVAL = 0.01
 
-# A process that left the group (setsid, a daemon) may still hold the pipe
-# open; the output is read for this long after the group is gone, then dropped.
+# Unsandboxed, a process that left the group (setsid, a daemon) survives the
+# kill and may still hold the pipe open; the output is read for this long after
+# the group is gone, then dropped. (In the sandbox nothing survives the group.)
 DRAIN_GRACE = 1.0
 
 # Used when this process has no PATH of its own.
@@ -83,6 +95,11 @@ LIVE_STOP_MARKER = (
 )
 DROP_MARKER = "\n[... {dropped} bytes of output dropped ...]\n"
 
+# Exit codes 129..192 mean "killed by signal code - 128" (bwrap, shells); 64
+# covers the real-time signals too.
+SIGNAL_EXIT_BASE = 128
+SIGNAL_EXIT_END = SIGNAL_EXIT_BASE + 65
+
 # prctl(2) option number, from <linux/prctl.h>.
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -91,14 +108,23 @@ def shell_path() -> str:
     return shutil.which("bash") or "/bin/sh"
 
 
-def shell_env(root: Path, source: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a command: an allowlist, never a blocklist."""
+def shell_env(
+    root: Path, source: Mapping[str, str] | None = None, *, sandboxed: bool = True
+) -> dict[str, str]:
+    """The environment of a command: an allowlist, never a blocklist.
+
+    bwrap gets it too, so the sandbox's PID 1 (whose environment any process
+    inside can read in /proc/1/environ) holds nothing more.
+    """
     source = os.environ if source is None else source
     env = {
         name: source[name]
         for name in ENV_PASSTHROUGH
         if name in source and not any(marker in name.upper() for marker in SECRET_MARKERS)
     }
+    if sandboxed:
+        # The sandbox has its own /tmp; the server's TMPDIR is not there.
+        env.pop("TMPDIR", None)
     env.setdefault("PATH", DEFAULT_PATH)
     env.setdefault("LANG", "C.UTF-8")
     env.update(ENV_FIXED)
@@ -219,23 +245,32 @@ async def run_shell(
     *,
     on_output: Callable[[str], None] | None = None,
     timeout: float = SHELL_TIMEOUT,
+    policy: sandbox.Policy | None = None,
 ) -> ToolOutcome:
     """Run `command` in the resolved workspace `root`; see the module docstring."""
+    policy = policy or sandbox.Policy()
+    argv = [shell_path(), "-c", command]
+    if not policy.unsandboxed:
+        verdict = await asyncio.to_thread(sandbox.check, policy)
+        if not verdict.available:
+            return ToolOutcome(verdict.problem, is_error=True)
+        argv = sandbox.command(policy, root, argv)
     become_subreaper()
     output = _Output(on_output)
     loop = asyncio.get_running_loop()
     read_fd, write_fd = os.pipe()
     try:
         try:
+            # From the event loop's thread, which lives as long as the
+            # server: bwrap's parent-death signal fires when the thread that
+            # started it ends, not the process.
             proc = await asyncio.create_subprocess_exec(
-                shell_path(),
-                "-c",
-                command,
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=write_fd,
                 cwd=root,
-                env=shell_env(root),
+                env=shell_env(root, sandboxed=not policy.unsandboxed),
                 start_new_session=True,
             )
         finally:
@@ -290,6 +325,15 @@ async def run_shell(
         )
     elif proc.returncode is not None and proc.returncode < 0:
         status = f"[killed by signal {_signal_name(-proc.returncode)}]"
+    elif (
+        not policy.unsandboxed
+        and proc.returncode is not None
+        and SIGNAL_EXIT_BASE < proc.returncode < SIGNAL_EXIT_END
+    ):
+        # bwrap reports a command killed by signal N as exit code 128 + N, as
+        # shells do; the signal's name is the useful part.
+        number = proc.returncode - SIGNAL_EXIT_BASE
+        status = f"[exit code {proc.returncode} (128 + {_signal_name(number)})]"
     else:
         status = f"[exit code {proc.returncode}]"
     result = (kept if not kept or kept.endswith("\n") else kept + "\n") + status

@@ -1,0 +1,484 @@
+"""The shell's bubblewrap sandbox, with real bwrap and real processes.
+
+What a command can reach (environment, processes, files, /tmp, network), that
+nothing it starts outlives the call or the server, and what happens where bwrap
+cannot run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from chat import agent
+from chat.providers.base import Finish, ToolCallEvent
+from chat.providers.replay import ScriptedProvider
+from chat.tools import run_tool, sandbox
+from chat.tools.base import ToolOutcome
+from chat.tools.sandbox import Policy
+from chat.tools.shell import run_shell
+from tests.engine import Watcher, chunks, make_tab, running_worker, submit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Every call gets this bound, so a broken kill fails the test instead of hanging it.
+TEST_TIMEOUT = 20.0
+# How long a test waits for an event the tool should cause almost at once.
+EVENT_WAIT = 10.0
+# The sandbox's teardown after its server was killed is the kernel's work, done
+# asynchronously; the test waits this long for the processes to be gone.
+TEARDOWN_WAIT = 10.0
+POLL = 0.02
+
+# Ways a command tries to outlive its call: a new session, nohup, a double fork.
+# Each process's argv[0] is the marker (`exec -a`), so the host can find it.
+ESCAPES = (
+    "setsid bash -c 'exec -a {m} sleep 1000' & "
+    "nohup bash -c 'exec -a {m} sleep 1000' >/dev/null 2>&1 & "
+    "( bash -c 'exec -a {m} sleep 1000' & ) ; "
+    # Inside the sandbox the command sees its own processes: wait for all three.
+    "until [ $(pgrep -c -f '^{m}') -ge 3 ]; do sleep 0.01; done; echo started"
+)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    """A data directory laid out like the default one: secrets, database, workspace."""
+    directory = tmp_path / "data"
+    (directory / "workspace").mkdir(parents=True)
+    (directory / "secret_key").write_text("the-secret-key\n")
+    (directory / "dispatch.db").write_text("SQLite format 3 api keys\n")
+    return directory
+
+
+@pytest.fixture
+def ws(data: Path) -> Path:
+    return (data / "workspace").resolve()
+
+
+@pytest.fixture
+def policy(data: Path) -> Policy:
+    return Policy(hidden=(data,))
+
+
+def marker() -> str:
+    return f"dispatch-sandbox-test-{uuid.uuid4().hex}"
+
+
+def host_processes_with(text: str) -> list[int]:
+    """Live (not zombie) processes on the host whose command line contains `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until_gone(text: str) -> list[int]:
+    deadline = time.monotonic() + TEARDOWN_WAIT
+    while (left := host_processes_with(text)) and time.monotonic() < deadline:
+        time.sleep(POLL)
+    return left
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def sh(command: str, ws: Path, policy: Policy, **kwargs) -> ToolOutcome:
+    kwargs.setdefault("timeout", TEST_TIMEOUT)
+    return await run_shell(command, ws, policy=policy, **kwargs)
+
+
+# --- what the command can see ---------------------------------------------------------
+
+
+async def test_it_hides_the_servers_environment(ws, policy, monkeypatch):
+    """Neither the parent's nor PID 1's environment in /proc holds the server's secrets:
+    the server is not the parent, and bwrap runs with the command's scrubbed environment."""
+    secret = f"sk-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", secret)
+    monkeypatch.setenv("DISPATCH_SANDBOX_PROBE", secret)
+    outcome = await sh(
+        "tr '\\0' '\\n' < /proc/$PPID/environ; echo --; tr '\\0' '\\n' < /proc/1/environ",
+        ws,
+        policy,
+    )
+    assert not outcome.is_error, outcome.result
+    assert secret not in outcome.result
+    parent, init = outcome.shell_output.split("--\n")
+    assert "TERM=dumb" in parent.splitlines()
+    assert "TERM=dumb" in init.splitlines()
+
+
+async def test_it_hides_the_servers_processes(ws, policy):
+    """/proc lists the sandbox's own processes only: bwrap's PID 1, the shell, and what
+    it runs; never this test process."""
+    outcome = await sh(
+        "cd /proc; for p in [0-9]*; do echo \"$p $(tr '\\0' ' ' < $p/cmdline)\"; done",
+        ws,
+        policy,
+    )
+    assert not outcome.is_error, outcome.result
+    lines = outcome.shell_output.splitlines()
+    # This test runs in Python; nothing in the sandbox does.
+    assert "python" not in outcome.shell_output
+    assert str(os.getpid()) not in [line.split()[0] for line in lines]
+    assert lines[0].startswith("1 ") and "bwrap" in lines[0]
+    assert len(lines) <= 4  # PID 1, bash, the subshell; nothing of the host
+
+
+async def test_it_does_not_mount_the_data_directory(ws, policy, data):
+    """The secret key and the database next to the workspace are not there at all; the
+    workspace's parent is empty but for the workspace."""
+    outcome = await sh(
+        f"ls -A ..; cat ../secret_key; cat ../dispatch.db; ls {data}/secret_key", ws, policy
+    )
+    assert outcome.is_error
+    assert "the-secret-key" not in outcome.result
+    assert "api keys" not in outcome.result
+    assert outcome.shell_output == (
+        "workspace\n"
+        "cat: ../secret_key: No such file or directory\n"
+        "cat: ../dispatch.db: No such file or directory\n"
+        f"ls: cannot access '{data}/secret_key': No such file or directory\n"
+    )
+
+
+async def test_it_hides_a_data_directory_inside_the_workspace(tmp_path):
+    """With the workspace at a home directory that holds the data directory, the data
+    directory shows as an empty directory."""
+    home = tmp_path / "home"
+    data = home / ".local" / "share" / "dispatch"
+    data.mkdir(parents=True)
+    (data / "secret_key").write_text("the-secret-key\n")
+    (home / "notes.txt").write_text("mine\n")
+    outcome = await sh(
+        "cat notes.txt; ls -A .local/share/dispatch; cat .local/share/dispatch/secret_key",
+        home.resolve(),
+        Policy(hidden=(data,)),
+    )
+    assert "the-secret-key" not in outcome.result
+    assert outcome.shell_output == (
+        "mine\ncat: .local/share/dispatch/secret_key: No such file or directory\n"
+    )
+
+
+async def test_it_does_not_mount_the_home_directory_or_the_code(ws, policy):
+    """The server user's home and Dispatch's own files are not in the sandbox."""
+    home = Path.home()
+    outcome = await sh(
+        f"ls -d {home} {ROOT}/manage.py {ROOT}/dispatch/settings.py 2>&1", ws, policy
+    )
+    assert outcome.shell_output == (
+        f"ls: cannot access '{home}': No such file or directory\n"
+        f"ls: cannot access '{ROOT}/manage.py': No such file or directory\n"
+        f"ls: cannot access '{ROOT}/dispatch/settings.py': No such file or directory\n"
+    )
+
+
+async def test_it_writes_only_in_the_workspace(ws, policy, tmp_path):
+    """The system is read-only, paths outside the workspace do not exist, and the
+    workspace is writable and shared with the host."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    outcome = await sh(
+        f"touch /usr/x /etc/x {outside}/x; echo made > inside.txt; cat inside.txt", ws, policy
+    )
+    assert outcome.shell_output == (
+        "touch: cannot touch '/usr/x': Read-only file system\n"
+        "touch: cannot touch '/etc/x': Read-only file system\n"
+        f"touch: cannot touch '{outside}/x': No such file or directory\n"
+        "made\n"
+    )
+    assert (ws / "inside.txt").read_text() == "made\n"
+    assert list(outside.iterdir()) == []
+
+
+async def test_it_gives_the_command_a_private_tmp(ws, policy):
+    """The host's /tmp is not visible, and what the command leaves in its /tmp is gone."""
+    name = marker()
+    host_file = Path("/tmp") / name
+    host_file.write_text("host\n")
+    try:
+        outcome = await sh(
+            f"cat /tmp/{name}; echo sandbox > /tmp/{name}-inside; cat /tmp/{name}-inside",
+            ws,
+            policy,
+        )
+    finally:
+        host_file.unlink()
+    assert outcome.shell_output == f"cat: /tmp/{name}: No such file or directory\nsandbox\n"
+    assert not (Path("/tmp") / f"{name}-inside").exists()
+
+
+async def test_it_drops_the_servers_tmpdir(ws, policy, monkeypatch, tmp_path):
+    """TMPDIR names a directory of the host, which is not in the sandbox."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    outcome = await sh('echo "${TMPDIR-unset}"; mktemp', ws, policy)
+    assert outcome.shell_output.splitlines()[0] == "unset"
+    assert outcome.shell_output.splitlines()[1].startswith("/tmp/tmp.")
+
+
+async def test_it_drops_every_capability_even_as_root(ws, policy):
+    """Root in the sandbox has no capabilities (no mount, no raw devices)."""
+    outcome = await sh("grep CapEff /proc/self/status", ws, policy)
+    assert outcome.shell_output.split() == ["CapEff:", "0000000000000000"]
+
+
+# --- nothing outlives the call ------------------------------------------------------
+
+
+async def test_no_process_outlives_a_command_that_ends(ws, policy):
+    """setsid, nohup and a double fork all die with the sandbox when the command ends."""
+    m = marker()
+    outcome = await sh(ESCAPES.format(m=m), ws, policy)
+    left = host_processes_with(m)
+    kill_all(left)
+    assert outcome.shell_output == "started\n"
+    assert left == []
+
+
+async def test_no_process_outlives_a_timeout(ws, policy):
+    """At the timeout everything the command started is gone before the call returns."""
+    m = marker()
+    outcome = await sh(ESCAPES.format(m=m) + "; sleep 1000", ws, policy, timeout=5)
+    left = host_processes_with(m)
+    kill_all(left)
+    assert outcome.shell_output == "started\n"
+    assert outcome.result.endswith(
+        "[timed out after 5 s; the command and everything it started were killed]"
+    )
+    assert left == []
+
+
+async def test_no_process_outlives_a_cancelled_call(ws, policy):
+    """Cancelling the call kills the sandbox before CancelledError reaches the caller."""
+    m = marker()
+    started = asyncio.Event()
+    live: list[str] = []
+
+    def on_output(text: str) -> None:
+        live.append(text)
+        if "started\n" in "".join(live):
+            started.set()
+
+    task = asyncio.create_task(
+        run_tool(
+            "shell",
+            {"command": ESCAPES.format(m=m) + "; sleep 1000"},
+            ws,
+            on_output=on_output,
+            timeout=TEST_TIMEOUT,
+            policy=policy,
+        )
+    )
+    await asyncio.wait_for(started.wait(), EVENT_WAIT)
+    assert len(host_processes_with(m)) >= 3
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, EVENT_WAIT)
+    left = host_processes_with(m)
+    kill_all(left)
+    assert left == []
+
+
+SERVER = """
+import asyncio, os, sys
+from pathlib import Path
+from chat.tools.sandbox import Policy
+from chat.tools.shell import run_shell
+
+asyncio.run(run_shell(
+    os.environ["COMMAND"], Path(os.environ["WORKSPACE"]),
+    on_output=lambda text: print(text, end="", flush=True), policy=Policy(), timeout=600,
+))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_no_process_outlives_the_server(ws, sig):
+    """A server process killed in the middle of a call takes the sandbox with it:
+    bwrap dies with its parent, and the namespace with bwrap's PID 1."""
+    m = marker()
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER],
+        cwd=ROOT,
+        env={
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(ROOT),
+            # In the environment, not the command line: only the sandbox has the marker.
+            "COMMAND": ESCAPES.format(m=m) + f"; exec -a {m} sleep 1000",
+            "WORKSPACE": str(ws),
+        },
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline() == b"started\n"
+        assert len(host_processes_with(m)) >= 4
+        server.send_signal(sig)
+        server.wait(EVENT_WAIT)
+    finally:
+        server.kill()
+        server.wait()
+    left = wait_until_gone(m)
+    kill_all(left)
+    assert left == []
+
+
+# --- network -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def listener():
+    """A TCP server on this host's loopback; connections complete in the kernel's backlog."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        yield server.getsockname()[1]
+
+
+CONNECT = "exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"
+
+
+async def test_it_reaches_the_network_when_it_is_on(ws, data, listener):
+    outcome = await sh(CONNECT.format(port=listener), ws, Policy(hidden=(data,), network=True))
+    assert outcome.shell_output == "connected\n"
+
+
+async def test_it_has_no_network_when_it_is_off(ws, data, listener):
+    """Off: a network namespace of its own, whose loopback has nothing listening."""
+    outcome = await sh(CONNECT.format(port=listener), ws, Policy(hidden=(data,), network=False))
+    assert outcome.is_error
+    assert "Connection refused" in outcome.shell_output
+    assert "connected\n" not in outcome.shell_output
+
+
+# --- where bwrap cannot run ---------------------------------------------------------
+
+
+async def test_it_refuses_the_shell_without_bwrap(ws, tmp_path):
+    """No bwrap: the call is an error that says why and how to fix it; nothing runs."""
+    missing = str(tmp_path / "no-bwrap")
+    outcome = await run_tool("shell", {"command": "touch ran"}, ws, policy=Policy(bwrap=missing))
+    assert outcome == ToolOutcome(
+        f"The shell tool is unavailable: bubblewrap ({missing!r}) is not installed. Install "
+        "it (Debian and Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) "
+        "and restart Dispatch, or set DISPATCH_SHELL_UNSANDBOXED=1 to run commands without a "
+        "sandbox (they can then read everything the server can, including its API keys, "
+        "database and secret key).",
+        is_error=True,
+    )
+    assert not (ws / "ran").exists()
+
+
+@pytest.fixture
+def failing_bwrap(tmp_path: Path) -> str:
+    """A bwrap that fails the way it does without user namespaces."""
+    path = tmp_path / "bwrap"
+    path.write_text(
+        "#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because "
+        "the kernel does not allow non-privileged user namespaces.' >&2\nexit 1\n"
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+async def test_it_refuses_the_shell_where_bwrap_fails(ws, failing_bwrap):
+    """bwrap that cannot sandbox: its own words, and the fix."""
+    outcome = await run_tool(
+        "shell", {"command": "touch ran"}, ws, policy=Policy(bwrap=failing_bwrap)
+    )
+    assert outcome.is_error
+    assert outcome.result == (
+        f"The shell tool is unavailable: its sandbox, bubblewrap ({failing_bwrap}), cannot "
+        "run here; it said: bwrap: No permissions to creating new namespace, likely because "
+        "the kernel does not allow non-privileged user namespaces.. It needs user namespaces: "
+        "allow them (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 also "
+        "kernel.apparmor_restrict_unprivileged_userns=0; in Docker, run the container with "
+        "--security-opt seccomp=unconfined --security-opt apparmor=unconfined) and restart "
+        "Dispatch, or set DISPATCH_SHELL_UNSANDBOXED=1 to run commands without a sandbox "
+        "(they can then read everything the server can, including its API keys, database "
+        "and secret key)."
+    )
+    assert not (ws / "ran").exists()
+
+
+async def test_the_opt_out_runs_commands_unsandboxed(ws, failing_bwrap):
+    """With the operator's opt-out the command runs, and sees the host (the code here)."""
+    outcome = await run_tool(
+        "shell",
+        {"command": f"touch ran; ls {ROOT}/manage.py"},
+        ws,
+        policy=Policy(bwrap=failing_bwrap, unsandboxed=True),
+    )
+    assert outcome.result == f"{ROOT}/manage.py\n[exit code 0]"
+    assert (ws / "ran").exists()
+
+
+def test_the_state_says_what_the_shell_runs_in(failing_bwrap):
+    """What the status line, Settings and dispatch_status show."""
+    assert sandbox.state(Policy()).state == "sandboxed"
+    assert sandbox.state(Policy()).warning == ""
+    unavailable = sandbox.state(Policy(bwrap=failing_bwrap))
+    assert (unavailable.state, unavailable.warning) == ("unavailable", "Shell unavailable")
+    assert unavailable.detail == sandbox.check(Policy(bwrap=failing_bwrap)).problem
+    opted_out = sandbox.state(Policy(unsandboxed=True, network=False))
+    assert (opted_out.state, opted_out.warning) == ("unsandboxed", "Shell unsandboxed")
+    assert "DISPATCH_SHELL_UNSANDBOXED is set" in opted_out.detail
+
+
+def test_the_policy_comes_from_the_settings(settings, tmp_path):
+    settings.DISPATCH_SHELL_NETWORK = False
+    settings.DISPATCH_SHELL_UNSANDBOXED = True
+    settings.DATA_DIR = tmp_path
+    assert sandbox.policy_from(settings) == Policy(
+        network=False, unsandboxed=True, hidden=(tmp_path,)
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_turn_runs_its_shell_in_the_sandbox_the_settings_describe(
+    settings, data, ws, listener, monkeypatch
+):
+    """The turn runner builds the policy from the settings: here the network is off and
+    the data directory (with the secret key) is the server's."""
+    settings.DATA_DIR = data
+    settings.DISPATCH_WORKSPACE = ws
+    settings.DISPATCH_SHELL_NETWORK = False
+    command = "cat ../secret_key; " + CONNECT.format(port=listener)
+    provider = ScriptedProvider(
+        [[ToolCallEvent("s", "shell", {"command": command}), Finish(stop_reason="tool_use")], []]
+    )
+
+    async def provider_for(model: str):
+        return provider
+
+    monkeypatch.setattr(agent, "provider_for", provider_for)
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "run it")
+            await watcher.until_idle()
+    result = next(row for row in await chunks(tab.pk) if row.type == "tool_result").data
+    assert result["is_error"] is True
+    assert "the-secret-key" not in result["result"]
+    assert "cat: ../secret_key: No such file or directory" in result["shell_output"]
+    assert "Connection refused" in result["shell_output"]
