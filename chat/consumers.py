@@ -6,6 +6,8 @@ import asyncio
 import json
 import logging
 import uuid
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from channels.consumer import AsyncConsumer
@@ -14,7 +16,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from chat import log, render, turns
 from chat.agent import TurnRunner
-from chat.models import RunningTurn, Tab
+from chat.forms import ui_settings
+from chat.models import Chunk, RunningTurn, Tab
 from chat.stream import Block
 
 logger = logging.getLogger(__name__)
@@ -28,6 +31,53 @@ CLOSE_RESYNC = 4409
 # Ops held for a page that has not said what it holds yet. A page says so at
 # once; one that never does must not grow the server's memory for a whole turn.
 MAX_BUFFERED_OPS = 5000
+# The largest frame a catch-up sends (characters of HTML). A typical page of
+# 200 chunks is well under it; a browser parses this much in a few
+# milliseconds, and a frame this size never holds up the socket's other frames
+# for long. Only a single chunk larger than this makes a larger frame.
+CATCH_UP_FRAME_CHARS = 256 * 1024
+
+
+class _Gap(Exception):
+    """An op shows that an earlier one never arrived (the channel layer dropped it)."""
+
+
+@dataclass
+class CatchUp:
+    frames: list[str]
+    chunks: list[Chunk]
+    # The page's log was replaced: it holds `chunks` and nothing else.
+    replaced: bool
+
+
+def catch_up(tab_id: uuid.UUID, last_seq: int) -> CatchUp:
+    """What a page holding the log up to `last_seq` lacks, as frames. Sync: database and
+    rendering, run off the event loop (a catch-up renders up to a page of chunks).
+
+    At most one page: a page further behind gets its whole log replaced by the
+    latest page (older ones load as it scrolls up, as after a page load), so
+    the work and the frames are bounded whatever the tab's length. The latest
+    page shrinks (newest chunks kept) until its frame fits CATCH_UP_FRAME_CHARS.
+    """
+    conf = ui_settings()
+    chunks = log.tail(tab_id, after=last_seq, limit=conf.page_size + 1)
+    if len(chunks) <= conf.page_size:
+        return CatchUp(render.catch_up_frames(chunks, CATCH_UP_FRAME_CHARS), chunks, False)
+    limit = conf.page_size
+    while True:
+        chunks = log.page(tab_id, limit=limit)
+        has_more, continues = log.page_bounds(tab_id, chunks)
+        frame = render.fragment_log(
+            chunks,
+            tab_id=tab_id,
+            has_more=has_more,
+            continues=continues,
+            dom_window=conf.dom_window,
+            expand_thinking=conf.expand_thinking,
+        )
+        if len(frame) <= CATCH_UP_FRAME_CHARS or limit == 1:
+            return CatchUp([frame], chunks, True)
+        limit = max(1, limit // 2)
 
 
 class TabSocket(AsyncWebsocketConsumer):
@@ -35,10 +85,17 @@ class TabSocket(AsyncWebsocketConsumer):
 
     The socket joins the tab's group at connect and buffers ops. When the page
     says what it holds ("hello": last sealed seq, open chunk id and length), the
-    socket sends the sealed chunks it lacks and the running turn's exact open
-    block, then drains the buffer, dropping whatever that already covered. From
-    then on every op is checked against what the page holds: a seal at or
-    below `sent_seq` and delta text before `open_len` are never sent twice.
+    socket sends the sealed chunks it lacks (at most a page) and the running
+    turn's exact open block, then drains the buffer, dropping whatever that
+    already covered. From then on every op is checked against what the page
+    holds: a seal at or below `sent_seq` and delta text before `open_len` are
+    never sent twice.
+
+    The channel layer drops messages for a channel that is full, silently. The
+    stream checks itself: a seal whose seq skips one, a delta past the end of
+    the open text, or a delta for a chunk the page never got opened means ops
+    were lost, and the socket catches the page up again from what it holds, as
+    for a hello.
     """
 
     async def connect(self) -> None:
@@ -53,10 +110,12 @@ class TabSocket(AsyncWebsocketConsumer):
         self.tab_id = tab_id
         self.group = turns.tab_group(tab_id)
         self.synced = False
-        self.buffer: list[dict[str, Any]] = []
+        self.buffer: deque[dict[str, Any]] = deque()
         self.sent_seq = 0
         self.open_id: str | None = None
         self.open_len = 0
+        # Chunks the last catch-up sent sealed: buffered ops about them are stale.
+        self.done_ids: set[str] = set()
         self.pending_hello: dict[str, Any] | None = None
         self.snapshot_timer: asyncio.TimerHandle | None = None
         # Join before reading anything: ops from here on are buffered, not lost.
@@ -84,16 +143,29 @@ class TabSocket(AsyncWebsocketConsumer):
             }
         except (TypeError, ValueError):
             return
-        self.synced = False
-        self.pending_hello = hello
-        if self.snapshot_timer is not None:
-            # A hello while an earlier one waited: only the newest is answered.
-            self.snapshot_timer.cancel()
-            self.snapshot_timer = None
-        running = await RunningTurn.objects.filter(tab_id=self.tab_id).aexists()
-        if not running:
-            await self._catch_up(None)
-            return
+        await self._sync_page(hello)
+
+    def _holding(self) -> dict[str, Any]:
+        """What the page holds, as far as this socket sent it: a hello for a resync."""
+        return {"last_seq": self.sent_seq, "open_id": self.open_id, "open_len": self.open_len}
+
+    async def _sync_page(self, hello: dict[str, Any] | None) -> None:
+        # A loop, not recursion: a catch-up whose buffered ops show another gap
+        # starts over from what the page then holds.
+        while hello is not None:
+            self.synced = False
+            self.pending_hello = hello
+            if self.snapshot_timer is not None:
+                # A hello while an earlier one waited: only the newest is answered.
+                self.snapshot_timer.cancel()
+                self.snapshot_timer = None
+            running = await RunningTurn.objects.filter(tab_id=self.tab_id).aexists()
+            if running:
+                await self._ask_snapshot()
+                return
+            hello = await self._catch_up(None)
+
+    async def _ask_snapshot(self) -> None:
         # Ask the worker holding the turn for its open block; the answer comes
         # back as a "tab.snapshot" message (never await it here: a consumer
         # handles one message at a time).
@@ -115,7 +187,7 @@ class TabSocket(AsyncWebsocketConsumer):
         if self.snapshot_timer is not None:
             self.snapshot_timer.cancel()
             self.snapshot_timer = None
-        await self._catch_up(message)
+        await self._sync_page(await self._catch_up(message))
 
     async def tab_snapshot_timeout(self, message: dict[str, Any]) -> None:
         if self.pending_hello is None:
@@ -125,18 +197,25 @@ class TabSocket(AsyncWebsocketConsumer):
         snapshot = None
         if running is not None and running.open_chunk:
             snapshot = {"open": running.open_chunk, "status": None}
-        await self._catch_up(snapshot)
+        await self._sync_page(await self._catch_up(snapshot))
 
-    async def _catch_up(self, snapshot: dict[str, Any] | None) -> None:
+    async def _catch_up(self, snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Send what the pending hello lacks, then the buffer. A hello to resync with if the
+        buffer shows a gap, else None."""
         hello, self.pending_hello = self.pending_hello, None
-        chunks = await database_sync_to_async(log.tail)(self.tab_id, after=hello["last_seq"])
-        frames = []
-        if chunks:
-            frames.append(render.fragment_chunks(chunks))
-        self.sent_seq = chunks[-1].seq if chunks else hello["last_seq"]
-        self.open_id, self.open_len = hello["open_id"], hello["open_len"]
+        plan = await database_sync_to_async(catch_up)(self.tab_id, hello["last_seq"])
+        chunks = plan.chunks
+        frames = list(plan.frames)
+        self.done_ids = {str(c.id) for c in chunks}
+        if plan.replaced:
+            # The page holds exactly the latest page now: its open chunk went with its old log.
+            self.sent_seq = chunks[-1].seq if chunks else 0
+            self.open_id, self.open_len = None, 0
+        else:
+            self.sent_seq = chunks[-1].seq if chunks else hello["last_seq"]
+            self.open_id, self.open_len = hello["open_id"], hello["open_len"]
         open_fields = snapshot.get("open") if snapshot else None
-        if open_fields is not None and not any(str(c.id) == open_fields["id"] for c in chunks):
+        if open_fields is not None and open_fields["id"] not in self.done_ids:
             block = Block.from_dict(open_fields)
             if self.open_id == str(block.id) and self.open_len <= len(block.text):
                 rest = block.text[self.open_len :]
@@ -155,58 +234,64 @@ class TabSocket(AsyncWebsocketConsumer):
         frames.append(render.fragment_status(status))
         for frame in frames:
             await self.send(text_data=frame)
-        buffered, self.buffer = self.buffer, []
         self.synced = True
-        for op in buffered:
-            await self._forward(op)
+        while self.buffer:
+            if resync := await self._forward(self.buffer.popleft()):
+                # The rest stays buffered, behind the next catch-up.
+                return resync
+        return None
 
     async def tab_op(self, message: dict[str, Any]) -> None:
         if not self.synced:
             self.buffer.append(message)
             if len(self.buffer) > MAX_BUFFERED_OPS:
                 # The page reconnects by itself and starts over with a hello.
-                self.buffer = []
+                self.buffer.clear()
                 await self.close(code=CLOSE_RESYNC)
             return
-        await self._forward(message)
+        await self._sync_page(await self._forward(message))
 
-    async def _forward(self, message: dict[str, Any]) -> None:
-        frame = self._frame(message)
+    async def _forward(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Send an op's frame; on a gap, send nothing and return the hello to resync with."""
+        try:
+            frame = self._frame(message)
+        except _Gap as gap:
+            logger.warning("tab %s: %s; catching the page up again", self.tab_id, gap)
+            self.synced = False
+            return self._holding()
         if frame:
             await self.send(text_data=frame)
+        return None
 
     def _frame(self, message: dict[str, Any]) -> str | None:
         match message["op"]:
             case "open":
                 block = Block.from_dict(message["block"])
-                if str(block.id) == self.open_id:
+                if str(block.id) == self.open_id or str(block.id) in self.done_ids:
                     return None
                 self.open_id, self.open_len = str(block.id), len(block.text)
                 return render.fragment_open(block)
             case "delta":
-                if message["chunk_id"] != self.open_id:
+                chunk_id = message["chunk_id"]
+                if chunk_id in self.done_ids:
                     return None
+                if chunk_id != self.open_id:
+                    raise _Gap(f"a delta for chunk {chunk_id}, which the page never got opened")
                 text, offset = message["text"], message["offset"]
                 skip = self.open_len - offset
                 if skip < 0:
-                    # Text is missing between what the page has and this delta:
-                    # cannot happen with ordered delivery; log it loudly.
-                    logger.error(
-                        "delta gap on tab %s: have %s, got offset %s",
-                        self.tab_id,
-                        self.open_len,
-                        offset,
-                    )
-                    return None
+                    raise _Gap(f"a delta at offset {offset}; the page has {self.open_len}")
                 if skip >= len(text):
                     return None
                 text = text[skip:]
                 self.open_len += len(text)
-                return render.fragment_delta(uuid.UUID(message["chunk_id"]), text)
+                return render.fragment_delta(uuid.UUID(chunk_id), text)
             case "seal":
                 block = Block.from_dict(message["block"])
                 if block.seq is not None and block.seq <= self.sent_seq:
                     return None
+                if block.seq is not None and block.seq > self.sent_seq + 1:
+                    raise _Gap(f"the seal of seq {block.seq}; the page has up to {self.sent_seq}")
                 self.sent_seq = block.seq or self.sent_seq
                 if str(block.id) == self.open_id:
                     self.open_id, self.open_len = None, 0

@@ -73,6 +73,21 @@ def page(tab_id: uuid.UUID, *, before: int | None = None, limit: int = PAGE_SIZE
     return list(reversed(qs.order_by("-seq")[:limit]))
 
 
+def page_bounds(tab_id: uuid.UUID, chunks: Sequence[Chunk]) -> tuple[bool, bool]:
+    """(more chunks before this page, the first chunk's turn began before it)."""
+    if not chunks:
+        return False, False
+    first = chunks[0]
+    before = (
+        Chunk.objects.filter(tab_id=tab_id, seq__lt=first.seq)
+        .order_by("-seq")
+        .values_list("turn_id", flat=True)[:1]
+    )
+    if not before:
+        return False, False
+    return True, first.turn_id is not None and before[0] == first.turn_id
+
+
 def tail(tab_id: uuid.UUID, *, after: int = 0, limit: int | None = None) -> list[Chunk]:
     """Chunks with seq > `after`, in seq order."""
     qs = Chunk.objects.filter(tab_id=tab_id, seq__gt=after).order_by("seq")

@@ -31,6 +31,7 @@ from functools import cached_property
 from typing import Any
 
 import nh3
+from django.conf import settings
 from django.template.loader import render_to_string
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -41,6 +42,7 @@ from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
 from chat.stream import Block, Kind, Role
+from chat.tools import sandbox
 
 TEMPLATE = "chat/tab.html"
 
@@ -587,6 +589,8 @@ def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, An
         "approval": approval,
         "has_queued": "queued" in status,
         "queued": status.get("queued") or [],
+        # A warning only when the shell is unsandboxed or unavailable (cached verdict).
+        "sandbox": sandbox.state(sandbox.policy_from(settings)),
     }
 
 
@@ -650,6 +654,53 @@ def fragment_chunks(chunks: Iterable[Any]) -> str:
     if run:
         frames.append(_insert(run))
     return "".join(frames)
+
+
+def catch_up_frames(chunks: Iterable[Any], max_chars: int) -> list[str]:
+    """Sealed chunks the page lacks, as insert frames of at most `max_chars` each.
+
+    Results nest in cards of the same batch. Each top-level item is its own
+    insert, so frames split anywhere between items; a frame holds at least one,
+    so only a single item larger than `max_chars` makes a larger frame.
+    """
+    frames: list[str] = []
+    parts: list[str] = []
+    size = 0
+    for item in group(chunks):
+        html = _insert([item])
+        if parts and size + len(html) > max_chars:
+            frames.append("".join(parts))
+            parts, size = [], 0
+        parts.append(html)
+        size += len(html)
+    if parts:
+        frames.append("".join(parts))
+    return frames
+
+
+def fragment_log(
+    chunks: Sequence[Any],
+    *,
+    tab_id: uuid.UUID,
+    has_more: bool,
+    continues: bool,
+    dom_window: int,
+    expand_thinking: bool,
+) -> str:
+    """Replace the page's whole log with these chunks, as a page render has them."""
+    return _render(
+        "log",
+        {
+            "items": group(chunks, continues=continues),
+            "page": True,
+            "oob": True,
+            "tab_id": tab_id,
+            "has_more": has_more,
+            "before": chunks[0].seq if chunks else 0,
+            "dom_window": dom_window,
+            "expand_thinking": expand_thinking,
+        },
+    )
 
 
 def fragment_status(status: dict[str, Any]) -> str:

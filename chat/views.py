@@ -44,7 +44,6 @@ from chat.forms import (
 )
 from chat.models import (
     ApiKey,
-    Chunk,
     ProviderEndpoint,
     RunningTurn,
     Setting,
@@ -138,28 +137,13 @@ def tab_new(request: HttpRequest) -> HttpResponse:
     return redirect("tab", tab_id=tab.id)
 
 
-def _page_bounds(tab_id: uuid.UUID, chunks: list[Chunk]) -> tuple[bool, bool]:
-    """(more chunks before this page, the first chunk's turn began before it)."""
-    if not chunks:
-        return False, False
-    first = chunks[0]
-    before = (
-        Chunk.objects.filter(tab_id=tab_id, seq__lt=first.seq)
-        .order_by("-seq")
-        .values_list("turn_id", flat=True)[:1]
-    )
-    if not before:
-        return False, False
-    return True, first.turn_id is not None and before[0] == first.turn_id
-
-
 @login_required
 @require_GET
 def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = _get_tab_for_user(request, tab_id)
     conf = ui_settings()
     chunks = log.page(tab.id, limit=conf.page_size)
-    has_more, continues = _page_bounds(tab.id, chunks)
+    has_more, continues = log.page_bounds(tab.id, chunks)
     items, status = chat_render.page_items(chunks, turns.status(tab.id), continues=continues)
     return render(
         request,
@@ -197,7 +181,7 @@ def tab_older(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
         return HttpResponseBadRequest("?before= must be at least 1.")
     conf = ui_settings()
     chunks = log.page(tab.id, before=before, limit=conf.page_size)
-    has_more, continues = _page_bounds(tab.id, chunks)
+    has_more, continues = log.page_bounds(tab.id, chunks)
     items = chat_render.group(chunks, continues=continues)
     return render(
         request,

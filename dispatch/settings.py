@@ -247,14 +247,22 @@ if REDIS_URL and urlsplit(REDIS_URL).scheme != "unix":
 # timeout is also 5 s: the two race, and an idle worker or socket dies. A read
 # must outlast the blocking pop. A socket_timeout in the URL still wins.
 REDIS_SOCKET_TIMEOUT = 15
+# Messages a channel (one socket, or the worker) holds before the layer drops
+# more, silently: at the runner's coalesced rate (a frame per 30 ms) that is
+# 45 s of a stream a socket did not read. A socket that falls that far behind
+# notices the gap at its next op and catches its page up (chat.consumers).
+CHANNEL_CAPACITY = 1500
+# Seconds a message waits for its reader: a socket or worker that has not read
+# for a minute is gone, and its messages would only use memory.
+CHANNEL_EXPIRY = 60
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
-                "capacity": 1500,
-                "expiry": 60,
+                "capacity": CHANNEL_CAPACITY,
+                "expiry": CHANNEL_EXPIRY,
             },
         }
     }
@@ -262,7 +270,7 @@ else:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "chat.layers.EmbeddedChannelLayer",
-            "CONFIG": {"capacity": 1500, "expiry": 60},
+            "CONFIG": {"capacity": CHANNEL_CAPACITY, "expiry": CHANNEL_EXPIRY},
         }
     }
 

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
+from channels.layers import channel_layers, get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
 
-from chat import agent, consumers, render, turns
-from chat.models import RunningTurn
+from chat import agent, consumers, log, render, turns
+from chat.models import RunningTurn, set_setting
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
 from chat.stream import Block
 from dispatch.asgi import router
 from tests.engine import Watcher, chunks, make_tab, running_worker, submit
+from tests.ui_helpers import parse, top
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -134,7 +139,7 @@ async def test_hello_on_an_idle_tab_sends_what_the_page_lacks_and_the_status(scr
     socket = await open_socket(tab.pk, owner)
     await socket.send_to(text_data=json.dumps({"type": "hello", "last_seq": 1}))
     catch_up = await socket.receive_from(FRAME_TIMEOUT)
-    assert catch_up == render.fragment_chunks(rows[1:])
+    assert [catch_up] == render.catch_up_frames(rows[1:], consumers.CATCH_UP_FRAME_CHARS)
     status = await socket.receive_from(FRAME_TIMEOUT)
     assert 'id="status"' in status
     assert await socket.receive_nothing(0.2)
@@ -199,8 +204,15 @@ def plain_frames(monkeypatch):
     )
     monkeypatch.setattr(
         render,
-        "fragment_chunks",
-        lambda cs: json.dumps({"chunks": [{"seal": str(c.id), "seq": c.seq} for c in cs]}),
+        "catch_up_frames",
+        lambda cs, max_chars: (
+            [json.dumps({"chunks": [{"seal": str(c.id), "seq": c.seq} for c in cs]})] if cs else []
+        ),
+    )
+    monkeypatch.setattr(
+        render,
+        "fragment_log",
+        lambda cs, **kw: json.dumps({"log": [c.seq for c in cs], "has_more": kw["has_more"]}),
     )
     monkeypatch.setattr(render, "fragment_status", lambda s: json.dumps({"status": s["state"]}))
     monkeypatch.setattr(render, "fragment_queued", lambda i, t: json.dumps({"queued": i}))
@@ -313,4 +325,197 @@ async def test_a_page_that_never_says_hello_is_closed_before_its_buffer_grows(mo
         )
     output = await socket.receive_output(FRAME_TIMEOUT)
     assert output == {"type": "websocket.close", "code": consumers.CLOSE_RESYNC}
+    await socket.disconnect()
+
+
+# --- Bounded catch-up --------------------------------------------------------------------
+
+LONG_TAB_CHUNKS = 20_000
+
+
+def _seed(tab_id, count: int, text: str = "a line of the long conversation, number {n}") -> None:
+    turn = uuid.uuid4()
+    blocks = [
+        Block(uuid.uuid4(), turn, n // 40, "assistant", "text", {"text": text.format(n=n)})
+        for n in range(count)
+    ]
+    log.append(tab_id, blocks)
+
+
+def _older(tab, before: int) -> tuple[list[int], int | None]:
+    """The seqs of the page the browser loads when its "older" sentinel is revealed."""
+    client = Client()
+    client.force_login(tab.owner)
+    response = client.get(reverse("tab_older", args=[tab.id]), {"before": before})
+    assert response.status_code == 200
+    tree = parse(response.content.decode())
+    return _seqs(tree), _sentinel(tree)
+
+
+def _seqs(tree) -> list[int]:
+    return [int(n.get("data-seq")) for n in tree.find_all(lambda n: n.get("data-seq"))]
+
+
+def _sentinel(tree) -> int | None:
+    older = tree.by_id("older")
+    return int(older.get("hx-get").rpartition("before=")[2]) if older is not None else None
+
+
+async def test_a_hello_far_behind_gets_the_latest_page_in_one_bounded_frame():
+    """A page with nothing (last_seq 0) on a 20,000-chunk tab: the socket replaces its log
+    with the newest chunks that fit one frame, and "load older" then brings every other
+    chunk exactly once."""
+    tab = await make_tab()
+    await database_sync_to_async(set_setting)("page_size", 1000)
+    await database_sync_to_async(_seed)(tab.pk, LONG_TAB_CHUNKS, text="{n} " + "words " * 50)
+    owner = await database_sync_to_async(lambda: tab.owner)()
+    socket = await open_socket(tab.pk, owner)
+    await socket.send_to(text_data=json.dumps({"type": "hello", "last_seq": 0}))
+    first = await socket.receive_from(FRAME_TIMEOUT)
+    assert len(first) <= consumers.CATCH_UP_FRAME_CHARS
+    status = await socket.receive_from(FRAME_TIMEOUT)
+    assert 'id="status"' in status
+    assert await socket.receive_nothing(0.2)
+    await socket.disconnect()
+
+    [log_el] = top(first)
+    assert log_el.get("id") == "log" and log_el.get("hx-swap-oob") == "true"
+    shown = _seqs(log_el)
+    # The newest chunks, as many as fit (a page of 1000 is too big for one frame here).
+    assert shown == list(range(LONG_TAB_CHUNKS - len(shown) + 1, LONG_TAB_CHUNKS + 1))
+    assert 100 <= len(shown) < 1000
+    before = _sentinel(log_el)
+    assert before == shown[0]
+    while before is not None:
+        older, before = await database_sync_to_async(_older)(tab, before)
+        shown = older + shown
+    assert shown == list(range(1, LONG_TAB_CHUNKS + 1))
+
+
+async def test_a_page_one_page_behind_gets_inserts_in_bounded_frames():
+    """Within a page, the missing chunks come as inserts after what the page has, split
+    into frames under the size bound when they are large."""
+    tab = await make_tab()
+    await database_sync_to_async(_seed)(tab.pk, 150, text="{n} " + "x" * 5000)
+    owner = await database_sync_to_async(lambda: tab.owner)()
+    socket = await open_socket(tab.pk, owner)
+    await socket.send_to(text_data=json.dumps({"type": "hello", "last_seq": 20}))
+    frames = []
+    while 'id="status"' not in (frame := await socket.receive_from(FRAME_TIMEOUT)):
+        frames.append(frame)
+    await socket.disconnect()
+    assert len(frames) > 1
+    assert all(len(f) <= consumers.CATCH_UP_FRAME_CHARS for f in frames)
+    seqs = []
+    for frame in frames:
+        for wrapper in top(frame):
+            assert wrapper.get("hx-swap-oob") == "beforeend:#log"
+            seqs += _seqs(wrapper)
+    assert seqs == list(range(21, 151))
+
+
+# --- A channel layer that drops ops -------------------------------------------------------
+
+# So small that a burst of ops overflows the socket's channel.
+TINY_CAPACITY = 3
+
+
+@pytest.fixture
+def tiny_layer(settings):
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "chat.layers.EmbeddedChannelLayer",
+            "CONFIG": {"capacity": TINY_CAPACITY, "expiry": 60},
+        }
+    }
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+async def _burst(tab_id, ops: list[dict]) -> None:
+    """Send ops at once, as a fast runner does: the socket's full channel drops the rest."""
+    group = turns.tab_group(tab_id)
+    await asyncio.gather(
+        *(get_channel_layer().group_send(group, {"type": "tab.op", **op}) for op in ops)
+    )
+
+
+def _append(tab_id, count: int) -> list[dict]:
+    blocks = [
+        Block(uuid.uuid4(), None, 0, "system", "system", {"kind": "notice", "text": str(n)})
+        for n in range(count)
+    ]
+    log.append(tab_id, blocks)
+    return [{"op": "seal", "block": b.to_dict()} for b in blocks]
+
+
+async def test_a_dropped_seal_is_noticed_at_the_next_one_and_the_page_caught_up(
+    tiny_layer, plain_frames
+):
+    tab = await make_tab()
+    await database_sync_to_async(_append)(tab.pk, 2)
+    owner = await database_sync_to_async(lambda: tab.owner)()
+    socket = await open_socket(tab.pk, owner)
+    await socket.send_to(text_data=json.dumps({"type": "hello", "last_seq": 2}))
+    assert json.loads(await socket.receive_from(FRAME_TIMEOUT)) == {"status": "idle"}
+
+    await _burst(tab.pk, await database_sync_to_async(_append)(tab.pk, 10))
+    # Seqs 3..12 went out; the channel held TINY_CAPACITY of them. The next seal shows the gap.
+    await _burst(tab.pk, await database_sync_to_async(_append)(tab.pk, 1))
+    page: list[int] = []
+    while (frame := json.loads(await socket.receive_from(FRAME_TIMEOUT))) != {"status": "idle"}:
+        page += [c["seq"] for c in frame["chunks"]] if "chunks" in frame else [frame["seq"]]
+    assert await socket.receive_nothing(0.2)
+    await socket.disconnect()
+    assert page == list(range(3, 14))
+
+
+@pytest.mark.parametrize("lost", ["deltas", "the open op"])
+async def test_lost_stream_text_is_noticed_and_resent_from_the_snapshot(
+    tiny_layer, plain_frames, monkeypatch, lost
+):
+    """A delta past the end of the page's text, or one for a chunk the page never got opened,
+    means ops were dropped: the socket resyncs, and the page's text is the open block's."""
+    monkeypatch.setattr(consumers, "SNAPSHOT_TIMEOUT", 0.2)
+    tab = await make_tab()
+    block = Block(uuid.uuid4(), uuid.uuid4(), 1, "assistant", "text", {"text": ""})
+    words = [f"word{n} " for n in range(12)]
+    full = "".join(words)
+    # No runner answers the snapshot here: the socket falls back to the checkpoint.
+    await RunningTurn.objects.acreate(
+        tab_id=tab.pk, turn_id=block.turn_id, worker="gone:1:x", heartbeat_at=timezone.now()
+    )
+    owner = await database_sync_to_async(lambda: tab.owner)()
+    socket = await open_socket(tab.pk, owner)
+    await socket.send_to(text_data=json.dumps({"type": "hello", "last_seq": 0}))
+    assert "status" in json.loads(await socket.receive_from(FRAME_TIMEOUT))
+
+    deltas, offset = [], 0
+    for word in words:
+        deltas.append({"op": "delta", "chunk_id": str(block.id), "offset": offset, "text": word})
+        offset += len(word)
+    opened = {"op": "open", "block": block.to_dict()}
+    if lost == "deltas":
+        await _burst(tab.pk, [opened, *deltas[:-1]])
+    else:
+        running = {"op": "status", "status": {"state": "running"}}
+        await _burst(tab.pk, [*[running] * TINY_CAPACITY, opened, *deltas[:-1]])
+    # By the time the last delta goes out, the checkpoint holds the whole text.
+    await RunningTurn.objects.filter(tab_id=tab.pk).aupdate(
+        open_chunk={**block.to_dict(), "data": {"text": full}}
+    )
+    await _burst(tab.pk, deltas[-1:])
+    text, opens = "", 0
+    async with asyncio.timeout(FRAME_TIMEOUT):
+        while text != full:
+            frame = json.loads(await socket.receive_from(FRAME_TIMEOUT))
+            if "open" in frame:
+                opens += 1
+                text = frame["text"]
+            elif "delta" in frame:
+                text += frame["text"]
+    assert text == full and opens == 1
+    await socket.receive_from(FRAME_TIMEOUT)  # the resync's status
+    assert await socket.receive_nothing(0.3)
     await socket.disconnect()

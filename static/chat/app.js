@@ -71,7 +71,9 @@
       return;
     }
     // Detached from the live end (see trimNewest): a new chunk would land after a gap.
-    if (detached() && d.target && d.target.id === 'log') {
+    // A whole new log (the socket's catch-up of a page far behind) is the live end.
+    var wholeLog = frag.firstElementChild && frag.firstElementChild.id === 'log';
+    if (detached() && d.target && d.target.id === 'log' && !wholeLog) {
       d.shouldSwap = false;
       return;
     }
