@@ -11,7 +11,7 @@ FIND_PYTHON = for c in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bin/py
 	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; \
 	  then echo $$c; exit 0; fi; done; exit 1
 
-.PHONY: run test lint bench chromium clean
+.PHONY: run test lint bench chromium bubblewrap clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@if [ ! -x $(PY) ]; then \
@@ -21,7 +21,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	@touch $@
 
-run: $(VENV)/.installed
+run: $(VENV)/.installed bubblewrap
 	$(PY) manage.py migrate --noinput -v 0
 	$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
@@ -31,14 +31,23 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq chromium >/dev/null); \
 	  else echo "Chromium is missing: sudo apt-get install chromium" >&2; exit 1; fi; }
 
-test: $(VENV)/.installed chromium
+# The shell tool's sandbox (Linux); installed like Chromium. Where that is not
+# possible the app still runs, and its shell tool says why it refuses to.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null); \
+	  else echo "bubblewrap (bwrap) is missing, so the shell tool will refuse to run:" \
+	    "install it (sudo apt-get install bubblewrap); see the README's Security section." >&2; fi; }
+
+test: $(VENV)/.installed chromium bubblewrap
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: $(VENV)/.installed chromium
+bench: $(VENV)/.installed chromium bubblewrap
 	$(PY) -m bench
 
 clean:

@@ -11,6 +11,7 @@ import os
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model, login
 from django.contrib.auth import views as auth_views
@@ -51,6 +52,7 @@ from chat.models import (
     new_tab,
 )
 from chat.providers.registry import PROVIDERS
+from chat.tools import sandbox
 
 # The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
 SIDEBAR_TABS = 100
@@ -375,6 +377,7 @@ def settings_view(request: HttpRequest) -> HttpResponse:
             "models": known_models(),
             "providers": _provider_status(stored),
             "offline_model": OFFLINE_MODEL,
+            "sandbox": sandbox.state(sandbox.policy_from(settings)),
         },
         status=status,
     )

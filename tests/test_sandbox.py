@@ -19,8 +19,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+from django.utils.html import escape
 
-from chat import agent
+from chat import agent, render
 from chat.providers.base import Finish, ToolCallEvent
 from chat.providers.replay import ScriptedProvider
 from chat.tools import run_tool, sandbox
@@ -482,3 +486,61 @@ async def test_a_turn_runs_its_shell_in_the_sandbox_the_settings_describe(
     assert "the-secret-key" not in result["result"]
     assert "cat: ../secret_key: No such file or directory" in result["shell_output"]
     assert "Connection refused" in result["shell_output"]
+
+
+# --- what people see ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("unsandboxed", "bwrap_ok", "warning"),
+    [
+        (False, True, None),
+        (True, True, "Shell unsandboxed"),
+        (False, False, "Shell unavailable"),
+    ],
+)
+def test_the_status_line_warns_only_without_a_sandbox(
+    settings, monkeypatch, tmp_path, unsandboxed, bwrap_ok, warning
+):
+    """The chat page's status line carries a warning, with the details as its title, only
+    when commands run unsandboxed or the shell is unavailable."""
+    settings.DISPATCH_SHELL_UNSANDBOXED = unsandboxed
+    if not bwrap_ok:
+        monkeypatch.setattr(sandbox, "BWRAP", str(tmp_path / "no-bwrap"))
+    html = render.fragment_status({"state": "idle"})
+    if warning is None:
+        assert "sandbox-warning" not in html
+    else:
+        detail = escape(sandbox.state(sandbox.policy_from(settings)).detail)
+        assert f'<span class="sep sandbox-warning" title="{detail}">{warning}</span>' in html
+
+
+@pytest.fixture
+def owner(db) -> Client:
+    client = Client()
+    client.force_login(User.objects.create_user("owner", password="pw-owner-123", is_staff=True))
+    return client
+
+
+def test_settings_show_the_sandbox(owner, settings):
+    settings.DISPATCH_SHELL_NETWORK = False
+    html = owner.get(reverse("settings")).content.decode()
+    assert '<span class="badge ok">sandboxed</span>' in html
+    assert "Shell commands run in a bubblewrap sandbox" in html
+    assert "without network access" in html
+    assert "Network access for shell commands: off" in html
+
+
+def test_settings_say_why_the_shell_is_unavailable(owner, monkeypatch, tmp_path):
+    missing = str(tmp_path / "no-bwrap")
+    monkeypatch.setattr(sandbox, "BWRAP", missing)
+    html = owner.get(reverse("settings")).content.decode()
+    assert '<span class="badge warn">unavailable</span>' in html
+    assert f"bubblewrap (&#x27;{missing}&#x27;) is not installed" in html
+
+
+def test_settings_show_the_opt_out(owner, settings):
+    settings.DISPATCH_SHELL_UNSANDBOXED = True
+    html = owner.get(reverse("settings")).content.decode()
+    assert '<span class="badge warn">unsandboxed</span>' in html
+    assert "DISPATCH_SHELL_UNSANDBOXED is set" in html

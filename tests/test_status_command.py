@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 
 from chat.management.commands.dispatch_status import human_size
+from chat.tools import sandbox
 from tests import opsdata
 
 pytestmark = pytest.mark.django_db
@@ -94,7 +95,39 @@ def test_it_reports_an_empty_database():
     """With no history the report still prints every line, with zeros."""
     lines = _status().splitlines()
 
-    assert lines[1:] == ["Tabs: 0", "Chunks: 0", "Running turns: 0", "Queued messages: 0"]
+    assert lines[1:] == [
+        "Tabs: 0",
+        "Chunks: 0",
+        "Running turns: 0",
+        "Queued messages: 0",
+        "Shell: sandboxed, network on",
+    ]
+
+
+def test_it_reports_a_shell_without_network(settings):
+    settings.DISPATCH_SHELL_NETWORK = False
+    assert _status().splitlines()[-1] == "Shell: sandboxed, network off"
+    assert json.loads(_status("--json"))["shell"]["network"] is False
+
+
+def test_it_reports_why_the_shell_is_unavailable(monkeypatch, tmp_path):
+    """Where bwrap cannot run, the report says so with the reason and the fix."""
+    missing = str(tmp_path / "no-bwrap")
+    monkeypatch.setattr(sandbox, "BWRAP", missing)
+    lines = _status().splitlines()
+    assert lines[-2] == "Shell: unavailable, network on"
+    assert lines[-1] == "  " + sandbox.check(sandbox.Policy(bwrap=missing)).problem
+    assert "apt-get install bubblewrap" in lines[-1]
+    shell = json.loads(_status("--json"))["shell"]
+    assert shell["state"] == "unavailable" and shell["detail"] == lines[-1].strip()
+
+
+def test_it_reports_the_opt_out(settings):
+    """DISPATCH_SHELL_UNSANDBOXED=1 is shown, with what it exposes."""
+    settings.DISPATCH_SHELL_UNSANDBOXED = True
+    lines = _status().splitlines()
+    assert lines[-2] == "Shell: unsandboxed, network on"
+    assert lines[-1].startswith("  DISPATCH_SHELL_UNSANDBOXED is set: shell commands run without")
 
 
 @pytest.mark.parametrize(

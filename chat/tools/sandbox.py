@@ -102,6 +102,7 @@ def policy_from(conf: Any) -> Policy:
         network=conf.DISPATCH_SHELL_NETWORK,
         unsandboxed=conf.DISPATCH_SHELL_UNSANDBOXED,
         hidden=(Path(conf.DATA_DIR),),
+        bwrap=BWRAP,
     )
 
 

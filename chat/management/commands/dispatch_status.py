@@ -1,4 +1,5 @@
-"""`manage.py dispatch_status`: what the database holds and which turns are running.
+"""`manage.py dispatch_status`: what the database holds, which turns are running, and
+what the shell tool runs in (its sandbox, or why there is none).
 
 Read-only. `--json` prints the same facts as one JSON object, for scripts.
 """
@@ -10,12 +11,14 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Count, Min
 from django.utils import timezone
 
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
+from chat.tools import sandbox
 from chat.turns import is_stale
 
 
@@ -87,17 +90,22 @@ def status() -> dict[str, Any]:
         .annotate(title=Min("tab__title"), count=Count("id"), oldest=Min("created_at"))
         .order_by("oldest")
     ]
+    shell = sandbox.state(sandbox.policy_from(settings))
     return {
         "database": {"vendor": size.vendor, "name": size.name, "size_bytes": size.size_bytes},
         "tabs": Tab.objects.count(),
         "chunks": Chunk.objects.count(),
         "running_turns": running,
         "queued_messages": queued,
+        "shell": {"state": shell.state, "network": shell.network, "detail": shell.detail},
     }
 
 
 class Command(BaseCommand):
-    help = "Show tabs, chunks, database size, running turns (lease age, stale) and queued messages."
+    help = (
+        "Show tabs, chunks, database size, running turns (lease age, stale), queued messages "
+        "and the shell's sandbox."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
@@ -130,3 +138,8 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  {row['tab']} ({row['tab_id']}): {row['count']}, oldest {row['oldest_at']}"
             )
+        shell = facts["shell"]
+        network = "on" if shell["network"] else "off"
+        self.stdout.write(f"Shell: {shell['state']}, network {network}")
+        if shell["state"] != "sandboxed":
+            self.stdout.write(f"  {shell['detail']}")
