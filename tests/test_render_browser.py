@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from chat import log, render
+from chat import consumers, log, render
 from chat.models import QueuedMessage, Tab, set_setting
 from tests.ui_helpers import block
 
@@ -383,4 +383,38 @@ async def test_it_shows_a_clear_error_for_a_blank_message(browser, live_server):
         "document.getElementById('composer-error').textContent === 'The message is empty.'"
     )
     assert await page.input_value("#composer-text") == "   "
+    assert errors == []
+
+
+async def test_a_page_far_behind_gets_its_log_replaced_by_the_latest_page(browser, live_server):
+    """The socket's answer to a page more than a page behind (chat.consumers.catch_up) is a
+    new log: the latest page with its "older" trigger, even on a page scrolled back so far
+    that it had stopped following, shown from its newest message as after a page load."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(30, page_size=20, dom_window=20)
+    page, socket, errors = await open_tab(browser, live_server, session, tab, height=500)
+    hello = await socket.hello()
+    # Scrolled back past the DOM window: the newest chunks are dropped, the page detached.
+    await page.evaluate("window.scrollTo(0, 0)")
+    await page.wait_for_selector("#newer")
+
+    later = [block("text", {"text": f"later {i}"}, turn_id=turn) for i in range(50)]
+    await sync_to_async(log.append)(tab.id, later)
+    plan = await sync_to_async(consumers.catch_up)(tab.id, hello["last_seq"])
+    assert plan.replaced and len(plan.frames) == 1
+    socket.send(*plan.frames)
+    await page.wait_for_selector(f"#chunk-{later[-1].id}")
+    assert await chunk_ids(page) == [f"chunk-{b.id}" for b in later[-20:]]
+    assert await page.query_selector("#newer") is None
+    assert await page.get_attribute("#older", "hx-get") == f"/t/{tab.id}/older/?before=61"
+    assert await page.get_attribute("#log", "data-dom-window") == "20"
+
+    # At the newest message, as after a page load: the "older" trigger is out of view.
+    assert (
+        await page.evaluate(
+            "(() => { const s = document.scrollingElement;"
+            " return s.scrollHeight - s.scrollTop - s.clientHeight; })()"
+        )
+        <= 2
+    )
+    assert await page.get_attribute("#older", "data-hx-revealed") is None
     assert errors == []

@@ -267,6 +267,15 @@
     }
   });
 
+  // A whole new log (the socket's catch-up of a page far behind) starts at its newest
+  // message, as a page load does, before htmx looks whether its "older" trigger shows.
+  document.addEventListener('htmx:oobAfterSwap', function (evt) {
+    if (evt.target && evt.target.id === 'log') {
+      follow = true;
+      toBottom();
+    }
+  });
+
   // Older pages go in above what the reader looks at: the chunk that was first
   // stays where it was on the screen.
   var anchor = null;
