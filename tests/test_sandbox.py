@@ -217,21 +217,22 @@ async def test_it_writes_only_in_the_workspace(ws, policy, tmp_path):
     assert list(outside.iterdir()) == []
 
 
-async def test_it_gives_the_command_a_private_tmp(ws, policy):
+@pytest.mark.parametrize("tmp", ["/tmp", "/var/tmp"])
+async def test_it_gives_the_command_a_private_tmp(ws, policy, tmp):
     """The host's /tmp is not visible, and what the command leaves in its /tmp is gone."""
     name = marker()
-    host_file = Path("/tmp") / name
+    host_file = Path(tmp) / name
     host_file.write_text("host\n")
     try:
         outcome = await sh(
-            f"cat /tmp/{name}; echo sandbox > /tmp/{name}-inside; cat /tmp/{name}-inside",
+            f"cat {tmp}/{name}; echo sandbox > {tmp}/{name}-inside; cat {tmp}/{name}-inside",
             ws,
             policy,
         )
     finally:
         host_file.unlink()
-    assert outcome.shell_output == f"cat: /tmp/{name}: No such file or directory\nsandbox\n"
-    assert not (Path("/tmp") / f"{name}-inside").exists()
+    assert outcome.shell_output == f"cat: {tmp}/{name}: No such file or directory\nsandbox\n"
+    assert not (Path(tmp) / f"{name}-inside").exists()
 
 
 async def test_it_drops_the_servers_tmpdir(ws, policy, monkeypatch, tmp_path):

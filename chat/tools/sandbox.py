@@ -3,8 +3,8 @@
 A command runs as `bwrap ARGS -- bash -c COMMAND`. What the sandbox sees:
 
 - a new root on a tmpfs holding only the system directories, read-only
-  (SYSTEM_DIRS), the workspace read-write at its own path, a private /tmp, a
-  minimal /dev and a fresh /proc;
+  (SYSTEM_DIRS), the workspace read-write at its own path, a private /tmp and
+  /var/tmp, a minimal /dev and a fresh /proc;
 - nothing else: not the data directory (database, secret key), not the server's
   home or code. A hidden path that would still show (inside the workspace, or
   under a system directory) gets an empty tmpfs laid over it;
@@ -152,7 +152,8 @@ def _base_args(policy: Policy) -> tuple[list[str], list[Path]]:
         resolv = _resolved(Path(RESOLV_CONF))
         if resolv.is_file() and not any(_within(resolv, d) for d in exposed):
             args += ["--ro-bind", str(resolv), str(resolv)]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # /var/tmp too: some tools keep their scratch files there, not in /tmp.
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
     return args, exposed
 
 
