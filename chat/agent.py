@@ -700,6 +700,12 @@ class TurnRunner:
         what failed. When the reducer itself is what broke, its open block is
         dropped (the checkpoint has it until the append clears it).
         """
+        if not self.lease_lost and await database_sync_to_async(self._tab_gone)():
+            # Deleted mid-turn (the tab page, the admin, wipe_history): its log and
+            # lease went with it, so whatever failed was writing to it. Nothing to say.
+            logger.info("tab %s was deleted during turn %s", self.tab_id, self.turn_id)
+            self.lease_lost = True
+            return
         logger.error("turn %s on tab %s crashed", self.turn_id, self.tab_id, exc_info=exc)
         if self.lease_lost or self._crash_logged:
             return
@@ -960,19 +966,26 @@ class TurnRunner:
                 # heartbeat task is not noticed by anyone.
                 logger.exception("heartbeat of tab %s failed", self.tab_id)
                 continue
-            if beat == "lost":
+            if beat in ("lost", "gone"):
                 # Recovered by someone else: another runner may own the tab now.
-                logger.error("lease of tab %s was lost; stopping this runner", self.tab_id)
+                # Or the tab was deleted, the lease with it: no one to tell.
+                if beat == "lost":
+                    logger.error("lease of tab %s was lost; stopping this runner", self.tab_id)
+                else:
+                    logger.info("tab %s was deleted; stopping its runner", self.tab_id)
                 self.lease_lost = True
                 self.cancel(stopping=True)
             elif beat == "cancel" and not self.cancelled.is_set():
                 # Cancel requested through the database (the control message was lost).
                 self.cancel()
 
+    def _tab_gone(self) -> bool:
+        return not Tab.objects.filter(pk=self.tab_id).exists()
+
     def _beat(self) -> str:
         rows = RunningTurn.objects.filter(tab_id=self.tab_id, turn_id=self.turn_id)
         if not rows.update(heartbeat_at=timezone.now()):
-            return "lost"
+            return "gone" if self._tab_gone() else "lost"
         return "cancel" if rows.filter(cancel_requested=True).exists() else "ok"
 
 

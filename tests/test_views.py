@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from chat import log, turns
+from chat import agent, log, turns
 from chat.models import (
     DEFAULT_SYSTEM_PROMPT,
     ApiKey,
+    Chunk,
     ProviderEndpoint,
     QueuedMessage,
     RunningTurn,
@@ -24,6 +27,9 @@ from chat.models import (
     set_setting,
 )
 from chat.providers import default_model
+from chat.providers.base import Finish, TextDelta
+from chat.providers.replay import ScriptedProvider
+from tests.engine import TURN_TIMEOUT, Watcher, make_tab, running_worker, submit
 from tests.ui_helpers import block, parse, seed_every_type
 
 pytestmark = pytest.mark.django_db
@@ -743,3 +749,47 @@ def test_it_says_where_each_providers_key_comes_from(client_alice, monkeypatch):
     assert "key from OPENAI_API_KEY" in lines["OpenAI-compatible"]
     assert "no key" in lines["DeepSeek"]
     assert "sk-from-env-123456" not in page(client_alice.get(reverse("settings")))
+
+
+# --- Deleting a tab while its turn runs ----------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["the delete view", "a plain delete (admin, wipe)"])
+@pytest.mark.parametrize("heartbeat", ["slow", "fast"])
+async def test_deleting_a_tab_mid_turn_ends_the_turn_quietly(caplog, monkeypatch, how, heartbeat):
+    """The runner stops at once and logs no error or traceback, and nothing of the tab stays:
+    whether the view cancels first or the row just goes, and whether the runner first
+    notices at a write or at its heartbeat."""
+    if heartbeat == "fast":
+        monkeypatch.setattr(turns, "HEARTBEAT_SECONDS", 0.05)
+    provider = ScriptedProvider(
+        [[*[TextDelta(f"w{i} ") for i in range(400)], Finish()]], delay=0.01
+    )
+
+    async def provider_for(model: str):
+        return provider
+
+    monkeypatch.setattr(agent, "provider_for", provider_for)
+    caplog.set_level(logging.INFO)
+    async with running_worker():
+        tab = await make_tab()
+        owner = await sync_to_async(lambda: tab.owner)()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(lambda m: m["op"] == "delta")
+        if how == "the delete view":
+            client = Client()
+            await sync_to_async(client.force_login)(owner)
+            response = await sync_to_async(client.post)(reverse("tab_delete", args=[tab.pk]))
+            assert response.status_code == 302
+        else:
+            await Tab.objects.filter(pk=tab.pk).adelete()
+        async with asyncio.timeout(TURN_TIMEOUT):
+            while tab.pk in agent.RUNNING or turns._claims[tab.pk]:
+                await asyncio.sleep(0.01)
+    assert not await RunningTurn.objects.filter(tab_id=tab.pk).aexists()
+    assert not await Chunk.objects.filter(tab_id=tab.pk).aexists()
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert loud == [], [r.getMessage() for r in loud]
