@@ -283,4 +283,3 @@ def test_a_bad_tls_proxy_value_stops_the_server_naming_it(tmp_path):
     )
     assert done.returncode != 0
     assert "DISPATCH_BEHIND_TLS_PROXY='maybe' is not a boolean" in done.stderr
-
