@@ -207,6 +207,20 @@ def test_every_page_carries_a_strict_policy_and_needs_nothing_it_forbids(owner):
         _assert_no_inline_code(response.content.decode(), url)
 
 
+@pytest.mark.django_db
+def test_the_first_run_and_empty_home_pages_need_nothing_the_policy_forbids():
+    client = Client()
+    response = client.get(reverse("setup"))
+    assert response.status_code == 200
+    assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+    _assert_no_inline_code(response.content.decode(), "setup")
+    user = get_user_model().objects.create_user("someone", password="correct horse battery")
+    client.force_login(user)
+    response = client.get(reverse("home"))
+    assert response.status_code == 200
+    _assert_no_inline_code(response.content.decode(), "home")
+
+
 def test_the_admins_inline_style_carries_the_policys_nonce(owner):
     client = Client()
     client.force_login(owner)
