@@ -330,8 +330,12 @@ class TurnRunner:
         except Exception:
             logger.exception("could not release the lease of tab %s", self.tab_id)
 
+    def _lease(self):
+        """This turn's lease row: after a recovery the tab's lease may be another's."""
+        return RunningTurn.objects.filter(tab_id=self.tab_id, turn_id=self.turn_id)
+
     def _release(self) -> None:
-        RunningTurn.objects.filter(tab_id=self.tab_id, turn_id=self.turn_id).delete()
+        self._lease().delete()
 
     def _start_turn(self, turn_id: uuid.UUID) -> None:
         self.turn_id = turn_id
@@ -348,10 +352,14 @@ class TurnRunner:
         with transaction.atomic():
             Tab.objects.select_for_update().filter(pk=self.tab_id).values_list("pk").get()
             # Only this turn's lease: if it was recovered meanwhile, it is not ours.
-            mine = RunningTurn.objects.filter(tab_id=self.tab_id, turn_id=self.turn_id)
+            mine = self._lease()
             if QueuedMessage.objects.filter(tab_id=self.tab_id).exists():
                 turn_id = uuid.uuid4()
                 if mine.update(turn_id=turn_id, step=0, cancel_requested=False, status="running"):
+                    # Here, on the database thread: a heartbeat queued right behind
+                    # this must look for the lease by its new turn id, or it
+                    # would report it lost and stop the runner.
+                    self.turn_id = turn_id
                     return turn_id
                 return None
             mine.delete()
@@ -374,8 +382,7 @@ class TurnRunner:
     def _hand_back(self) -> None:
         from chat import turns
 
-        RunningTurn.objects.filter(tab_id=self.tab_id).delete()
-        turns.request_run(self.tab_id)
+        turns.hand_back(self.tab_id, self.turn_id)
 
     async def _run_turn(self) -> None:
         tab = await Tab.objects.aget(pk=self.tab_id)
@@ -647,9 +654,7 @@ class TurnRunner:
         self._approvals[call_id] = future
         self.status.state = "waiting"
         self.status.approval = {"call_id": call_id, "name": name, "arguments": arguments}
-        await database_sync_to_async(RunningTurn.objects.filter(tab_id=self.tab_id).update)(
-            status=RunningTurn.Status.WAITING
-        )
+        await database_sync_to_async(self._lease().update)(status=RunningTurn.Status.WAITING)
         await self._status()
         try:
             return await future
@@ -657,9 +662,7 @@ class TurnRunner:
             self._approvals.pop(call_id, None)
             self.status.state = "running"
             self.status.approval = None
-            await database_sync_to_async(RunningTurn.objects.filter(tab_id=self.tab_id).update)(
-                status=RunningTurn.Status.RUNNING
-            )
+            await database_sync_to_async(self._lease().update)(status=RunningTurn.Status.RUNNING)
             await self._status()
 
     # --- cancel ----------------------------------------------------------------
@@ -935,9 +938,7 @@ class TurnRunner:
         return blocks, [q.pk for q in queued]
 
     async def _set_step(self, step: int) -> None:
-        await database_sync_to_async(RunningTurn.objects.filter(tab_id=self.tab_id).update)(
-            step=step
-        )
+        await database_sync_to_async(self._lease().update)(step=step)
 
     async def _record_usage(self, model: str, usage: Usage) -> None:
         self.status.usage = self.status.usage + usage
@@ -983,7 +984,7 @@ class TurnRunner:
         return not Tab.objects.filter(pk=self.tab_id).exists()
 
     def _beat(self) -> str:
-        rows = RunningTurn.objects.filter(tab_id=self.tab_id, turn_id=self.turn_id)
+        rows = self._lease()
         if not rows.update(heartbeat_at=timezone.now()):
             return "gone" if self._tab_gone() else "lost"
         return "cancel" if rows.filter(cancel_requested=True).exists() else "ok"

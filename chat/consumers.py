@@ -7,6 +7,7 @@ import json
 import logging
 import uuid
 from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -339,8 +340,18 @@ class TurnWorker(AsyncConsumer):
         # Claimed before the lease commits: the recovery scan must never find
         # this process's fresh lease unclaimed and take it for a dead one's.
         turns.claim(tab_id)
+        acquiring = asyncio.ensure_future(database_sync_to_async(turns.acquire)(tab_id, worker))
         try:
-            turn_id = await database_sync_to_async(turns.acquire)(tab_id, worker)
+            turn_id = await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            # Stopping while the database thread takes the lease: it may still
+            # commit. Hand it back, so the message waits for a worker that stays
+            # instead of being reported as interrupted by the next start.
+            with suppress(Exception):
+                if (taken := await acquiring) is not None:
+                    await database_sync_to_async(turns.hand_back)(tab_id, taken)
+            turns.unclaim(tab_id)
+            raise
         except BaseException:
             turns.unclaim(tab_id)
             raise
@@ -355,8 +366,17 @@ class TurnWorker(AsyncConsumer):
         runner = TurnRunner(
             tab_id, turn_id, publish, auto_approve=bool(message.get("auto_approve"))
         )
+        try:
+            await self.channel_layer.group_add(turns.control_group(tab_id), self.channel_name)
+        except BaseException:
+            # Without the control group the turn could not be stopped or approved:
+            # give the lease up; the recovery scan asks for the queued messages again.
+            logger.exception("could not join the control group of tab %s", tab_id)
+            with suppress(Exception):
+                await database_sync_to_async(turns.release)(tab_id, turn_id)
+            turns.unclaim(tab_id)
+            raise
         self.runners[tab_id] = runner
-        await self.channel_layer.group_add(turns.control_group(tab_id), self.channel_name)
         task = asyncio.create_task(self._run(runner))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)

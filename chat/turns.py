@@ -196,9 +196,25 @@ def status(tab_id: uuid.UUID) -> dict[str, Any]:
 # --- The lease --------------------------------------------------------------------
 
 
+def _host_id() -> str:
+    """This host as worker ids name it: the host name and, where there is one, the
+    PID namespace. Containers that share a host name (host networking, a fixed
+    hostname on replicas) each have their own pids, which must never be checked
+    against one another; with the namespace in the name they are other hosts,
+    recognised as dead by the heartbeat alone."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return socket.gethostname()
+    return f"{socket.gethostname()}/pidns-{namespace}"
+
+
+HOST_ID = _host_id()
+
+
 def worker_id(channel_name: str) -> str:
     """Names a worker so that a dead one on this host is recognised at once."""
-    return f"{socket.gethostname()}:{os.getpid()}:{channel_name}"
+    return f"{HOST_ID}:{os.getpid()}:{channel_name}"
 
 
 # Tabs whose lease this process holds or is taking, counted: a claim is made
@@ -228,7 +244,7 @@ def is_dead(running: RunningTurn) -> bool:
         return True
     host, _, rest = running.worker.partition(":")
     pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
+    if host != HOST_ID or not pid_text.isdigit():
         return False
     pid = int(pid_text)
     if pid == os.getpid():
@@ -275,6 +291,18 @@ def acquire(tab_id: uuid.UUID, worker: str) -> uuid.UUID | None:
             )
     _broadcast_recovered(tab_id, recovered)
     return turn_id
+
+
+def release(tab_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+    """Give up this turn's lease (and only it: a recovered lease is another's)."""
+    RunningTurn.objects.filter(tab_id=tab_id, turn_id=turn_id).delete()
+
+
+def hand_back(tab_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+    """Give up a lease whose turn this worker will not run: the queued messages
+    go to another worker (or to this process's next start)."""
+    release(tab_id, turn_id)
+    request_run(tab_id)
 
 
 def recover_stale(*, everything: bool = False) -> list[uuid.UUID]:
@@ -489,15 +517,22 @@ async def _shut_down(worker) -> None:
             # its lease goes stale and another worker recovers the turn.
             with suppress(TimeoutError):
                 await asyncio.wait_for(drain(), INTERRUPT_WAIT_SECONDS)
-    for instance in list(worker.application_instances.values()):
-        instance["future"].cancel()
+    consumers = [instance["future"] for instance in worker.application_instances.values()]
+    for future in consumers:
+        future.cancel()
+    if consumers:
+        # Each hands back a lease it was taking just then (see TurnWorker.turn_start).
+        await asyncio.wait(consumers, timeout=INTERRUPT_WAIT_SECONDS)
 
 
 _embedded_task: asyncio.Task | None = None
 
 
 def start_embedded_worker() -> None:
-    """Start the turn worker inside this (web) process, once. Embedded mode only."""
+    """Start the turn worker inside this (web) process, once. Embedded mode only.
+
+    Once: a request during (or after) the drain must not start a second worker
+    that would take turns again."""
     global _embedded_task
     if settings.REDIS_URL or _embedded_task is not None:
         return
@@ -508,8 +543,7 @@ def start_embedded_worker() -> None:
 async def stop_embedded_worker() -> None:
     """Stop the embedded worker the way runworker stops: take no new turns, let the
     running ones finish within the grace period, then interrupt them."""
-    global _embedded_task
-    task, _embedded_task = _embedded_task, None
+    task = _embedded_task
     if task is None:
         return
     task.cancel()

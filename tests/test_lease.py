@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from django.utils import timezone
 
 from chat import agent, turns
-from chat.models import RunningTurn
+from chat.models import QueuedMessage, RunningTurn
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
@@ -94,7 +95,7 @@ async def test_a_zombie_worker_counts_as_dead():
         while _state(child.pid) != "Z":
             assert time.monotonic() < deadline, "the child never became a zombie"
             time.sleep(0.01)
-        worker = f"{socket.gethostname()}:{child.pid}:x"
+        worker = f"{turns.HOST_ID}:{child.pid}:x"
         running = await database_sync_to_async(lease)(tab, worker)
         assert turns.is_dead(running)
     finally:
@@ -103,7 +104,7 @@ async def test_a_zombie_worker_counts_as_dead():
 
 async def test_a_live_worker_of_this_host_and_one_elsewhere_are_alive():
     tab = await make_tab()
-    parent = await database_sync_to_async(lease)(tab, f"{socket.gethostname()}:{os.getppid()}:x")
+    parent = await database_sync_to_async(lease)(tab, f"{turns.HOST_ID}:{os.getppid()}:x")
     assert not turns.is_dead(parent)
     parent.worker = "another-host:1:x"
     assert not turns.is_dead(parent)
@@ -128,3 +129,95 @@ async def test_the_claim_is_dropped_after_the_turn(answer):
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+async def test_a_heartbeat_right_after_the_lease_passes_to_the_next_turn_finds_it(monkeypatch):
+    """A message queued mid-turn chains the next turn on the same lease; a heartbeat
+    landing between that switch and the runner's own start must not call it lost."""
+    gate = asyncio.Event()
+    provider = ScriptedProvider([[TextDelta("one"), gate, Finish()], [TextDelta("two"), Finish()]])
+
+    async def provider_for(model: str):
+        return provider
+
+    monkeypatch.setattr(agent, "provider_for", provider_for)
+    real = agent.TurnRunner._release_or_continue
+    beats: list[str] = []
+
+    def release_then_beat(runner):
+        next_turn = real(runner)
+        if next_turn is not None:
+            beats.append(runner._beat())
+        return next_turn
+
+    monkeypatch.setattr(agent.TurnRunner, "_release_or_continue", release_then_beat)
+    tab = await make_tab()
+    async with running_worker(), Watcher(tab.pk) as watcher:
+        await submit(tab, "first")
+        await watcher.until(lambda m: m["op"] in ("open", "delta"))
+        await submit(tab, "second")
+        gate.set()
+        await watcher.until_idle()
+        await watcher.until_idle()
+    assert beats == ["ok"]
+    rows = await chunks(tab.pk)
+    assert [c.data["text"] for c in rows] == ["first", "one", "second", "two"]
+    assert not await RunningTurn.objects.aexists()
+
+
+async def test_a_worker_stopped_while_it_takes_a_lease_hands_the_lease_back(monkeypatch):
+    """The lease commits on the database thread after the stop: it is handed back, the
+    message stays queued for the next start, and nothing calls the turn interrupted."""
+    real_acquire = turns.acquire
+    entered = threading.Event()
+    leave = threading.Event()
+
+    def slow_acquire(tab_id, worker):
+        entered.set()
+        leave.wait(ZOMBIE_WAIT_SECONDS)
+        return real_acquire(tab_id, worker)
+
+    monkeypatch.setattr(turns, "acquire", slow_acquire)
+    tab = await make_tab()
+    async with running_worker() as workers:
+        await submit(tab, "hello")
+        assert await asyncio.to_thread(entered.wait, ZOMBIE_WAIT_SECONDS)
+        for worker in workers:
+            worker.cancel()
+        await asyncio.sleep(0)
+        leave.set()
+        await asyncio.gather(*workers, return_exceptions=True)
+    assert not await RunningTurn.objects.aexists()
+    assert await QueuedMessage.objects.filter(tab=tab).acount() == 1
+    assert await chunks(tab.pk) == []
+    assert tab.pk not in turns._claims
+
+
+async def test_a_runner_that_cannot_join_its_control_group_gives_the_lease_up(answer, monkeypatch):
+    layer = get_channel_layer()
+    real_group_add = layer.group_add
+
+    tried = asyncio.Event()
+
+    async def failing_group_add(group, channel):
+        if group.startswith("tabctl."):
+            tried.set()
+            raise ConnectionError("the channel layer is down")
+        return await real_group_add(group, channel)
+
+    monkeypatch.setattr(layer, "group_add", failing_group_add)
+    tab = await make_tab()
+    async with running_worker():
+        await submit(tab, "hello")
+        await asyncio.wait_for(tried.wait(), ZOMBIE_WAIT_SECONDS)
+        deadline = time.monotonic() + ZOMBIE_WAIT_SECONDS
+        while not await _lease_given_up(tab):
+            assert time.monotonic() < deadline, "the lease was kept"
+            await asyncio.sleep(0.01)
+    assert await QueuedMessage.objects.filter(tab=tab).acount() == 1
+    assert tab.pk not in turns._claims
+    assert tab.pk not in agent.RUNNING
+
+
+async def _lease_given_up(tab) -> bool:
+    return tab.pk not in turns._claims and not await RunningTurn.objects.aexists()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
+from chat import turns
 from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, Tab, new_tab
 from tests.live import serve  # noqa: F401
 
@@ -140,3 +141,18 @@ def _processes_with(marker: str) -> list[int]:
         if marker.encode() in cmdline:
             found.append(int(proc.name))
     return found
+
+
+async def test_a_request_during_the_drain_starts_no_second_worker(monkeypatch):
+    """Every request calls start_embedded_worker (plain daphne's start): one arriving
+    while serve drains, or after, must not start a worker that takes turns again."""
+    monkeypatch.setattr(turns, "_embedded_task", None)
+    turns.start_embedded_worker()
+    first = turns._embedded_task
+    stopping = asyncio.create_task(turns.stop_embedded_worker())
+    await asyncio.sleep(0)
+    turns.start_embedded_worker()
+    assert turns._embedded_task is first
+    await stopping
+    turns.start_embedded_worker()
+    assert turns._embedded_task is first and first.done()
