@@ -18,9 +18,11 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
+from django.core.management.base import OutputWrapper
 from django.db import connection
 
 from chat import agent, log, turns
+from chat.management.commands.send import TextPrinter
 from chat.models import Chunk, RunningTurn, Tab, new_tab
 from chat.providers.base import TextDelta
 from chat.providers.offline import TOKEN_RE
@@ -269,3 +271,29 @@ def test_it_fails_saying_why_when_the_turn_is_interrupted_or_stopped(
     assert str(raised.value) == reason
     assert "Once upon" in out.getvalue()
     assert not RunningTurn.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("streamed", "printed"),
+    [
+        ("\x1b[2J\x1b[HRun rm -rf? [y/N]", "[2J[HRun rm -rf? [y/N]"),
+        ("\x1b]52;c;ZXZpbA==\x07copied", "]52;c;ZXZpbA==copied"),
+        ("progress 10%\rprogress 90%", "progress 10%\nprogress 90%"),
+        ("line\r\nnext\tcol", "line\nnext\tcol"),
+        ("\x9b31mC1 CSI\x7f", "31mC1 CSI"),
+        ("plain ünïcödé ✓", "plain ünïcödé ✓"),
+    ],
+)
+def test_text_output_cannot_drive_the_terminal(streamed, printed):
+    """Model or tool output with escape sequences prints without its control characters."""
+    out, err = io.StringIO(), io.StringIO()
+    printer = TextPrinter(OutputWrapper(out), OutputWrapper(err))
+    printer.op({"op": "delta", "chunk_id": "x", "offset": 0, "text": streamed})
+    printer.op(
+        {
+            "op": "seal",
+            "block": {"type": "error", "role": "assistant", "data": {"message": streamed}},
+        }
+    )
+    assert out.getvalue() == printed
+    assert err.getvalue() == f"✗ error: {printed}\n"

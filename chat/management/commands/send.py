@@ -146,6 +146,19 @@ class JsonPrinter:
         return False  # --json is for scripts: pass --yes-to-tools to run tools
 
 
+# Model and tool output goes to a terminal: escape sequences in it could move the
+# cursor, redraw a fake approval prompt or set the clipboard (OSC 52). Only
+# newline and tab pass; the other C0 and C1 controls and DEL are dropped.
+_TERMINAL_CONTROLS = dict.fromkeys(
+    [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0)]
+)
+
+
+def terminal_safe(text: str) -> str:
+    # A carriage return would let a line overwrite what was printed before it.
+    return text.replace("\r\n", "\n").replace("\r", "\n").translate(_TERMINAL_CONTROLS)
+
+
 class TextPrinter:
     """Text as it streams; one line per thinking block, tool call, result, notice and error."""
 
@@ -154,7 +167,7 @@ class TextPrinter:
         self.open_type: str | None = None
 
     def write(self, text: str) -> None:
-        self.out.write(text, ending="")
+        self.out.write(terminal_safe(text), ending="")
         self.out.flush()
 
     def op(self, message: dict[str, Any]) -> None:
@@ -193,12 +206,12 @@ class TextPrinter:
                 self.write(f"{mark} {data['name']}: {first[0] if first else '(empty)'}\n")
             case "error":
                 code = f" ({data['status_code']})" if data.get("status_code") else ""
-                self.err.write(f"✗ error{code}: {data['message']}")
+                self.err.write(terminal_safe(f"✗ error{code}: {data['message']}"))
             case "system":
                 self.write(f"· {data.get('kind')}: {data.get('text')}\n")
 
     def ask(self, approval: dict[str, Any]) -> bool:
-        args = json.dumps(approval.get("arguments", {}), ensure_ascii=False)
+        args = terminal_safe(json.dumps(approval.get("arguments", {}), ensure_ascii=False))
         if not sys.stdin.isatty():
             self.err.write(
                 f"{approval['name']} {args} needs approval; denied (no terminal). "
