@@ -167,25 +167,6 @@ async def test_it_does_not_mount_the_data_directory(ws, policy, data):
     )
 
 
-async def test_it_hides_a_data_directory_inside_the_workspace(tmp_path):
-    """With the workspace at a home directory that holds the data directory, the data
-    directory shows as an empty directory."""
-    home = tmp_path / "home"
-    data = home / ".local" / "share" / "dispatch"
-    data.mkdir(parents=True)
-    (data / "secret_key").write_text("the-secret-key\n")
-    (home / "notes.txt").write_text("mine\n")
-    outcome = await sh(
-        "cat notes.txt; ls -A .local/share/dispatch; cat .local/share/dispatch/secret_key",
-        home.resolve(),
-        Policy(hidden=(data,)),
-    )
-    assert "the-secret-key" not in outcome.result
-    assert outcome.shell_output == (
-        "mine\ncat: .local/share/dispatch/secret_key: No such file or directory\n"
-    )
-
-
 async def test_it_does_not_mount_the_home_directory_or_the_code(ws, policy):
     """The server user's home and Dispatch's own files are not in the sandbox."""
     home = Path.home()
@@ -247,6 +228,59 @@ async def test_it_drops_every_capability_even_as_root(ws, policy):
     """Root in the sandbox has no capabilities (no mount, no raw devices)."""
     outcome = await sh("grep CapEff /proc/self/status", ws, policy)
     assert outcome.shell_output.split() == ["CapEff:", "0000000000000000"]
+
+
+# Kernel settings that act on the host. Each write puts back the value that is there, so
+# nothing changes should it unexpectedly succeed (as it did as root before /proc/sys was
+# bound read-only; core_pattern then ran a program as host root).
+KERNEL_SETTINGS = ("/proc/sys/vm/swappiness", "/proc/sys/kernel/core_pattern")
+
+
+@pytest.mark.parametrize("path", KERNEL_SETTINGS)
+async def test_it_cannot_change_the_hosts_kernel_settings(ws, policy, path):
+    before = Path(path).read_text()
+    outcome = await sh(f'value=$(cat {path}) && printf "%s\\n" "$value" > {path}', ws, policy)
+    assert Path(path).read_text() == before
+    assert outcome.is_error
+    assert outcome.shell_output.endswith(f" {path}: Read-only file system\n")
+    assert outcome.shell_output.count("\n") == 1
+
+
+async def test_nothing_in_proc_is_writable_but_the_commands_own_processes(ws, policy):
+    outcome = await sh(
+        "find /proc -writable -not -path '/proc/[0-9]*' -not -path '/proc/self/*' "
+        "-not -path '/proc/thread-self/*' 2>/dev/null; true",
+        ws,
+        policy,
+    )
+    assert outcome.shell_output == ""
+
+
+async def test_it_allows_no_user_namespace_inside(ws, policy):
+    """One would give the command every capability over its own mounts again."""
+    outcome = await sh("unshare -U true && echo unshared", ws, policy)
+    assert outcome.is_error
+    assert outcome.shell_output == "unshare: unshare failed: No space left on device\n"
+
+
+@pytest.mark.parametrize("path", ["/tmp", "/var/tmp", "/dev/shm"])
+async def test_its_memory_backed_directories_are_bounded(ws, policy, path):
+    """Each is a tmpfs of TMPFS_SIZE: writing past it fails instead of filling the host's RAM."""
+    over = sandbox.TMPFS_SIZE // (1024 * 1024) + 1
+    outcome = await sh(f"head -c {over}M /dev/zero > {path}/big", ws, policy)
+    assert outcome.is_error
+    assert "No space left on device" in outcome.shell_output
+
+
+async def test_its_root_and_dev_take_no_files(ws, policy):
+    """The root and /dev are tmpfs too, unbounded: read-only, so they cannot fill RAM."""
+    outcome = await sh(
+        "echo x > /big; echo x > /dev/big; echo x > /dev/null && echo null", ws, policy
+    )
+    first, second, last = outcome.shell_output.splitlines()
+    assert first.endswith(" /big: Read-only file system")
+    assert second.endswith(" /dev/big: Read-only file system")
+    assert last == "null"
 
 
 # --- nothing outlives the call ------------------------------------------------------

@@ -2,14 +2,23 @@
 
 A command runs as `bwrap ARGS -- bash -c COMMAND`. What the sandbox sees:
 
-- a new root on a tmpfs holding only the system directories, read-only
-  (SYSTEM_DIRS), the workspace read-write at its own path, a private /tmp and
-  /var/tmp, a minimal /dev and a fresh /proc;
+- a new read-only root holding only the system directories, read-only
+  (SYSTEM_DIRS), the workspace read-write at its own path, a private /tmp,
+  /var/tmp and /dev/shm of bounded size (TMPFS_SIZE), a minimal read-only /dev
+  and a fresh /proc whose kernel settings are read-only (PROC_READ_ONLY);
 - nothing else: not the data directory (database, secret key), not the server's
-  home or code. A hidden path that would still show (inside the workspace, or
-  under a system directory) gets an empty tmpfs laid over it;
-- new PID, IPC, UTS, cgroup and user namespaces, and a new network namespace
-  (loopback only) when the network is off; no capabilities, even as root.
+  home or code. A hidden path that would still show (under a system
+  directory) gets an empty tmpfs laid over it; settings.py refuses a workspace
+  that holds the data directory, so that never has to be covered;
+- new PID, IPC, UTS, cgroup and user namespaces (no further user namespace
+  inside), and a new network namespace (loopback only) when the network is
+  off; no capabilities, even as root.
+
+As root (the server's user is root) the command is still host uid 0 for every
+file it touches: bwrap, not being setuid, can only map the caller's own uid.
+That is why /proc's settings are read-only and nothing of the host but the
+system (read-only) and the workspace is mounted. See the README (Security)
+for what that leaves: setuid files in the workspace, the host's loopback.
 
 Its PID 1 is bwrap's init. When PID 1 dies the kernel kills everything left in
 the namespace, whatever session or process group it moved to, and PID 1 dies
@@ -46,6 +55,29 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 # The name resolver's configuration, which may be a link out of /etc (into
 # /run with systemd-resolved); with the network on, its target is bound too.
 RESOLV_CONF = "/etc/resolv.conf"
+
+# Scratch space in memory (each of /tmp, /var/tmp and /dev/shm is a tmpfs):
+# without a size, each may take half the host's RAM. 256 MiB holds a build's
+# or a test suite's temporary files; bigger data belongs in the workspace.
+TMPFS_SIZE = 256 * 1024 * 1024
+TMPFS_DIRS = ("/tmp", "/var/tmp")
+
+# Writable, as root, in a fresh /proc, and acting on the host kernel: sysctls
+# (kernel.core_pattern runs a program as host root outside every namespace),
+# the magic SysRq key, MTRRs, pressure triggers, filesystem and bus knobs.
+# bwrap covers some itself, but skips /proc/sys (its root directory answers
+# "not writable" to bwrap's check while the files in it are). Bound read-only
+# from the host's /proc, which shows the same kernel-wide values. /proc/sys
+# exists on every Linux; the others may not (sysrq-trigger, mtrr).
+PROC_READ_ONLY = "/proc/sys"
+PROC_READ_ONLY_IF_PRESENT = (
+    "/proc/sysrq-trigger",
+    "/proc/mtrr",
+    "/proc/pressure",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/bus",
+)
 
 # The availability check runs `bwrap ... true`, which takes milliseconds; a
 # bwrap that hangs (a stuck mount) must not stall a request for longer.
@@ -140,6 +172,13 @@ def _base_args(policy: Policy) -> tuple[list[str], list[Path]]:
     # stays in the process group the caller kills.
     args = [
         "--unshare-all",
+        # Implied, except for root, for whom --unshare-all makes none: without
+        # one, --disable-userns cannot hold.
+        "--unshare-user",
+        # No user namespace inside: one gives back every capability over the
+        # sandbox's mounts (the kernel's most-attacked surface) and lets a
+        # command unmount what covers a path.
+        "--disable-userns",
         "--die-with-parent",
         "--cap-drop",
         "ALL",
@@ -152,8 +191,16 @@ def _base_args(policy: Policy) -> tuple[list[str], list[Path]]:
         resolv = _resolved(Path(RESOLV_CONF))
         if resolv.is_file() and not any(_within(resolv, d) for d in exposed):
             args += ["--ro-bind", str(resolv), str(resolv)]
+    args += ["--proc", "/proc", "--ro-bind", PROC_READ_ONLY, PROC_READ_ONLY]
+    for path in PROC_READ_ONLY_IF_PRESENT:
+        args += ["--ro-bind-try", path, path]
+    # /dev read-only (its device nodes still work) but for a bounded /dev/shm
+    # (POSIX shared memory, semaphores: Python's multiprocessing locks).
+    args += ["--dev", "/dev", "--size", str(TMPFS_SIZE), "--tmpfs", "/dev/shm"]
+    args += ["--remount-ro", "/dev"]
     # /var/tmp too: some tools keep their scratch files there, not in /tmp.
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+    for path in TMPFS_DIRS:
+        args += ["--size", str(TMPFS_SIZE), "--tmpfs", path]
     return args, exposed
 
 
@@ -161,27 +208,24 @@ def command(policy: Policy, root: Path, argv: Sequence[str]) -> list[str]:
     """The bwrap command line that runs `argv` in workspace `root` (resolved)."""
     bwrap = shutil.which(policy.bwrap) or policy.bwrap
     args, exposed = _base_args(policy)
-    before: list[str] = []
-    after: list[str] = []
+    covers: list[str] = []
     for hidden in map(_resolved, policy.hidden):
-        if _within(root, hidden):
-            # The workspace is inside it (the default layout): only the
-            # workspace is bound, so the rest of it never shows, unless a
-            # system directory holds it.
-            if any(_within(hidden, d) for d in exposed):
-                before += ["--tmpfs", str(hidden)]
-        elif _within(hidden, root):
-            after += ["--tmpfs", str(hidden)]
-        elif any(_within(hidden, d) for d in exposed):
-            before += ["--tmpfs", str(hidden)]
+        # Only the workspace is bound, so a hidden path shows only where a
+        # system directory holds it. (One inside the workspace cannot be
+        # covered for good, since the command can move its parent:
+        # settings.py refuses that layout.)
+        if any(_within(hidden, d) for d in exposed):
+            covers += ["--tmpfs", str(hidden)]
     return [
         bwrap,
         *args,
-        *before,
+        *covers,
         "--bind",
         str(root),
         str(root),
-        *after,
+        # Last: the new root, where bwrap made the mount points, takes no files.
+        "--remount-ro",
+        "/",
         "--chdir",
         str(root),
         "--",
