@@ -66,6 +66,11 @@ MAX_RETRY_AFTER = 60.0
 # After this long with nothing new to show, the status line says "waiting for
 # the model · N s": shorter pauses are normal before a first token.
 WAITING_STATUS_AFTER = 10.0
+# Bytes that make no event (pings) keep an attempt alive past the idle timeout,
+# since a model may think silently, but not for longer than this without a
+# single event: a server that only pings still ends within a bounded total.
+# Ten minutes is past the longest silent thinking seen from a real model.
+STREAM_SILENT_MAX = 600.0
 # The error type of an attempt given up by the idle watchdog.
 STALLED = "stream_idle"
 # Stop reasons that cut the answer short, and the notice written after it.
@@ -561,11 +566,20 @@ class TurnRunner:
             now = loop.time()
             if now >= deadline:
                 alive_at = watch.alive_at()
+                silent_for = now - self._last_event_at
                 if alive_at is not None and alive_at + watch.idle > now:
-                    # Bytes that made no event (a ping, a tool call's
-                    # arguments): the model is slow, not gone.
-                    deadline = alive_at + watch.idle
-                    continue
+                    if silent_for < STREAM_SILENT_MAX:
+                        # Bytes that made no event (a ping, a tool call's
+                        # arguments): the model is slow, not gone.
+                        deadline = min(
+                            alive_at + watch.idle, self._last_event_at + STREAM_SILENT_MAX
+                        )
+                        continue
+                    raise ProviderError(
+                        f"{watch.model} sent only keep-alives for {silent_for:.0f} s",
+                        error_type=STALLED,
+                        retryable=True,
+                    )
                 raise ProviderError(
                     f"{watch.model} sent nothing for {watch.idle:g} s",
                     error_type=STALLED,

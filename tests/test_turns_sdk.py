@@ -364,6 +364,27 @@ async def test_pings_keep_a_silent_stream_alive(fake_server, monkeypatch, worksp
     assert len(fake_server.requests) == 1
 
 
+async def test_a_server_that_only_pings_is_cut_off_within_a_bound(
+    fake_server, monkeypatch, workspace
+):
+    """Pings are life, but not forever: with no event for STREAM_SILENT_MAX the attempt
+    is given up like a stall, so a turn always ends within a bounded total."""
+    use_anthropic(monkeypatch, fake_server)
+    monkeypatch.setenv("ANTHROPIC_STREAM_IDLE_TIMEOUT", "0.3")
+    monkeypatch.setattr(agent, "STREAM_SILENT_MAX", 0.6)
+    monkeypatch.setattr(agent, "RETRY_DELAYS", ())
+    pings = [item for _ in range(200) for item in (Pause(0.05), {"type": "ping"})]
+    fake_server.add(Reply(events=[message_start([]), *pings, *message_end("end_turn")]))
+    async with running_worker():
+        tab = await make_tab("anthropic/claude-haiku-4-5")
+        await run_one(tab, "think forever")
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/error"]
+    assert rows[-1].data["message"].startswith("anthropic/claude-haiku-4-5 sent only keep-alives")
+    assert await asyncio.to_thread(fake_server.requests[0].wait_disconnected)
+    await assert_ended_cleanly(tab)
+
+
 async def test_a_bad_idle_timeout_setting_is_an_error_naming_the_variable(
     fake_server, monkeypatch, workspace
 ):
