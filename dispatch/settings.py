@@ -365,6 +365,17 @@ if DISPATCH_WORKSPACE.exists() and not DISPATCH_WORKSPACE.is_dir():
         f"DISPATCH_WORKSPACE={str(DISPATCH_WORKSPACE)!r} is not a directory: point it at a "
         "directory (a missing one is created)"
     )
+# The shell and the file tools reach all of the workspace: one holding the data
+# directory would hand them the database and the secret key (a command can
+# also move a covered directory's parent away). Inside it is fine (the default).
+_workspace, _data = DISPATCH_WORKSPACE.resolve(), DATA_DIR.resolve()
+if _workspace == _data or _workspace in _data.parents:
+    raise ImproperlyConfigured(
+        f"DISPATCH_WORKSPACE={str(DISPATCH_WORKSPACE)!r} holds DISPATCH_DATA_DIR={str(DATA_DIR)!r} "
+        "(the database and secret key), which the tools could then read: point "
+        "DISPATCH_WORKSPACE at a directory outside it, or unset it for the default "
+        f"{str(DATA_DIR / 'workspace')!r}"
+    )
 # A runaway model must not loop forever; 50 steps is far past a normal task.
 DISPATCH_MAX_STEPS = envint("DISPATCH_MAX_STEPS", 50, minimum=1)
 # Tokens per second the offline demo model streams at (0: as fast as possible).

@@ -192,6 +192,39 @@ def test_a_workspace_that_is_a_file_is_refused(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("workspace", "data"),
+    [
+        # The home directory holding the XDG data directory: `mv .local x` moved a
+        # covering mount's parent away and showed the database and secret key.
+        ("home", "home/.local/share/dispatch"),
+        ("data", "data"),
+        # The same directory by another path (a symlink): compared resolved.
+        ("link-to-data", "data"),
+    ],
+)
+def test_a_workspace_that_holds_the_data_directory_is_refused(tmp_path, workspace, data):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link-to-data").symlink_to(tmp_path / "data")
+    done = _manage_check(
+        tmp_path / data, DISPATCH_WORKSPACE=str(tmp_path / workspace), SECRET_KEY="k"
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"Configuration error: DISPATCH_WORKSPACE='{tmp_path / workspace}' holds "
+        f"DISPATCH_DATA_DIR='{tmp_path / data}' (the database and secret key), which the "
+        "tools could then read: point DISPATCH_WORKSPACE at a directory outside it, or unset "
+        f"it for the default '{tmp_path / data / 'workspace'}'"
+    )
+
+
+@pytest.mark.parametrize("workspace", [None, "data/workspace", "elsewhere", "data-2"])
+def test_a_workspace_inside_or_beside_the_data_directory_is_accepted(tmp_path, workspace):
+    env = {"DISPATCH_WORKSPACE": str(tmp_path / workspace)} if workspace else {}
+    done = _manage_check(tmp_path / "data", **env)
+    assert done.returncode == 0, done.stderr
+
+
 def test_good_values_pass(tmp_path):
     done = _manage_check(
         tmp_path,
