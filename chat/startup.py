@@ -1,13 +1,14 @@
 """Start-up checks: what settings.py cannot check, before anything is served.
 
 settings.py checks every variable it reads. What the app reads outside it (the
-model ids, whose providers the registry knows; the providers' base URLs, read
-by the registry from the environment) and the services a server needs (the
-database; Redis in the scaled mode) are checked here, by `serve`, `runworker`
-and `send` before they start, and (without the services) by plain daphne
-through dispatch.asgi. Every problem is one line on stderr naming the variable
-and the fix, then the process exits: 2 for configuration (or migrations not
-applied), 69 for a service that did not answer.
+model ids, whose providers the registry knows; the providers' base URLs and
+stream idle timeouts, read by the registry from the environment) and the
+services a server needs (the database; Redis in the scaled mode) are checked
+here, by `serve`, `runworker` and `send` before they start, and (without the
+services) by plain daphne through dispatch.asgi. Every problem is one line on
+stderr naming the variable and the fix, then the process exits: 2 for
+configuration (or migrations not applied), 69 for a service that did not
+answer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from chat.providers.registry import OFFLINE_MODEL, PROVIDERS, model_info
+from chat.providers.registry import (
+    OFFLINE_MODEL,
+    PROVIDERS,
+    ProviderConfigError,
+    idle_timeout,
+    model_info,
+)
 from dispatch.envcheck import (
     EXIT_CONFIGURATION,
     EXIT_UNAVAILABLE,
@@ -43,8 +50,14 @@ URL_EXAMPLE = "https://api.example.com/v1"
 
 
 def configuration_problems() -> list[str]:
-    """One line per problem with the models, provider URLs and workspace; empty when fine."""
-    return [*_model_problems(), *_base_url_problems(), *_workspace_problems()]
+    """One line per problem with the models, provider URLs, stream timeouts and workspace;
+    empty when fine."""
+    return [
+        *_model_problems(),
+        *_base_url_problems(),
+        *_idle_timeout_problems(),
+        *_workspace_problems(),
+    ]
 
 
 def _model_problems() -> list[str]:
@@ -75,6 +88,18 @@ def _base_url_problems() -> list[str]:
                 f"{spec.url_env}={value!r} {problem}: set it to the {spec.label} API's "
                 f"http(s) URL (e.g. {example}), or unset it."
             )
+    return problems
+
+
+def _idle_timeout_problems() -> list[str]:
+    # Read when a turn starts its provider: a bad value would otherwise fail
+    # every turn of that provider, long after start-up.
+    problems = []
+    for spec in PROVIDERS.values():
+        try:
+            idle_timeout(spec.name)
+        except ProviderConfigError as exc:
+            problems.append(str(exc))
     return problems
 
 

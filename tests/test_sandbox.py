@@ -586,3 +586,13 @@ def test_settings_show_the_opt_out(owner, settings):
     html = owner.get(reverse("settings")).content.decode()
     assert '<span class="badge warn">unsandboxed</span>' in html
     assert "DISPATCH_SHELL_UNSANDBOXED is set" in html
+
+
+@pytest.mark.parametrize(("euid", "shown"), [(0, True), (1000, False)])
+def test_settings_warn_when_the_server_runs_as_root(owner, monkeypatch, euid, shown):
+    """As root, commands are host root for every file they reach (a setuid program left in
+    the workspace runs as root for other users): Settings say so, and how to avoid it."""
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: euid)
+    html = owner.get(reverse("settings")).content.decode()
+    assert ('<span class="badge warn">root</span> Dispatch runs as root' in html) is shown
+    assert sandbox.state(Policy()).as_root == (sandbox.AS_ROOT if shown else "")

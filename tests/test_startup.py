@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from chat.tools import sandbox
 from dispatch.envcheck import EXIT_CONFIGURATION, EXIT_UNAVAILABLE
 from tests.live import (
     ROOT,
@@ -103,6 +104,22 @@ def test_serve_stops_on_a_value_only_the_app_can_check(tmp_path, env, expected):
     assert line.endswith("or unset it."), "the line says how to fix it"
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("ANTHROPIC_STREAM_IDLE_TIMEOUT", "soon"), ("OFFLINE_STREAM_IDLE_TIMEOUT", "0")],
+)
+def test_serve_stops_on_a_bad_stream_idle_timeout(tmp_path, variable, value):
+    """Read when a turn starts its provider: without the check, every turn of that provider
+    would fail, long after start-up."""
+    line = one_line(
+        manage(tmp_path, "serve", "--port", "0", **{variable: value}), EXIT_CONFIGURATION
+    )
+    assert line == (
+        f"Configuration error: {variable}={value!r} is not a number of seconds between 0 "
+        "and 600: fix it or unset it (default 60)."
+    )
+
+
 def test_serve_stops_when_the_workspace_cannot_be_created(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -186,3 +203,5 @@ async def test_valid_settings_still_serve(serve):  # noqa: F811
     )
     assert server.port > 0 and server.proc.poll() is None
     assert "some-new-model" in server.log()
+    # As root (here, and in CI) one line says what that costs; otherwise nothing.
+    assert (f"Warning: {sandbox.AS_ROOT}" in server.log()) == (os.geteuid() == 0)

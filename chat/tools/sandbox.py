@@ -88,6 +88,14 @@ PROBE_STDERR_CAP = 500
 
 OPT_OUT = "DISPATCH_SHELL_UNSANDBOXED"
 
+# Shown by `serve` as it starts and in Settings when the server's user is root.
+AS_ROOT = (
+    "Dispatch runs as root: shell commands act as host root on every file they can reach, "
+    "so a setuid program a command leaves in the workspace runs as root for any other user "
+    "who can reach the workspace. Run Dispatch as an unprivileged user of its own, with the "
+    "data directory and workspace closed to other users (see the README's Security section)."
+)
+
 _RISK = (
     f"or set {OPT_OUT}=1 to run commands without a sandbox (they can then read "
     "everything the server can, including its API keys, database and secret key)"
@@ -126,6 +134,13 @@ class State:
     # One or two sentences: what runs how, and for a problem why and the fix.
     detail: str
     network: bool
+    # AS_ROOT when the server runs as root, else "".
+    as_root: str = ""
+
+
+def root_warning() -> str:
+    """AS_ROOT when this process runs as root, else ""."""
+    return AS_ROOT if hasattr(os, "geteuid") and os.geteuid() == 0 else ""
 
 
 def policy_from(conf: Any) -> Policy:
@@ -294,14 +309,18 @@ def state(policy: Policy) -> State:
             f"{OPT_OUT} is set: shell commands run without a sandbox, as the server's user, "
             "and can read its API keys, database and secret key.",
             policy.network,
+            root_warning(),
         )
     verdict = check(policy)
     if not verdict.available:
-        return State("unavailable", "Shell unavailable", verdict.problem, policy.network)
+        return State(
+            "unavailable", "Shell unavailable", verdict.problem, policy.network, root_warning()
+        )
     return State(
         "sandboxed",
         "",
         "Shell commands run in a bubblewrap sandbox: the workspace is the only writable "
         f"directory, the system is read-only, the data directory is not there; {network}.",
         policy.network,
+        root_warning(),
     )

@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand
 from twisted.internet import defer
 
 from chat import startup, turns
+from chat.tools import sandbox
 
 
 class Command(BaseCommand):
@@ -51,6 +52,8 @@ class Command(BaseCommand):
             f"  mode:  {mode}\n"
             "Press Ctrl+C to stop."
         )
+        if warning := sandbox.root_warning():
+            self.stderr.write(f"Warning: {warning}")
         Server(
             application=application,
             endpoints=build_endpoint_description_strings(host=host, port=port),
