@@ -31,14 +31,17 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then (apt-get update -qq && apt-get install -y -qq chromium >/dev/null); \
 	  else echo "Chromium is missing: sudo apt-get install chromium" >&2; exit 1; fi; }
 
-# The shell tool's sandbox (Linux); installed like Chromium. Where that is not
-# possible the app still runs, and its shell tool says why it refuses to.
+# The shell tool's sandbox (Linux) and its private network; installed like
+# Chromium. Where that is not possible the app still runs, and its shell tool
+# says why it refuses to (no bwrap) or that it shares the host's network.
 bubblewrap:
-	@command -v bwrap >/dev/null 2>&1 || { \
+	@{ command -v bwrap && command -v slirp4netns; } >/dev/null 2>&1 || { \
 	  if [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null); \
-	  else echo "bubblewrap (bwrap) is missing, so the shell tool will refuse to run:" \
-	    "install it (sudo apt-get install bubblewrap); see the README's Security section." >&2; fi; }
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap slirp4netns >/dev/null); \
+	  else echo "bubblewrap (bwrap) or slirp4netns is missing: without bwrap the shell tool" \
+	    "refuses to run, without slirp4netns its commands reach this host's loopback services;" \
+	    "install them (sudo apt-get install bubblewrap slirp4netns); see the README's Security" \
+	    "section." >&2; fi; }
 
 test: $(VENV)/.installed chromium bubblewrap
 	$(PY) -m pytest $(PYTEST_ARGS)

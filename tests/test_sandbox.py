@@ -404,16 +404,122 @@ def listener():
 CONNECT = "exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"
 
 
-async def test_it_reaches_the_network_when_it_is_on(ws, data, listener):
-    outcome = await sh(CONNECT.format(port=listener), ws, Policy(hidden=(data,), network=True))
+def host_address() -> str:
+    """This host's first non-loopback IPv4 address (the route out of a private network)."""
+    done = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "scope", "global"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.split()[3].split("/")[0]
+
+
+def slirp_children() -> list[int]:
+    """slirp4netns processes this test process started, or adopted, and has not reaped
+    (a killed server's, adopted as a child subreaper, would show here too)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 :].split(")", 1)
+        if name == "slirp4netns" and int(rest.split()[1]) == os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+async def test_network_on_is_a_private_network_with_a_route_out(ws, policy):
+    """Its own interface with a default route, and the DNS relay as its resolver; the relay
+    is gone (and reaped) when the call returns."""
+    before = slirp_children()
+    outcome = await sh(
+        "awk '$2 == \"00000000\" {print $1}' /proc/net/route; cat /etc/resolv.conf", ws, policy
+    )
+    assert outcome.shell_output == f"{sandbox.NETWORK_DEVICE}\nnameserver {sandbox.NETWORK_DNS}\n"
+    assert slirp_children() == before
+
+
+async def test_network_on_reaches_the_host_beyond_its_loopback(ws, policy):
+    """Outbound connections leave through slirp4netns (no internet here: the host's own
+    address stands in for it)."""
+    address = host_address()
+    with socket.create_server((address, 0)) as server:
+        port = server.getsockname()[1]
+        outcome = await sh(f"exec 3<>/dev/tcp/{address}/{port} && echo connected", ws, policy)
     assert outcome.shell_output == "connected\n"
+
+
+async def test_network_on_does_not_reach_the_hosts_loopback(ws, policy, listener):
+    """A database or Redis on 127.0.0.1 is out of reach, directly or through the relay's
+    address for the host (10.0.2.2)."""
+    outcome = await sh(
+        CONNECT.format(port=listener) + f"; exec 3<>/dev/tcp/10.0.2.2/{listener} && echo relayed",
+        ws,
+        policy,
+    )
+    assert outcome.is_error
+    lines = outcome.shell_output.splitlines()
+    assert lines[0].endswith("connect: Connection refused")
+    assert lines[2].endswith("connect: Network is unreachable")
+    assert "connected" not in outcome.shell_output and "relayed" not in outcome.shell_output
+
+
+async def test_network_on_does_not_reach_the_hosts_abstract_sockets(ws, policy):
+    """Abstract unix sockets belong to a network namespace: the host's are not there."""
+    name = marker()
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(f"\0{name}")
+        server.listen()
+        outcome = await sh(
+            f"python3 -c 'import socket; socket.socket(socket.AF_UNIX).connect(\"\\0{name}\")'"
+            " 2>&1 | tail -1",
+            ws,
+            policy,
+        )
+    assert outcome.shell_output == "ConnectionRefusedError: [Errno 111] Connection refused\n"
+
+
+async def test_without_slirp4netns_network_on_is_the_hosts_network(ws, data, listener, tmp_path):
+    """The fallback: the host's network, loopback included; the state says so and how to
+    avoid it."""
+    missing = str(tmp_path / "no-slirp4netns")
+    policy = Policy(hidden=(data,), slirp4netns=missing)
+    outcome = await sh(CONNECT.format(port=listener), ws, policy)
+    assert outcome.shell_output == "connected\n"
+    assert (
+        f"with this host's network, services on its loopback (127.0.0.1) included, since "
+        f"{missing} is not installed (install it to keep them out of reach, or set "
+        "DISPATCH_SHELL_NETWORK=0)." in sandbox.state(policy).detail
+    )
+    assert "through a private network" in sandbox.state(Policy()).detail
+
+
+async def test_a_failing_slirp4netns_fails_the_call_with_its_words(ws, data, tmp_path):
+    path = tmp_path / "slirp4netns"
+    path.write_text("#!/bin/sh\necho 'slirp4netns: cannot open /dev/net/tun' >&2\nexit 1\n")
+    path.chmod(0o755)
+    outcome = await sh("touch ran", ws, Policy(hidden=(data,), slirp4netns=str(path)))
+    assert outcome == ToolOutcome(
+        "The sandbox's network could not be set up: slirp4netns failed: slirp4netns: cannot "
+        "open /dev/net/tun. Turn the network off (DISPATCH_SHELL_NETWORK=0) or fix "
+        "slirp4netns; the command did not run.",
+        is_error=True,
+    )
+    assert not (ws / "ran").exists()
 
 
 async def test_it_has_no_network_when_it_is_off(ws, data, listener):
     """Off: a network namespace of its own, whose loopback has nothing listening."""
-    outcome = await sh(CONNECT.format(port=listener), ws, Policy(hidden=(data,), network=False))
-    assert outcome.is_error
-    assert "Connection refused" in outcome.shell_output
+    outcome = await sh(
+        CONNECT.format(port=listener) + "; cat /proc/net/route | wc -l",
+        ws,
+        Policy(hidden=(data,), network=False),
+    )
+    assert outcome.shell_output.splitlines()[0].endswith("connect: Connection refused")
+    # The header of the routing table, and not one route.
+    assert outcome.shell_output.splitlines()[-1] == "1"
     assert "connected\n" not in outcome.shell_output
 
 
@@ -496,7 +602,7 @@ def test_the_policy_comes_from_the_settings(settings, tmp_path):
     settings.DISPATCH_SHELL_UNSANDBOXED = True
     settings.DATA_DIR = tmp_path
     assert sandbox.policy_from(settings) == Policy(
-        network=False, unsandboxed=True, hidden=(tmp_path,)
+        network=False, unsandboxed=True, hidden=(tmp_path,), slirp4netns="slirp4netns"
     )
 
 

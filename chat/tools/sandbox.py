@@ -10,15 +10,17 @@ A command runs as `bwrap ARGS -- bash -c COMMAND`. What the sandbox sees:
   home or code. A hidden path that would still show (under a system
   directory) gets an empty tmpfs laid over it; settings.py refuses a workspace
   that holds the data directory, so that never has to be covered;
-- new PID, IPC, UTS, cgroup and user namespaces (no further user namespace
-  inside), and a new network namespace (loopback only) when the network is
-  off; no capabilities, even as root.
+- new PID, IPC, UTS, cgroup, user (no further one inside) and network
+  namespaces; with the network on, slirp4netns relays its traffic through the
+  host's sockets but never to the host's loopback (Network); off, there is a
+  loopback only; no capabilities, even as root. Without slirp4netns
+  installed, the network on is the host's own (the state says so).
 
 As root (the server's user is root) the command is still host uid 0 for every
 file it touches: bwrap, not being setuid, can only map the caller's own uid.
 That is why /proc's settings are read-only and nothing of the host but the
 system (read-only) and the workspace is mounted. See the README (Security)
-for what that leaves: setuid files in the workspace, the host's loopback.
+for what that leaves: setuid files in the workspace.
 
 Its PID 1 is bwrap's init. When PID 1 dies the kernel kills everything left in
 the namespace, whatever session or process group it moved to, and PID 1 dies
@@ -31,12 +33,17 @@ Pure standard library, no Django: the caller builds a Policy from its settings.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import functools
+import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +86,32 @@ PROC_READ_ONLY_IF_PRESENT = (
     "/proc/bus",
 )
 
+# User-mode networking for a sandbox with the network on: its own network
+# namespace, whose traffic slirp4netns relays through sockets of the host. With
+# --disable-host-loopback the host's 127.0.0.1 (a database or Redis without a
+# password) is out of reach, and abstract unix sockets are per namespace. Found
+# on PATH; without it the sandbox shares the host's network (the state says so).
+SLIRP4NETNS = "slirp4netns"
+# slirp4netns's fixed addresses: the interface it configures and its DNS relay
+# (which asks the host's resolvers, loopback ones included).
+NETWORK_DEVICE = "tap0"
+NETWORK_DNS = "10.0.2.3"
+# The MTU slirp4netns documents as fastest (bigger writes, fewer relays).
+NETWORK_MTU = 65520
+# bwrap reports its sandbox and slirp4netns configures it in milliseconds;
+# this only bounds a stuck one, after which the call fails with the reason.
+NETWORK_SETUP_TIMEOUT = 10.0
+# How often the sandbox's setup is checked while slirp4netns waits for it; it
+# takes a millisecond or two.
+NETWORK_POLL_INTERVAL = 0.001
+# bwrap's JSON report (--info-fd) is a few dozen bytes; a read takes it whole.
+INFO_READ = 4096
+# ioctl(2) request on a namespace file: the user namespace that owns it
+# (<linux/nsfs.h>). slirp4netns must join the owner of the sandbox's network
+# namespace, which is not the user namespace its PID 1 ends up in once
+# --disable-userns has nested one more.
+NS_GET_USERNS = 0xB701
+
 # The availability check runs `bwrap ... true`, which takes milliseconds; a
 # bwrap that hangs (a stuck mount) must not stall a request for longer.
 PROBE_TIMEOUT = 10.0
@@ -113,6 +146,7 @@ class Policy:
     # Paths never visible inside (the data directory), even under a bind.
     hidden: tuple[Path, ...] = field(default=())
     bwrap: str = BWRAP
+    slirp4netns: str = SLIRP4NETNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +184,7 @@ def policy_from(conf: Any) -> Policy:
         unsandboxed=conf.DISPATCH_SHELL_UNSANDBOXED,
         hidden=(Path(conf.DATA_DIR),),
         bwrap=BWRAP,
+        slirp4netns=SLIRP4NETNS,
     )
 
 
@@ -180,7 +215,199 @@ def _system_mounts() -> tuple[list[str], list[Path]]:
     return args, exposed
 
 
-def _base_args(policy: Policy) -> tuple[list[str], list[Path]]:
+def private_network(policy: Policy) -> bool:
+    """Whether the network is on through slirp4netns (else the host's own, or none)."""
+    return policy.network and shutil.which(policy.slirp4netns) is not None
+
+
+class Network:
+    """The private network of one sandbox: bwrap reports its PID 1 on a pipe and waits
+    on another; slirp4netns then gives its network namespace a route out, and the
+    command starts. Call child_fds() for the bwrap process, start() once it runs, and
+    close() always."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._info_r, self._info_w = os.pipe()
+        self._block_r, self._block_w = os.pipe()
+        # The sandbox's resolv.conf: the DNS relay, since the host's resolver
+        # (often on its loopback: systemd-resolved, Docker) is out of reach.
+        self._resolv_r, resolv_w = os.pipe()
+        os.write(resolv_w, f"nameserver {NETWORK_DNS}\n".encode())
+        os.close(resolv_w)
+        # slirp4netns exits when this closes: after the call, or with the server.
+        self._exit_r, self._exit_w = os.pipe()
+        self._slirp: subprocess.Popen[bytes] | None = None
+
+    def bwrap_args(self) -> list[str]:
+        resolv = _resolved(Path(RESOLV_CONF))
+        return [
+            "--info-fd",
+            str(self._info_w),
+            "--block-fd",
+            str(self._block_r),
+            "--ro-bind-data",
+            str(self._resolv_r),
+            str(resolv),
+        ]
+
+    def child_fds(self) -> tuple[int, ...]:
+        return (self._info_w, self._block_r, self._resolv_r)
+
+    def started(self) -> None:
+        """bwrap runs (or failed to start): this process lets go of its ends."""
+        for fd in self.child_fds():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    async def start(self) -> str | None:
+        """Connect the sandbox and let its command run; a problem's message, or None."""
+        try:
+            # Not to its end: the sandbox may hold the pipe's other end open.
+            info = await _read_until(self._info_r, NETWORK_SETUP_TIMEOUT, b"}")
+        except TimeoutError:
+            return self._problem(f"bwrap did not report within {NETWORK_SETUP_TIMEOUT:g} s")
+        if not info:
+            # bwrap failed before its sandbox existed; its own error is the output.
+            self._release()
+            return None
+        try:
+            pid = int(json.loads(info)["child-pid"])
+            netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            return self._problem(f"bwrap's report {info[:80]!r} was unusable ({exc})")
+        try:
+            # bwrap wrote its report before its sandbox set its loopback up, and
+            # slirp4netns configuring at the same time makes that fail. The
+            # sandbox enters its last, nested user namespace (--disable-userns)
+            # once that is done.
+            await _until_nested(pid, netns, NETWORK_SETUP_TIMEOUT)
+        except TimeoutError:
+            os.close(netns)
+            return self._problem(f"bwrap did not set up within {NETWORK_SETUP_TIMEOUT:g} s")
+        except OSError:
+            # PID 1 is gone (bwrap failed): its own error is the output.
+            os.close(netns)
+            self._release()
+            return None
+        with tempfile.TemporaryFile() as log:
+            problem = await self._connect(netns, log)
+        if problem is None:
+            self._release()
+        return problem
+
+    async def _connect(self, netns: int, log: Any) -> str | None:
+        """Run slirp4netns on the namespace `netns` (closed here) until it is ready."""
+        ready_r, ready_w = os.pipe()
+        userns = -1
+        try:
+            userns = fcntl.ioctl(netns, NS_GET_USERNS)
+            self._slirp = subprocess.Popen(
+                [
+                    shutil.which(self.policy.slirp4netns) or self.policy.slirp4netns,
+                    "--configure",
+                    f"--mtu={NETWORK_MTU}",
+                    "--disable-host-loopback",
+                    f"--ready-fd={ready_w}",
+                    f"--exit-fd={self._exit_r}",
+                    f"--userns-path=/proc/self/fd/{userns}",
+                    "--netns-type=path",
+                    f"/proc/self/fd/{netns}",
+                    NETWORK_DEVICE,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                pass_fds=(ready_w, self._exit_r, userns, netns),
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+            )
+        except OSError as exc:
+            os.close(ready_r)
+            return self._problem(f"slirp4netns could not be started ({exc.strerror or exc})")
+        finally:
+            for fd in (ready_w, userns, netns):
+                if fd >= 0:
+                    os.close(fd)
+        try:
+            ready = await _read_until(ready_r, NETWORK_SETUP_TIMEOUT, b"1")
+        except TimeoutError:
+            return self._problem(f"slirp4netns was not ready within {NETWORK_SETUP_TIMEOUT:g} s")
+        finally:
+            os.close(ready_r)
+        if ready == b"1":
+            return None
+        self._slirp.kill()
+        await asyncio.to_thread(self._slirp.wait)
+        log.seek(0)
+        said = log.read(PROBE_STDERR_CAP).decode("utf-8", "replace").strip()
+        return self._problem(
+            f"slirp4netns failed: {said or f'exit status {self._slirp.returncode}'}"
+        )
+
+    def _release(self) -> None:
+        # bwrap may be gone already (it failed): then nobody reads this.
+        with contextlib.suppress(OSError):
+            os.write(self._block_w, b"1")
+
+    def _problem(self, why: str) -> str:
+        logger.warning("the shell sandbox's network could not be set up: %s", why)
+        return (
+            f"The sandbox's network could not be set up: {why}. Turn the network off "
+            "(DISPATCH_SHELL_NETWORK=0) or fix slirp4netns; the command did not run."
+        )
+
+    def close(self) -> None:
+        for fd in (self._info_r, self._block_w, self._exit_w, self._exit_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.started()
+        if self._slirp is not None and self._slirp.poll() is None:
+            # The exit pipe is closed, so it is leaving; kill covers a stuck one.
+            self._slirp.kill()
+            self._slirp.wait()
+
+
+async def _until_nested(pid: int, netns: int, timeout: float) -> None:
+    """Wait until process `pid` is in a user namespace below the one owning `netns`."""
+    owner = fcntl.ioctl(netns, NS_GET_USERNS)
+    try:
+        owner_id = os.fstat(owner).st_ino
+    finally:
+        os.close(owner)
+    deadline = asyncio.get_running_loop().time() + timeout
+    while os.stat(f"/proc/{pid}/ns/user").st_ino == owner_id:
+        if asyncio.get_running_loop().time() >= deadline:
+            raise TimeoutError
+        await asyncio.sleep(NETWORK_POLL_INTERVAL)
+
+
+async def _read_until(fd: int, timeout: float, end: bytes) -> bytes:
+    """What `fd` gives until it ends with `end` (stripped) or end of file, within `timeout`."""
+    loop = asyncio.get_running_loop()
+    data = bytearray()
+    done = loop.create_future()
+    os.set_blocking(fd, False)
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, INFO_READ)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        data.extend(chunk)
+        if (not chunk or data.rstrip().endswith(end)) and not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await asyncio.wait_for(done, timeout)
+    finally:
+        loop.remove_reader(fd)
+    return bytes(data)
+
+
+def _base_args(policy: Policy, *, private: bool = False) -> tuple[list[str], list[Path]]:
     """Everything but the workspace: namespaces, system, /proc, /dev, /tmp."""
     # No --new-session: the caller starts bwrap in a session of its own, so no
     # controlling terminal reaches the sandbox, and without it bwrap's PID 1
@@ -198,11 +425,11 @@ def _base_args(policy: Policy) -> tuple[list[str], list[Path]]:
         "--cap-drop",
         "ALL",
     ]
-    if policy.network:
+    if policy.network and not private:
         args.append("--share-net")
     system, exposed = _system_mounts()
     args += system
-    if policy.network:
+    if policy.network and not private:
         resolv = _resolved(Path(RESOLV_CONF))
         if resolv.is_file() and not any(_within(resolv, d) for d in exposed):
             args += ["--ro-bind", str(resolv), str(resolv)]
@@ -219,10 +446,15 @@ def _base_args(policy: Policy) -> tuple[list[str], list[Path]]:
     return args, exposed
 
 
-def command(policy: Policy, root: Path, argv: Sequence[str]) -> list[str]:
-    """The bwrap command line that runs `argv` in workspace `root` (resolved)."""
+def command(
+    policy: Policy, root: Path, argv: Sequence[str], network: Network | None = None
+) -> list[str]:
+    """The bwrap command line that runs `argv` in workspace `root` (resolved), on the
+    private `network` if given."""
     bwrap = shutil.which(policy.bwrap) or policy.bwrap
-    args, exposed = _base_args(policy)
+    args, exposed = _base_args(policy, private=network is not None)
+    if network is not None:
+        args += network.bwrap_args()
     covers: list[str] = []
     for hidden in map(_resolved, policy.hidden):
         # Only the workspace is bound, so a hidden path shows only where a
@@ -315,6 +547,17 @@ def state(policy: Policy) -> State:
     if not verdict.available:
         return State(
             "unavailable", "Shell unavailable", verdict.problem, policy.network, root_warning()
+        )
+    if private_network(policy):
+        network = (
+            "with network access through a private network (slirp4netns), which keeps the "
+            "services on this host's loopback (127.0.0.1) out of reach"
+        )
+    elif policy.network:
+        network = (
+            f"with this host's network, services on its loopback (127.0.0.1) included, since "
+            f"{policy.slirp4netns} is not installed (install it to keep them out of reach, or "
+            "set DISPATCH_SHELL_NETWORK=0)"
         )
     return State(
         "sandboxed",

@@ -250,11 +250,29 @@ async def run_shell(
     """Run `command` in the resolved workspace `root`; see the module docstring."""
     policy = policy or sandbox.Policy()
     argv = [shell_path(), "-c", command]
+    network: sandbox.Network | None = None
     if not policy.unsandboxed:
         verdict = await asyncio.to_thread(sandbox.check, policy)
         if not verdict.available:
             return ToolOutcome(verdict.problem, is_error=True)
-        argv = sandbox.command(policy, root, argv)
+        if sandbox.private_network(policy):
+            network = sandbox.Network(policy)
+        argv = sandbox.command(policy, root, argv, network)
+    try:
+        return await _run(root, argv, on_output, timeout, policy, network)
+    finally:
+        if network is not None:
+            network.close()
+
+
+async def _run(
+    root: Path,
+    argv: list[str],
+    on_output: Callable[[str], None] | None,
+    timeout: float,
+    policy: sandbox.Policy,
+    network: sandbox.Network | None,
+) -> ToolOutcome:
     become_subreaper()
     output = _Output(on_output)
     loop = asyncio.get_running_loop()
@@ -272,11 +290,14 @@ async def run_shell(
                 cwd=root,
                 env=shell_env(root, sandboxed=not policy.unsandboxed),
                 start_new_session=True,
+                pass_fds=network.child_fds() if network is not None else (),
             )
         finally:
             # The children hold the write end now; this process must not, or
             # the pipe would never reach end of file.
             os.close(write_fd)
+            if network is not None:
+                network.started()
     except OSError as exc:
         os.close(read_fd)
         return ToolOutcome(f"the command could not be started: {exc}", is_error=True)
@@ -303,9 +324,14 @@ async def run_shell(
 
     loop.add_reader(read_fd, readable)
     timed_out = False
+    problem = None
     try:
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
+            if network is not None:
+                # bwrap waits with the command until its network is up.
+                problem = await network.start()
+            if problem is None:
+                await asyncio.wait_for(proc.wait(), timeout)
         except TimeoutError:
             timed_out = True
         finally:
@@ -317,6 +343,8 @@ async def run_shell(
         loop.remove_reader(read_fd)
         os.close(read_fd)
     output.finish()
+    if problem is not None:
+        return ToolOutcome(problem, is_error=True)
 
     kept = output.text()
     if timed_out:
