@@ -702,3 +702,30 @@ def test_settings_warn_when_the_server_runs_as_root(owner, monkeypatch, euid, sh
     html = owner.get(reverse("settings")).content.decode()
     assert ('<span class="badge warn">root</span> Dispatch runs as root' in html) is shown
     assert sandbox.state(Policy()).as_root == (sandbox.AS_ROOT if shown else "")
+
+
+@pytest.fixture
+def old_bwrap(tmp_path: Path) -> str:
+    """bwrap as before 0.8 (Ubuntu 22.04 has 0.6): no --disable-userns."""
+    path = tmp_path / "bwrap"
+    path.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --help ]; then bwrap --help | grep -v -- --disable-userns; exit 0; fi\n'
+        'for arg; do [ "$arg" = --disable-userns ] && { echo "bwrap: Unknown option" >&2; '
+        "exit 1; }; done\n"
+        'exec bwrap "$@"\n'
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+async def test_an_older_bwrap_still_runs_commands_on_the_hosts_network(
+    ws, data, listener, old_bwrap
+):
+    """Without --disable-userns no private network can be set up (it waits for the nested
+    user namespace that option makes): the host's network, and the state says why."""
+    policy = Policy(hidden=(data,), bwrap=old_bwrap)
+    outcome = await sh(CONNECT.format(port=listener), ws, policy)
+    assert outcome.shell_output == "connected\n"
+    assert sandbox.state(policy).state == "sandboxed"
+    assert "since this bubblewrap is older than 0.8" in sandbox.state(policy).detail

@@ -216,8 +216,34 @@ def _system_mounts() -> tuple[list[str], list[Path]]:
 
 
 def private_network(policy: Policy) -> bool:
-    """Whether the network is on through slirp4netns (else the host's own, or none)."""
-    return policy.network and shutil.which(policy.slirp4netns) is not None
+    """Whether the network is on through slirp4netns (else the host's own, or none).
+
+    Needs bwrap's --disable-userns too (0.8, 2023): Network waits for the nested
+    user namespace it makes before slirp4netns may configure the sandbox."""
+    return (
+        policy.network
+        and shutil.which(policy.slirp4netns) is not None
+        and disables_userns(policy.bwrap)
+    )
+
+
+@functools.cache
+def disables_userns(bwrap: str) -> bool:
+    """Whether this bwrap has --disable-userns (0.8 and later; Ubuntu 22.04 has 0.6)."""
+    path = shutil.which(bwrap)
+    if path is None:
+        return False
+    try:
+        done = subprocess.run(
+            [path, "--help"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return b"--disable-userns" in done.stdout + done.stderr
 
 
 class Network:
@@ -417,14 +443,16 @@ def _base_args(policy: Policy, *, private: bool = False) -> tuple[list[str], lis
         # Implied, except for root, for whom --unshare-all makes none: without
         # one, --disable-userns cannot hold.
         "--unshare-user",
-        # No user namespace inside: one gives back every capability over the
-        # sandbox's mounts (the kernel's most-attacked surface) and lets a
-        # command unmount what covers a path.
-        "--disable-userns",
         "--die-with-parent",
         "--cap-drop",
         "ALL",
     ]
+    if disables_userns(policy.bwrap):
+        # No user namespace inside: one gives back every capability over the
+        # sandbox's mounts (the kernel's most-attacked surface) and lets a
+        # command unmount what covers a path. An older bwrap cannot; the
+        # README says so.
+        args.append("--disable-userns")
     if policy.network and not private:
         args.append("--share-net")
     system, exposed = _system_mounts()
@@ -552,6 +580,12 @@ def state(policy: Policy) -> State:
         network = (
             "with network access through a private network (slirp4netns), which keeps the "
             "services on this host's loopback (127.0.0.1) out of reach"
+        )
+    elif policy.network and not disables_userns(policy.bwrap):
+        network = (
+            "with this host's network, services on its loopback (127.0.0.1) included, since "
+            "this bubblewrap is older than 0.8 (upgrade it to keep them out of reach, or set "
+            "DISPATCH_SHELL_NETWORK=0)"
         )
     elif policy.network:
         network = (
