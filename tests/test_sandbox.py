@@ -706,13 +706,14 @@ def test_settings_warn_when_the_server_runs_as_root(owner, monkeypatch, euid, sh
 
 @pytest.fixture
 def old_bwrap(tmp_path: Path) -> str:
-    """bwrap as before 0.8 (Ubuntu 22.04 has 0.6): no --disable-userns."""
+    """bwrap as before 0.7 (Ubuntu 22.04 has 0.6): no --disable-userns, no --size."""
     path = tmp_path / "bwrap"
     path.write_text(
         "#!/bin/sh\n"
-        'if [ "$1" = --help ]; then bwrap --help | grep -v -- --disable-userns; exit 0; fi\n'
-        'for arg; do [ "$arg" = --disable-userns ] && { echo "bwrap: Unknown option" >&2; '
-        "exit 1; }; done\n"
+        'if [ "$1" = --help ]; then bwrap --help | grep -v -e --disable-userns -e --size; '
+        "exit 0; fi\n"
+        'for arg; do case "$arg" in --disable-userns|--size) '
+        'echo "bwrap: Unknown option $arg" >&2; exit 1;; esac; done\n'
         'exec bwrap "$@"\n'
     )
     path.chmod(0o755)
@@ -723,7 +724,8 @@ async def test_an_older_bwrap_still_runs_commands_on_the_hosts_network(
     ws, data, listener, old_bwrap
 ):
     """Without --disable-userns no private network can be set up (it waits for the nested
-    user namespace that option makes): the host's network, and the state says why."""
+    user namespace that option makes): the host's network, and the state says why. Its
+    /tmp is unbounded (no --size)."""
     policy = Policy(hidden=(data,), bwrap=old_bwrap)
     outcome = await sh(CONNECT.format(port=listener), ws, policy)
     assert outcome.shell_output == "connected\n"

@@ -227,12 +227,17 @@ def private_network(policy: Policy) -> bool:
     )
 
 
-@functools.cache
 def disables_userns(bwrap: str) -> bool:
     """Whether this bwrap has --disable-userns (0.8 and later; Ubuntu 22.04 has 0.6)."""
+    return "--disable-userns" in _options(bwrap)
+
+
+@functools.cache
+def _options(bwrap: str) -> frozenset[str]:
+    """The options this bwrap lists in its --help (some are newer than others)."""
     path = shutil.which(bwrap)
     if path is None:
-        return False
+        return frozenset()
     try:
         done = subprocess.run(
             [path, "--help"],
@@ -242,8 +247,9 @@ def disables_userns(bwrap: str) -> bool:
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
         )
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return b"--disable-userns" in done.stdout + done.stderr
+        return frozenset()
+    text = (done.stdout + done.stderr).decode("utf-8", "replace")
+    return frozenset(word for word in text.split() if word.startswith("--"))
 
 
 class Network:
@@ -466,11 +472,12 @@ def _base_args(policy: Policy, *, private: bool = False) -> tuple[list[str], lis
         args += ["--ro-bind-try", path, path]
     # /dev read-only (its device nodes still work) but for a bounded /dev/shm
     # (POSIX shared memory, semaphores: Python's multiprocessing locks).
-    args += ["--dev", "/dev", "--size", str(TMPFS_SIZE), "--tmpfs", "/dev/shm"]
-    args += ["--remount-ro", "/dev"]
+    # --size is newer (0.7) than the rest: an older bwrap's are unbounded.
+    size = ["--size", str(TMPFS_SIZE)] if "--size" in _options(policy.bwrap) else []
+    args += ["--dev", "/dev", *size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     # /var/tmp too: some tools keep their scratch files there, not in /tmp.
     for path in TMPFS_DIRS:
-        args += ["--size", str(TMPFS_SIZE), "--tmpfs", path]
+        args += [*size, "--tmpfs", path]
     return args, exposed
 
 
