@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -270,6 +271,25 @@ async def test_its_memory_backed_directories_are_bounded(ws, policy, path):
     outcome = await sh(f"head -c {over}M /dev/zero > {path}/big", ws, policy)
     assert outcome.is_error
     assert "No space left on device" in outcome.shell_output
+
+
+async def test_it_makes_no_setuid_or_setgid_files(ws, policy):
+    """As root they would run as root for any other user who reaches the workspace: chmod,
+    install (fchmod), a creating open and mknod with either bit are refused; plain modes
+    work."""
+    outcome = await sh(
+        "cp /usr/bin/id s; chmod 4755 s; chmod g+s s; install -m 2755 /usr/bin/id t; "
+        "python3 -c 'import os; os.open(\"u\", os.O_CREAT | os.O_WRONLY, 0o4755)' 2>&1 "
+        "| tail -1; python3 -c 'import os, stat; os.mknod(\"v\", stat.S_IFREG | 0o6755)' "
+        "2>&1 | tail -1; mkdir d; chmod 2775 d; chmod 755 s && echo plain",
+        ws,
+        policy,
+    )
+    assert outcome.shell_output.count("Operation not permitted") == 6, outcome.shell_output
+    assert outcome.shell_output.endswith("plain\n")
+    made = [p for p in ws.iterdir() if p.stat().st_mode & (stat.S_ISUID | stat.S_ISGID)]
+    assert made == []
+    assert stat.S_IMODE((ws / "s").stat().st_mode) == 0o755
 
 
 async def test_its_root_and_dev_take_no_files(ws, policy):

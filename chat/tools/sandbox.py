@@ -18,9 +18,10 @@ A command runs as `bwrap ARGS -- bash -c COMMAND`. What the sandbox sees:
 
 As root (the server's user is root) the command is still host uid 0 for every
 file it touches: bwrap, not being setuid, can only map the caller's own uid.
-That is why /proc's settings are read-only and nothing of the host but the
-system (read-only) and the workspace is mounted. See the README (Security)
-for what that leaves: setuid files in the workspace.
+That is why /proc's settings are read-only, nothing of the host but the
+system (read-only) and the workspace is mounted, and a seccomp filter
+refuses setuid and setgid bits (setid_filter): such a file in the workspace
+would run as root for any other user of the host.
 
 Its PID 1 is bwrap's init. When PID 1 dies the kernel kills everything left in
 the namespace, whatever session or process group it moved to, and PID 1 dies
@@ -35,12 +36,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import fcntl
 import functools
 import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -112,6 +116,35 @@ INFO_READ = 4096
 # --disable-userns has nested one more.
 NS_GET_USERNS = 0xB701
 
+# As root a command is host root for the files it makes: a setuid (or setgid)
+# program left in the workspace would run as root for any other user who can
+# reach it. A seccomp filter (built with libseccomp, which slirp4netns and
+# systemd depend on) refuses every way to set those bits, with EPERM: the
+# syscalls below with that bit in their mode argument (by its index).
+SECCOMP_LIBRARY = "libseccomp.so.2"
+SETID_MODE_ARGUMENT = {
+    "chmod": 1,
+    "fchmod": 1,
+    "fchmodat": 2,
+    "fchmodat2": 2,
+    "creat": 1,
+    "open": 2,
+    "openat": 3,
+    "mknod": 1,
+    "mknodat": 2,
+}
+# These take the mode where a filter cannot read it (in a struct; in a ring):
+# refused as missing (ENOSYS), so programs fall back to the calls above.
+SETID_UNFILTERABLE = ("openat2", "io_uring_setup")
+# libseccomp's constants (<seccomp.h>).
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_ACT_ERRNO = 0x00050000
+SCMP_CMP_MASKED_EQ = 7
+SCMP_ARCH_X86_64 = 0xC000003E
+# The 32-bit ABIs an x86-64 kernel also runs; the filter covers them too.
+SCMP_ARCH_X86 = 0x40000003
+SCMP_ARCH_X32 = 0x4000003E
+
 # The availability check runs `bwrap ... true`, which takes milliseconds; a
 # bwrap that hangs (a stuck mount) must not stall a request for longer.
 PROBE_TIMEOUT = 10.0
@@ -123,10 +156,11 @@ OPT_OUT = "DISPATCH_SHELL_UNSANDBOXED"
 
 # Shown by `serve` as it starts and in Settings when the server's user is root.
 AS_ROOT = (
-    "Dispatch runs as root: shell commands act as host root on every file they can reach, "
-    "so a setuid program a command leaves in the workspace runs as root for any other user "
-    "who can reach the workspace. Run Dispatch as an unprivileged user of its own, with the "
-    "data directory and workspace closed to other users (see the README's Security section)."
+    "Dispatch runs as root: shell commands are host root for every file they reach (the "
+    "workspace, and what the system lets root read, such as /etc/shadow), and a flaw in "
+    "the sandbox would hand them the host. Run Dispatch as an unprivileged user of its own, "
+    "with the data directory and workspace closed to other users (see the README's "
+    "Security section)."
 )
 
 _RISK = (
@@ -213,6 +247,92 @@ def _system_mounts() -> tuple[list[str], list[Path]]:
             args += ["--ro-bind", name, name]
             exposed.append(_resolved(path))
     return args, exposed
+
+
+class _ArgumentComparison(ctypes.Structure):
+    # struct scmp_arg_cmp
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
+
+
+@functools.cache
+def setid_filter() -> bytes | None:
+    """The seccomp program (BPF) refusing setuid and setgid bits; None without libseccomp."""
+    try:
+        lib = ctypes.CDLL(SECCOMP_LIBRARY, use_errno=True)
+    except OSError as exc:
+        logger.warning(
+            "no %s (%s): shell commands can make setuid files in the workspace",
+            SECCOMP_LIBRARY,
+            exc,
+        )
+        return None
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    lib.seccomp_arch_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
+    lib.seccomp_arch_native.restype = ctypes.c_uint32
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(_ArgumentComparison),
+    ]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    context = lib.seccomp_init(SCMP_ACT_ALLOW)
+    if not context:
+        logger.warning("seccomp_init failed: shell commands can make setuid files")
+        return None
+    try:
+        if lib.seccomp_arch_native() == SCMP_ARCH_X86_64:
+            for arch in (SCMP_ARCH_X86, SCMP_ARCH_X32):
+                if lib.seccomp_arch_add(context, arch) != 0:
+                    raise OSError(f"cannot add architecture {arch:#x}")
+
+        def rule(name: str, action: int, *compare: _ArgumentComparison) -> None:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number == -1:  # __NR_SCMP_ERROR: a name this libseccomp does not know
+                raise OSError(f"libseccomp does not know {name}")
+            array = (_ArgumentComparison * len(compare))(*compare) if compare else None
+            if lib.seccomp_rule_add_array(context, action, number, len(compare), array) != 0:
+                raise OSError(f"cannot add a rule for {name}")
+
+        for name, index in SETID_MODE_ARGUMENT.items():
+            for bit in (stat.S_ISUID, stat.S_ISGID):
+                rule(
+                    name,
+                    SCMP_ACT_ERRNO | errno.EPERM,
+                    _ArgumentComparison(index, SCMP_CMP_MASKED_EQ, bit, bit),
+                )
+        for name in SETID_UNFILTERABLE:
+            rule(name, SCMP_ACT_ERRNO | errno.ENOSYS)
+        with tempfile.TemporaryFile() as program:
+            if lib.seccomp_export_bpf(context, program.fileno()) != 0:
+                raise OSError("cannot export the program")
+            program.seek(0)
+            return program.read()
+    except OSError as exc:
+        logger.warning("no seccomp filter (%s): shell commands can make setuid files", exc)
+        return None
+    finally:
+        lib.seccomp_release(context)
+
+
+def program_fd(program: bytes) -> int:
+    """A pipe's read end holding `program` whole, for bwrap's --seccomp."""
+    read_fd, write_fd = os.pipe()
+    try:
+        # A few hundred bytes: far below a pipe's buffer, so this never blocks.
+        os.write(write_fd, program)
+    finally:
+        os.close(write_fd)
+    return read_fd
 
 
 def private_network(policy: Policy) -> bool:
@@ -482,14 +602,20 @@ def _base_args(policy: Policy, *, private: bool = False) -> tuple[list[str], lis
 
 
 def command(
-    policy: Policy, root: Path, argv: Sequence[str], network: Network | None = None
+    policy: Policy,
+    root: Path,
+    argv: Sequence[str],
+    network: Network | None = None,
+    seccomp: int | None = None,
 ) -> list[str]:
     """The bwrap command line that runs `argv` in workspace `root` (resolved), on the
-    private `network` if given."""
+    private `network` if given, under the seccomp program readable on fd `seccomp`."""
     bwrap = shutil.which(policy.bwrap) or policy.bwrap
     args, exposed = _base_args(policy, private=network is not None)
     if network is not None:
         args += network.bwrap_args()
+    if seccomp is not None:
+        args += ["--seccomp", str(seccomp)]
     covers: list[str] = []
     for hidden in map(_resolved, policy.hidden):
         # Only the workspace is bound, so a hidden path shows only where a

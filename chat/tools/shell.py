@@ -251,18 +251,24 @@ async def run_shell(
     policy = policy or sandbox.Policy()
     argv = [shell_path(), "-c", command]
     network: sandbox.Network | None = None
+    seccomp: int | None = None
     if not policy.unsandboxed:
         verdict = await asyncio.to_thread(sandbox.check, policy)
         if not verdict.available:
             return ToolOutcome(verdict.problem, is_error=True)
         if sandbox.private_network(policy):
             network = sandbox.Network(policy)
-        argv = sandbox.command(policy, root, argv, network)
+        if (program := sandbox.setid_filter()) is not None:
+            seccomp = sandbox.program_fd(program)
+        argv = sandbox.command(policy, root, argv, network, seccomp)
     try:
-        return await _run(root, argv, on_output, timeout, policy, network)
+        return await _run(root, argv, on_output, timeout, policy, network, seccomp)
     finally:
         if network is not None:
             network.close()
+        if seccomp is not None:
+            with contextlib.suppress(OSError):
+                os.close(seccomp)
 
 
 async def _run(
@@ -272,6 +278,7 @@ async def _run(
     timeout: float,
     policy: sandbox.Policy,
     network: sandbox.Network | None,
+    seccomp: int | None,
 ) -> ToolOutcome:
     become_subreaper()
     output = _Output(on_output)
@@ -290,7 +297,10 @@ async def _run(
                 cwd=root,
                 env=shell_env(root, sandboxed=not policy.unsandboxed),
                 start_new_session=True,
-                pass_fds=network.child_fds() if network is not None else (),
+                pass_fds=(
+                    *(network.child_fds() if network is not None else ()),
+                    *((seccomp,) if seccomp is not None else ()),
+                ),
             )
         finally:
             # The children hold the write end now; this process must not, or
