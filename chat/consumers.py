@@ -7,7 +7,7 @@ import json
 import logging
 import uuid
 from collections import deque
-from contextlib import suppress
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -336,50 +336,48 @@ class TurnWorker(AsyncConsumer):
         if not turns.accepting_turns:
             return
         tab_id = uuid.UUID(message["tab_id"])
-        worker = turns.worker_id(self.channel_name)
         # Claimed before the lease commits: the recovery scan must never find
         # this process's fresh lease unclaimed and take it for a dead one's.
         turns.claim(tab_id)
-        acquiring = asyncio.ensure_future(database_sync_to_async(turns.acquire)(tab_id, worker))
+        started = False
         try:
-            turn_id = await asyncio.shield(acquiring)
-        except asyncio.CancelledError:
-            # Stopping while the database thread takes the lease: it may still
-            # commit. Hand it back, so the message waits for a worker that stays
-            # instead of being reported as interrupted by the next start.
-            with suppress(Exception):
-                if (taken := await acquiring) is not None:
-                    await database_sync_to_async(turns.hand_back)(tab_id, taken)
-            turns.unclaim(tab_id)
-            raise
-        except BaseException:
-            turns.unclaim(tab_id)
-            raise
-        if turn_id is None:
-            turns.unclaim(tab_id)
-            return  # another turn holds the tab; it takes queued messages itself
+            acquire = database_sync_to_async(turns.acquire)
+            turn_id, cancelled = await _to_the_end(
+                acquire(tab_id, turns.worker_id(self.channel_name))
+            )
+            if turn_id is not None:
+                # Not when stopping, even if the drain began just now: no new turns.
+                if not cancelled and turns.accepting_turns:
+                    started = await self._start(tab_id, turn_id, bool(message.get("auto_approve")))
+                if not started:
+                    # The message waits for a worker that stays, instead of being
+                    # reported as interrupted by the next start.
+                    hand_back = database_sync_to_async(turns.hand_back)
+                    cancelled |= (await _to_the_end(hand_back(tab_id, turn_id)))[1]
+        finally:
+            if not started:
+                turns.unclaim(tab_id)
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _start(self, tab_id: uuid.UUID, turn_id: uuid.UUID, auto_approve: bool) -> bool:
         group = turns.tab_group(tab_id)
 
         async def publish(op: dict[str, Any]) -> None:
             await self.channel_layer.group_send(group, {"type": "tab.op", **op})
 
-        runner = TurnRunner(
-            tab_id, turn_id, publish, auto_approve=bool(message.get("auto_approve"))
-        )
         try:
             await self.channel_layer.group_add(turns.control_group(tab_id), self.channel_name)
-        except BaseException:
-            # Without the control group the turn could not be stopped or approved:
-            # give the lease up; the recovery scan asks for the queued messages again.
+        except Exception:
+            # Without the control group the turn could not be stopped or approved.
             logger.exception("could not join the control group of tab %s", tab_id)
-            with suppress(Exception):
-                await database_sync_to_async(turns.release)(tab_id, turn_id)
-            turns.unclaim(tab_id)
-            raise
+            return False
+        runner = TurnRunner(tab_id, turn_id, publish, auto_approve=auto_approve)
         self.runners[tab_id] = runner
         task = asyncio.create_task(self._run(runner))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return True
 
     async def _run(self, runner: TurnRunner) -> None:
         try:
@@ -419,3 +417,15 @@ class TurnWorker(AsyncConsumer):
         await self.channel_layer.send(
             message["reply_to"], {"type": "tab.snapshot", **runner.snapshot()}
         )
+
+
+async def _to_the_end(work: Awaitable[Any]) -> tuple[Any, bool]:
+    """Await `work` to its end even if cancelled meanwhile: a database call runs on
+    in its thread whatever happens here, and what it did (a lease taken or given
+    back) must be known. Returns its result and whether a cancel came, which the
+    caller raises once it has dealt with the result."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task), False
+    except asyncio.CancelledError:
+        return await task, True

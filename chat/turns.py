@@ -462,6 +462,8 @@ async def run_worker() -> None:
     try:
         await listening
     finally:
+        # At once: a turn.start whose lease is being taken right now must see it.
+        accepting_turns = False
         scanner.cancel()
         listening.cancel()
         # Stop listening before anything else: a turn.start taken now would be lost.
