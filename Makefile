@@ -49,6 +49,7 @@ test: $(VENV)/.installed chromium bubblewrap
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: $(VENV)/.installed chromium bubblewrap
 	$(PY) -m bench

@@ -118,12 +118,12 @@ async def run_turn(tab, text: str, on_op: Callable[[dict], None] | None = None) 
     from channels.db import database_sync_to_async
     from channels.layers import get_channel_layer
 
-    from chat import turns
+    from chat import bus, turns, worker
 
     layer = get_channel_layer()
     channel = await layer.new_channel()
-    await layer.group_add(turns.tab_group(tab.pk), channel)
-    worker = asyncio.create_task(turns.run_worker())
+    await layer.group_add(bus.tab_group(tab.pk), channel)
+    worker = asyncio.create_task(worker.run_worker())
     try:
         start = time.perf_counter()
         await database_sync_to_async(turns.submit)(tab, text, auto_approve=True)
@@ -136,14 +136,14 @@ async def run_turn(tab, text: str, on_op: Callable[[dict], None] | None = None) 
     finally:
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
-        await layer.group_discard(turns.tab_group(tab.pk), channel)
+        await layer.group_discard(bus.tab_group(tab.pk), channel)
 
 
 def bench_tab(model: str):
     """A fresh tab owned by the bench user."""
     from django.contrib.auth import get_user_model
 
-    from chat.models import new_tab
+    from chat.preferences import new_tab
 
     owner, _ = get_user_model().objects.get_or_create(username="bench")
     return new_tab(owner, model)

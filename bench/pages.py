@@ -12,7 +12,7 @@ def run() -> dict:
     from django.test import Client
     from django.urls import reverse
 
-    from chat.models import new_tab
+    from chat.preferences import new_tab
 
     user = get_user_model().objects.create_superuser("pages", password="x" * 12)
     client = Client(HTTP_HOST="127.0.0.1")

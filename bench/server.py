@@ -118,7 +118,7 @@ def main(port: int, tokens: int, pace: float) -> None:
     from django.urls import path
 
     from chat import agent
-    from chat.turns import start_embedded_worker
+    from chat.worker import start_embedded_worker
     from dispatch import asgi
 
     async def provider_for(model):

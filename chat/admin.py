@@ -28,6 +28,7 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import JsonLexer
 
+from chat.lease import is_stale, turn_usage
 from chat.models import (
     ApiKey,
     Chunk,
@@ -38,7 +39,6 @@ from chat.models import (
     Tab,
     UsageRecord,
 )
-from chat.turns import is_stale, turn_usage
 
 # A list row is one line: long enough to recognise a chunk, short enough not
 # to wrap on a laptop screen next to the other columns.

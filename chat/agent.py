@@ -24,9 +24,10 @@ from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 
-from chat import log, tools
+from chat import lease, log, preferences, tools
 from chat.history import History
-from chat.models import QueuedMessage, RunningTurn, Tab, UsageRecord, get_setting
+from chat.models import QueuedMessage, Tab, UsageRecord
+from chat.providers import aget_provider
 from chat.providers.base import (
     ErrorEvent,
     Event,
@@ -93,8 +94,6 @@ CRASH_MESSAGE_CHARS = 1000
 
 async def provider_for(model: str):
     """The provider for a model id. Tests replace this function."""
-    from chat.providers import aget_provider
-
     return await aget_provider(model)
 
 
@@ -109,14 +108,12 @@ class TurnConfig:
 
     @classmethod
     def load(cls, tab: Tab) -> TurnConfig:
-        from chat.providers import default_model
-
+        prefs = preferences.load()
         return cls(
-            model=tab.model or default_model(),
-            fallback_model=get_setting("fallback_model", "")
-            or django_settings.DISPATCH_FALLBACK_MODEL,
-            approve_tools=bool(get_setting("approve_tools", True)),
-            max_steps=int(get_setting("max_steps", django_settings.DISPATCH_MAX_STEPS)),
+            model=tab.model or prefs.new_tab_model,
+            fallback_model=prefs.effective_fallback_model,
+            approve_tools=prefs.approve_tools,
+            max_steps=prefs.max_steps,
         )
 
 
@@ -174,10 +171,6 @@ class TurnCancelled(Exception):
 Publish = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-# The runners of this process, by tab: a worker's shutdown waits for them.
-RUNNING: dict[uuid.UUID, TurnRunner] = {}
-
-
 class TurnRunner:
     """Runs turns on one tab for as long as it holds the tab's lease."""
 
@@ -216,6 +209,9 @@ class TurnRunner:
         self._pending_timer: asyncio.TimerHandle | None = None
         self._flushing: asyncio.Task | None = None
         self.stopping = False
+        # The worker is shutting down: the running turn may finish, the next
+        # one (a message queued meanwhile) goes to a worker that stays.
+        self.draining = False
         self.lease_lost = False
         self.config: TurnConfig | None = None
         # The open block the watchers were told about (its open op published).
@@ -264,7 +260,6 @@ class TurnRunner:
 
     async def run(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat())
-        RUNNING[self.tab_id] = self
         try:
             while True:
                 try:
@@ -282,15 +277,13 @@ class TurnRunner:
                     break
                 if next_turn is None:
                     break
-                if self.stopping or not _worker_accepts_turns():
+                if self.stopping or self.draining:
                     # Shutting down (the running turn was let finish): the next
                     # turn is a new turn, so it goes to a worker that stays.
-                    await database_sync_to_async(self._hand_back)()
+                    await database_sync_to_async(lease.hand_back)(self.tab_id, self.turn_id)
                     break
                 self._start_turn(next_turn)
         finally:
-            if RUNNING.get(self.tab_id) is self:
-                del RUNNING[self.tab_id]
             heartbeat.cancel()
             with suppress(asyncio.CancelledError):
                 await heartbeat
@@ -331,16 +324,9 @@ class TurnRunner:
         except Exception:
             logger.exception("could not report turn %s idle", self.turn_id)
         try:
-            await database_sync_to_async(self._release)()
+            await database_sync_to_async(lease.release)(self.tab_id, self.turn_id)
         except Exception:
             logger.exception("could not release the lease of tab %s", self.tab_id)
-
-    def _lease(self):
-        """This turn's lease row: after a recovery the tab's lease may be another's."""
-        return RunningTurn.objects.filter(tab_id=self.tab_id, turn_id=self.turn_id)
-
-    def _release(self) -> None:
-        self._lease().delete()
 
     def _start_turn(self, turn_id: uuid.UUID) -> None:
         self.turn_id = turn_id
@@ -354,21 +340,13 @@ class TurnRunner:
 
     def _release_or_continue(self) -> uuid.UUID | None:
         """End of a turn: give the lease back, unless a message is waiting for the next turn."""
-        with transaction.atomic():
-            Tab.objects.select_for_update().filter(pk=self.tab_id).values_list("pk").get()
-            # Only this turn's lease: if it was recovered meanwhile, it is not ours.
-            mine = self._lease()
-            if QueuedMessage.objects.filter(tab_id=self.tab_id).exists():
-                turn_id = uuid.uuid4()
-                if mine.update(turn_id=turn_id, step=0, cancel_requested=False, status="running"):
-                    # Here, on the database thread: a heartbeat queued right behind
-                    # this must look for the lease by its new turn id, or it
-                    # would report it lost and stop the runner.
-                    self.turn_id = turn_id
-                    return turn_id
-                return None
-            mine.delete()
-            return None
+        turn_id = lease.release_or_continue(self.tab_id, self.turn_id)
+        if turn_id is not None:
+            # Here, on the database thread: a heartbeat queued right behind
+            # this must look for the lease by its new turn id, or it would
+            # report it lost and stop the runner.
+            self.turn_id = turn_id
+        return turn_id
 
     async def _reload_if_changed(self) -> bool:
         """Settings changed since the last step: say so in the log, at this point.
@@ -383,11 +361,6 @@ class TurnRunner:
         await self._system("config-reload", _describe_reload(self.config, fresh))
         self.config = fresh
         return True
-
-    def _hand_back(self) -> None:
-        from chat import turns
-
-        turns.hand_back(self.tab_id, self.turn_id)
 
     async def _run_turn(self) -> None:
         tab = await Tab.objects.aget(pk=self.tab_id)
@@ -668,7 +641,7 @@ class TurnRunner:
         self._approvals[call_id] = future
         self.status.state = "waiting"
         self.status.approval = {"call_id": call_id, "name": name, "arguments": arguments}
-        await database_sync_to_async(self._lease().update)(status=RunningTurn.Status.WAITING)
+        await database_sync_to_async(lease.set_waiting)(self.tab_id, self.turn_id, True)
         await self._status()
         try:
             return await future
@@ -676,7 +649,7 @@ class TurnRunner:
             self._approvals.pop(call_id, None)
             self.status.state = "running"
             self.status.approval = None
-            await database_sync_to_async(self._lease().update)(status=RunningTurn.Status.RUNNING)
+            await database_sync_to_async(lease.set_waiting)(self.tab_id, self.turn_id, False)
             await self._status()
 
     # --- cancel ----------------------------------------------------------------
@@ -952,7 +925,7 @@ class TurnRunner:
         return blocks, [q.pk for q in queued]
 
     async def _set_step(self, step: int) -> None:
-        await database_sync_to_async(self._lease().update)(step=step)
+        await database_sync_to_async(lease.set_step)(self.tab_id, self.turn_id, step)
 
     async def _record_usage(self, model: str, usage: Usage) -> None:
         self.status.usage = self.status.usage + usage
@@ -970,11 +943,11 @@ class TurnRunner:
         )
 
     async def _heartbeat(self) -> None:
-        from chat.turns import HEARTBEAT_SECONDS
-
         while True:
-            await asyncio.sleep(HEARTBEAT_SECONDS)
+            await asyncio.sleep(lease.HEARTBEAT_SECONDS)
             try:
+                # The turn id is read on the database thread: a next turn
+                # (release_or_continue) changes it there.
                 beat = await database_sync_to_async(self._beat)()
             except Exception:
                 # A missed beat is survivable (three make the lease stale); a dead
@@ -998,16 +971,7 @@ class TurnRunner:
         return not Tab.objects.filter(pk=self.tab_id).exists()
 
     def _beat(self) -> str:
-        rows = self._lease()
-        if not rows.update(heartbeat_at=timezone.now()):
-            return "gone" if self._tab_gone() else "lost"
-        return "cancel" if rows.filter(cancel_requested=True).exists() else "ok"
-
-
-def _worker_accepts_turns() -> bool:
-    from chat import turns
-
-    return turns.accepting_turns
+        return lease.beat(self.tab_id, self.turn_id)
 
 
 def _reason(exc: ProviderError) -> str:

@@ -1,4 +1,4 @@
-"""TabSocket: one per open tab page. TurnWorker: the background consumer that runs turns."""
+"""TabSocket: one per open tab page, streaming the tab's ops to it."""
 
 from __future__ import annotations
 
@@ -7,17 +7,13 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from channels.consumer import AsyncConsumer
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from chat import log, render, turns
-from chat.agent import TurnRunner
-from chat.forms import ui_settings
+from chat import bus, lease, log, preferences, render
 from chat.models import Chunk, RunningTurn, Tab
 from chat.stream import Block
 
@@ -60,7 +56,7 @@ def catch_up(tab_id: uuid.UUID, last_seq: int) -> CatchUp:
     the work and the frames are bounded whatever the tab's length. The latest
     page shrinks (newest chunks kept) until its frame fits CATCH_UP_FRAME_CHARS.
     """
-    conf = ui_settings()
+    conf = preferences.load()
     chunks = log.tail(tab_id, after=last_seq, limit=conf.page_size + 1)
     if len(chunks) <= conf.page_size:
         return CatchUp(render.catch_up_frames(chunks, CATCH_UP_FRAME_CHARS), chunks, False)
@@ -109,7 +105,7 @@ class TabSocket(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.tab_id = tab_id
-        self.group = turns.tab_group(tab_id)
+        self.group = bus.tab_group(tab_id)
         self.synced = False
         self.buffer: deque[dict[str, Any]] = deque()
         self.sent_seq = 0
@@ -171,7 +167,7 @@ class TabSocket(AsyncWebsocketConsumer):
         # back as a "tab.snapshot" message (never await it here: a consumer
         # handles one message at a time).
         await self.channel_layer.group_send(
-            turns.control_group(self.tab_id),
+            bus.control_group(self.tab_id),
             {"type": "turn.snapshot", "reply_to": self.channel_name, "tab_id": str(self.tab_id)},
         )
         loop = asyncio.get_running_loop()
@@ -229,7 +225,7 @@ class TabSocket(AsyncWebsocketConsumer):
             # The chunk the page had open was sealed meanwhile (its seal is in
             # `chunks`) or the turn is gone: nothing is open any more.
             self.open_id, self.open_len = None, 0
-        status = await database_sync_to_async(turns.status)(self.tab_id)
+        status = await database_sync_to_async(lease.status)(self.tab_id)
         if snapshot and snapshot.get("status"):
             status = {**status, **snapshot["status"]}
         frames.append(render.fragment_status(status))
@@ -304,128 +300,3 @@ class TabSocket(AsyncWebsocketConsumer):
             case "taken":
                 return render.fragment_taken(message["ids"])
         return None
-
-
-class TurnWorker(AsyncConsumer):
-    """Runs turns, on the worker channel: in the web process (embedded) or in runworker."""
-
-    async def __call__(self, scope, receive, send):
-        self.runners: dict[uuid.UUID, TurnRunner] = {}
-        self.tasks: set[asyncio.Task] = set()
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            # The consumer is going away (shutdown, or the channel layer failed):
-            # its turns are interrupted, not cancelled by anyone.
-            for runner in self.runners.values():
-                runner.cancel(stopping=True)
-            if self.tasks:
-                # Let interrupted turns write their notice and release their lease.
-                await asyncio.wait(list(self.tasks), timeout=turns.INTERRUPT_WAIT_SECONDS)
-            for task in list(self.tasks):
-                task.cancel()
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        # One bad message must not take down the consumer and every turn it runs.
-        try:
-            await super().dispatch(message)
-        except Exception:
-            logger.exception("turn worker could not handle %r", message.get("type"))
-
-    async def turn_start(self, message: dict[str, Any]) -> None:
-        if not turns.accepting_turns:
-            return
-        tab_id = uuid.UUID(message["tab_id"])
-        # Claimed before the lease commits: the recovery scan must never find
-        # this process's fresh lease unclaimed and take it for a dead one's.
-        turns.claim(tab_id)
-        started = False
-        try:
-            acquire = database_sync_to_async(turns.acquire)
-            turn_id, cancelled = await _to_the_end(
-                acquire(tab_id, turns.worker_id(self.channel_name))
-            )
-            if turn_id is not None:
-                # Not when stopping, even if the drain began just now: no new turns.
-                if not cancelled and turns.accepting_turns:
-                    started = await self._start(tab_id, turn_id, bool(message.get("auto_approve")))
-                if not started:
-                    # The message waits for a worker that stays, instead of being
-                    # reported as interrupted by the next start.
-                    hand_back = database_sync_to_async(turns.hand_back)
-                    cancelled |= (await _to_the_end(hand_back(tab_id, turn_id)))[1]
-        finally:
-            if not started:
-                turns.unclaim(tab_id)
-        if cancelled:
-            raise asyncio.CancelledError
-
-    async def _start(self, tab_id: uuid.UUID, turn_id: uuid.UUID, auto_approve: bool) -> bool:
-        group = turns.tab_group(tab_id)
-
-        async def publish(op: dict[str, Any]) -> None:
-            await self.channel_layer.group_send(group, {"type": "tab.op", **op})
-
-        try:
-            await self.channel_layer.group_add(turns.control_group(tab_id), self.channel_name)
-        except Exception:
-            # Without the control group the turn could not be stopped or approved.
-            logger.exception("could not join the control group of tab %s", tab_id)
-            return False
-        runner = TurnRunner(tab_id, turn_id, publish, auto_approve=auto_approve)
-        self.runners[tab_id] = runner
-        task = asyncio.create_task(self._run(runner))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return True
-
-    async def _run(self, runner: TurnRunner) -> None:
-        try:
-            await runner.run()
-        except Exception as exc:
-            # run() ends its own crashes; one that still escapes (handing a
-            # turn back failed) gets the same ending, not a stuck tab whose
-            # lease recovery would later call a server that stopped.
-            logger.exception("runner for tab %s crashed", runner.tab_id)
-            await runner.abort(exc)
-        finally:
-            # After run(): the lease is released (or recovered by someone else).
-            turns.unclaim(runner.tab_id)
-            if self.runners.get(runner.tab_id) is runner:
-                del self.runners[runner.tab_id]
-                await self.channel_layer.group_discard(
-                    turns.control_group(runner.tab_id), self.channel_name
-                )
-
-    def _runner(self, message: dict[str, Any]) -> TurnRunner | None:
-        return self.runners.get(uuid.UUID(message["tab_id"]))
-
-    async def turn_cancel(self, message: dict[str, Any]) -> None:
-        runner = self._runner(message)
-        if runner is None or message.get("turn_id") not in (None, str(runner.turn_id)):
-            return
-        runner.cancel()
-
-    async def turn_approve(self, message: dict[str, Any]) -> None:
-        if runner := self._runner(message):
-            runner.approve(message["call_id"], bool(message["approved"]))
-
-    async def turn_snapshot(self, message: dict[str, Any]) -> None:
-        runner = self._runner(message)
-        if runner is None:
-            return  # the asker falls back to the checkpoint after its timeout
-        await self.channel_layer.send(
-            message["reply_to"], {"type": "tab.snapshot", **runner.snapshot()}
-        )
-
-
-async def _to_the_end(work: Awaitable[Any]) -> tuple[Any, bool]:
-    """Await `work` to its end even if cancelled meanwhile: a database call runs on
-    in its thread whatever happens here, and what it did (a lease taken or given
-    back) must be known. Returns its result and whether a cancel came, which the
-    caller raises once it has dealt with the result."""
-    task = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(task), False
-    except asyncio.CancelledError:
-        return await task, True

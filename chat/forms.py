@@ -1,21 +1,23 @@
-"""The web UI's forms, and the settings they read and write.
-
-Settings live in `Setting` rows (key -> JSON value); `ui_settings()` is the one
-place that knows their keys, defaults and bounds. The turn runner reads
-"approve_tools" and "fallback_model" itself (chat.agent).
-"""
+"""The web UI's forms. The settings they write are read back by chat.preferences."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from django import forms
 from django.contrib.auth.forms import UserCreationForm
 from django.core.validators import URLValidator
 
-from chat import log
-from chat.models import DEFAULT_SYSTEM_PROMPT, Setting, set_setting
+from chat.models import set_setting
+from chat.preferences import (
+    DEFAULT_SYSTEM_PROMPT,
+    DOM_WINDOW_MAX,
+    PAGE_SIZE_MAX,
+    PAGE_SIZE_MIN,
+    Preferences,
+)
+from chat.providers import default_model, list_models
+from chat.providers.registry import PROVIDERS
 
 OFFLINE_MODEL = "offline/demo"
 OFFLINE_LABEL = "Offline demo model"
@@ -24,73 +26,15 @@ OFFLINE_LABEL = "Offline demo model"
 MAX_MESSAGE_CHARS = 100_000
 # Long enough for a detailed brief; it is sent with every request.
 MAX_SYSTEM_PROMPT_CHARS = 20_000
-
-PAGE_SIZE_DEFAULT = log.PAGE_SIZE
-# Fewer than this barely fills a screen, so scrolling up would load page after page.
-PAGE_SIZE_MIN = 20
-# A tab page renders in time independent of the tab's length only if the page is bounded.
-PAGE_SIZE_MAX = 1000
-# Enough for several pages of a long conversation; a browser keeps that many
-# rich elements without strain.
-DOM_WINDOW_DEFAULT = 600
-DOM_WINDOW_MAX = 5000
 # An API key is a long token: anything this short is a typo or a partial paste.
 API_KEY_MIN_CHARS = 8
 API_KEY_MAX_CHARS = 500
-
-
-@dataclass(frozen=True)
-class UiSettings:
-    page_size: int
-    dom_window: int
-    expand_thinking: bool
-    approve_tools: bool
-    default_model: str
-    fallback_model: str
-    system_prompt: str
-
-
-def _int(value: Any, default: int, low: int, high: int) -> int:
-    # A value written by hand in the admin may be anything; the page must still render.
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        return default
-    return min(max(number, low), high)
-
-
-def ui_settings() -> UiSettings:
-    rows = dict(
-        Setting.objects.filter(
-            key__in=[
-                "page_size",
-                "dom_window",
-                "expand_thinking",
-                "approve_tools",
-                "default_model",
-                "fallback_model",
-                "system_prompt",
-            ]
-        ).values_list("key", "value")
-    )
-    page_size = _int(rows.get("page_size"), PAGE_SIZE_DEFAULT, PAGE_SIZE_MIN, PAGE_SIZE_MAX)
-    return UiSettings(
-        page_size=page_size,
-        dom_window=_int(rows.get("dom_window"), DOM_WINDOW_DEFAULT, page_size, DOM_WINDOW_MAX),
-        expand_thinking=bool(rows.get("expand_thinking", False)),
-        approve_tools=bool(rows.get("approve_tools", True)),
-        default_model=str(rows.get("default_model") or ""),
-        fallback_model=str(rows.get("fallback_model") or ""),
-        system_prompt=str(rows.get("system_prompt") or ""),
-    )
 
 
 # --- Models --------------------------------------------------------------------------
 
 
 def known_models() -> list[Any]:
-    from chat.providers import list_models
-
     return list(list_models())
 
 
@@ -111,8 +55,6 @@ def model_choices(current: str = "") -> list[tuple[str, str]]:
 
 def key_providers() -> list[tuple[str, str]]:
     """Providers that take an API key or an endpoint (every one but the offline demo)."""
-    from chat.providers.registry import PROVIDERS
-
     return [(name, spec.label) for name, spec in PROVIDERS.items() if spec.adapter != "offline"]
 
 
@@ -215,13 +157,11 @@ class SettingsForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from chat.providers import default_model
-
         self.fields["default_model"].widget.attrs["placeholder"] = f"automatic: {default_model()}"
         self.fields["fallback_model"].widget.attrs["placeholder"] = "none"
 
     @classmethod
-    def initial_from(cls, conf: UiSettings) -> dict[str, Any]:
+    def initial_from(cls, conf: Preferences) -> dict[str, Any]:
         return {
             "default_model": conf.default_model,
             "fallback_model": conf.fallback_model,

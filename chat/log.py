@@ -19,10 +19,6 @@ from django.utils import timezone
 from chat.models import Chunk, RunningTurn, Tab
 from chat.stream import Block
 
-# The page a tab opens on: enough for a long conversation, small enough to
-# render in a few milliseconds whatever the tab's length.
-PAGE_SIZE = 200
-
 
 def append(
     tab_id: uuid.UUID, blocks: Sequence[Block], *, clear_checkpoint: bool = False
@@ -65,7 +61,7 @@ def append(
     return rows
 
 
-def page(tab_id: uuid.UUID, *, before: int | None = None, limit: int = PAGE_SIZE) -> list[Chunk]:
+def page(tab_id: uuid.UUID, *, before: int | None = None, limit: int) -> list[Chunk]:
     """The last `limit` chunks with seq < `before` (all, if None), in seq order."""
     qs = Chunk.objects.filter(tab_id=tab_id)
     if before is not None:
@@ -100,10 +96,6 @@ def count(tab_id: uuid.UUID) -> int:
 
 def last_seq(tab_id: uuid.UUID) -> int:
     return Tab.objects.filter(pk=tab_id).values_list("last_seq", flat=True).get()
-
-
-def block_of(chunk: Chunk) -> Block:
-    return Block(chunk.id, chunk.turn_id, chunk.step, chunk.role, chunk.type, chunk.data, chunk.seq)
 
 
 # --- The open block's checkpoint ------------------------------------------------

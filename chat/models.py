@@ -38,28 +38,6 @@ class Tab(models.Model):
         return self.title or f"Tab {str(self.id)[:8]}"
 
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a careful assistant working in the user's workspace directory. "
-    "Use the tools to look at files, change them and run commands there; check "
-    "your work, and say plainly what you did and what you could not do."
-)
-
-
-def new_tab(owner, model: str = "") -> Tab:
-    """A tab with its model and system prompt chosen now, from the settings.
-
-    The model: `model`, else the Settings page's default, else the providers'
-    default. The system prompt is frozen for the tab's whole life.
-    """
-    from chat.providers import default_model
-
-    return Tab.objects.create(
-        owner=owner,
-        model=model or get_setting("default_model", "") or default_model(),
-        system_prompt=get_setting("system_prompt", "") or DEFAULT_SYSTEM_PROMPT,
-    )
-
-
 class Role(models.TextChoices):
     USER = "user"
     ASSISTANT = "assistant"

@@ -26,7 +26,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from chat import log, turns
+from chat import lease, log, preferences, turns
 from chat import render as chat_render
 from chat.forms import (
     MAX_MESSAGE_CHARS,
@@ -41,7 +41,6 @@ from chat.forms import (
     key_providers,
     known_models,
     model_choices,
-    ui_settings,
 )
 from chat.models import (
     ApiKey,
@@ -49,7 +48,6 @@ from chat.models import (
     RunningTurn,
     Setting,
     Tab,
-    new_tab,
 )
 from chat.providers.registry import PROVIDERS
 from chat.tools import sandbox
@@ -135,7 +133,7 @@ def home(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def tab_new(request: HttpRequest) -> HttpResponse:
-    tab = new_tab(request.user)
+    tab = preferences.new_tab(request.user)
     return redirect("tab", tab_id=tab.id)
 
 
@@ -143,10 +141,10 @@ def tab_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = _get_tab_for_user(request, tab_id)
-    conf = ui_settings()
+    conf = preferences.load()
     chunks = log.page(tab.id, limit=conf.page_size)
     has_more, continues = log.page_bounds(tab.id, chunks)
-    items, status = chat_render.page_items(chunks, turns.status(tab.id), continues=continues)
+    items, status = chat_render.page_items(chunks, lease.status(tab.id), continues=continues)
     return render(
         request,
         "chat/tab.html",
@@ -181,7 +179,7 @@ def tab_older(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
         return HttpResponseBadRequest("?before= must be a chunk seq (a whole number).")
     if before < 1:
         return HttpResponseBadRequest("?before= must be at least 1.")
-    conf = ui_settings()
+    conf = preferences.load()
     chunks = log.page(tab.id, before=before, limit=conf.page_size)
     has_more, continues = log.page_bounds(tab.id, chunks)
     items = chat_render.group(chunks, continues=continues)
@@ -322,7 +320,7 @@ def tab_approve(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def settings_view(request: HttpRequest) -> HttpResponse:
     _staff(request)
-    conf = ui_settings()
+    conf = preferences.load()
     settings_form = SettingsForm(initial=SettingsForm.initial_from(conf))
     key_form = ApiKeyForm()
     endpoint_form = EndpointForm()

@@ -17,10 +17,10 @@ except ImproperlyConfigured as exc:
     exit_configuration_error(exc)
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from chat import routing, startup  # noqa: E402
-from chat.turns import start_embedded_worker  # noqa: E402
+from chat.worker import start_embedded_worker  # noqa: E402
 from dispatch.origin import SameOriginValidator  # noqa: E402
 
 # What `manage.py serve` checks before serving, for plain daphne too; not the
@@ -36,7 +36,6 @@ router = ProtocolTypeRouter(
         "websocket": SameOriginValidator(
             AuthMiddlewareStack(URLRouter(routing.websocket_urlpatterns))
         ),
-        "channel": ChannelNameRouter(routing.channel_routes),
     }
 )
 

@@ -11,8 +11,9 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 
-from chat import log, turns
-from chat.models import Chunk, Setting, Tab, new_tab
+from chat import bus, log, turns, worker
+from chat.models import Chunk, Setting, Tab
+from chat.preferences import new_tab
 
 # Long enough for any scripted turn here, short enough that a hang fails fast.
 TURN_TIMEOUT = 30.0
@@ -21,7 +22,7 @@ TURN_TIMEOUT = 30.0
 @contextlib.asynccontextmanager
 async def running_worker(count: int = 1):
     """`count` turn workers in this event loop."""
-    tasks = [asyncio.create_task(turns.run_worker()) for _ in range(count)]
+    tasks = [asyncio.create_task(worker.run_worker()) for _ in range(count)]
     try:
         yield tasks
     finally:
@@ -40,11 +41,11 @@ class Watcher:
     async def __aenter__(self) -> Watcher:
         self.layer = get_channel_layer()
         self.channel = await self.layer.new_channel()
-        await self.layer.group_add(turns.tab_group(self.tab_id), self.channel)
+        await self.layer.group_add(bus.tab_group(self.tab_id), self.channel)
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self.layer.group_discard(turns.tab_group(self.tab_id), self.channel)
+        await self.layer.group_discard(bus.tab_group(self.tab_id), self.channel)
 
     async def next(self, timeout: float = TURN_TIMEOUT) -> dict[str, Any]:
         message = await asyncio.wait_for(self.layer.receive(self.channel), timeout)

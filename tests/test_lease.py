@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from chat import agent, turns
+from chat import agent, lease, worker
 from chat.models import QueuedMessage, RunningTurn
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
@@ -38,7 +38,7 @@ def answer(monkeypatch):
     return provider
 
 
-def lease(tab, worker: str) -> RunningTurn:
+def lease_row(tab, worker: str) -> RunningTurn:
     return RunningTurn.objects.create(
         tab_id=tab.pk, turn_id=uuid.uuid4(), worker=worker, heartbeat_at=timezone.now()
     )
@@ -49,17 +49,17 @@ async def test_a_recovery_scan_between_acquire_and_the_runner_start_leaves_the_t
 ):
     """The scan runs right after the lease commits, before the runner exists: the turn
     is not taken for a dead one, and a second start in that gap gets no second lease."""
-    real_acquire = turns.acquire
+    real_acquire = lease.acquire
     seen: dict[str, object] = {}
 
     def acquire_then_scan(tab_id, worker):
         turn_id = real_acquire(tab_id, worker)
         if turn_id is not None and "recovered" not in seen:
-            seen["recovered"] = turns.recover_stale()
-            seen["second"] = real_acquire(tab_id, turns.worker_id("another-channel"))
+            seen["recovered"] = lease.recover_stale()
+            seen["second"] = real_acquire(tab_id, lease.worker_id("another-channel"))
         return turn_id
 
-    monkeypatch.setattr(turns, "acquire", acquire_then_scan)
+    monkeypatch.setattr(lease, "acquire", acquire_then_scan)
     tab = await make_tab()
     async with running_worker(), Watcher(tab.pk) as watcher:
         await submit(tab, "hello")
@@ -74,17 +74,17 @@ async def test_a_recovery_scan_between_acquire_and_the_runner_start_leaves_the_t
 async def test_a_lease_of_this_process_is_alive_only_while_claimed():
     """Same pid, no claim: a previous process with this pid (a restarted container)."""
     tab = await make_tab()
-    running = await database_sync_to_async(lease)(tab, turns.worker_id("x"))
-    assert turns.is_dead(running)
-    turns.claim(tab.pk)
-    turns.claim(tab.pk)
+    running = await database_sync_to_async(lease_row)(tab, lease.worker_id("x"))
+    assert lease.is_dead(running)
+    lease.claim(tab.pk)
+    lease.claim(tab.pk)
     try:
-        assert not turns.is_dead(running)
-        turns.unclaim(tab.pk)
-        assert not turns.is_dead(running)  # a second claim still holds it
+        assert not lease.is_dead(running)
+        lease.unclaim(tab.pk)
+        assert not lease.is_dead(running)  # a second claim still holds it
     finally:
-        turns.unclaim(tab.pk)
-    assert turns.is_dead(running)
+        lease.unclaim(tab.pk)
+    assert lease.is_dead(running)
 
 
 async def test_a_zombie_worker_counts_as_dead():
@@ -95,21 +95,21 @@ async def test_a_zombie_worker_counts_as_dead():
         while _state(child.pid) != "Z":
             assert time.monotonic() < deadline, "the child never became a zombie"
             time.sleep(0.01)
-        worker = f"{turns.HOST_ID}:{child.pid}:x"
-        running = await database_sync_to_async(lease)(tab, worker)
-        assert turns.is_dead(running)
+        worker = f"{lease.HOST_ID}:{child.pid}:x"
+        running = await database_sync_to_async(lease_row)(tab, worker)
+        assert lease.is_dead(running)
     finally:
         child.wait()
 
 
 async def test_a_live_worker_of_this_host_and_one_elsewhere_are_alive():
     tab = await make_tab()
-    parent = await database_sync_to_async(lease)(tab, f"{turns.HOST_ID}:{os.getppid()}:x")
-    assert not turns.is_dead(parent)
+    parent = await database_sync_to_async(lease_row)(tab, f"{lease.HOST_ID}:{os.getppid()}:x")
+    assert not lease.is_dead(parent)
     parent.worker = "another-host:1:x"
-    assert not turns.is_dead(parent)
-    parent.heartbeat_at = timezone.now() - timezone.timedelta(seconds=turns.LEASE_STALE_SECONDS + 1)
-    assert turns.is_dead(parent)
+    assert not lease.is_dead(parent)
+    parent.heartbeat_at = timezone.now() - timezone.timedelta(seconds=lease.LEASE_STALE_SECONDS + 1)
+    assert lease.is_dead(parent)
 
 
 async def test_the_claim_is_dropped_after_the_turn(answer):
@@ -120,10 +120,10 @@ async def test_the_claim_is_dropped_after_the_turn(answer):
             await watcher.until_idle()
         # The runner's task ends just after its idle status went out.
         deadline = time.monotonic() + ZOMBIE_WAIT_SECONDS
-        while turns._claims[tab.pk]:
+        while lease._claims[tab.pk]:
             assert time.monotonic() < deadline, "the claim outlived the turn"
             await asyncio.sleep(0.01)
-    assert tab.pk not in turns._claims
+    assert tab.pk not in lease._claims
 
 
 def _state(pid: int) -> str:
@@ -168,7 +168,7 @@ async def test_a_heartbeat_right_after_the_lease_passes_to_the_next_turn_finds_i
 async def test_a_worker_stopped_while_it_takes_a_lease_hands_the_lease_back(monkeypatch):
     """The lease commits on the database thread after the stop: it is handed back, the
     message stays queued for the next start, and nothing calls the turn interrupted."""
-    real_acquire = turns.acquire
+    real_acquire = lease.acquire
     entered = threading.Event()
     leave = threading.Event()
 
@@ -177,7 +177,7 @@ async def test_a_worker_stopped_while_it_takes_a_lease_hands_the_lease_back(monk
         leave.wait(ZOMBIE_WAIT_SECONDS)
         return real_acquire(tab_id, worker)
 
-    monkeypatch.setattr(turns, "acquire", slow_acquire)
+    monkeypatch.setattr(lease, "acquire", slow_acquire)
     tab = await make_tab()
     async with running_worker() as workers:
         await submit(tab, "hello")
@@ -190,7 +190,7 @@ async def test_a_worker_stopped_while_it_takes_a_lease_hands_the_lease_back(monk
     assert not await RunningTurn.objects.aexists()
     assert await QueuedMessage.objects.filter(tab=tab).acount() == 1
     assert await chunks(tab.pk) == []
-    assert tab.pk not in turns._claims
+    assert tab.pk not in lease._claims
 
 
 async def test_a_runner_that_cannot_join_its_control_group_gives_the_lease_up(answer, monkeypatch):
@@ -215,9 +215,9 @@ async def test_a_runner_that_cannot_join_its_control_group_gives_the_lease_up(an
             assert time.monotonic() < deadline, "the lease was kept"
             await asyncio.sleep(0.01)
     assert await QueuedMessage.objects.filter(tab=tab).acount() == 1
-    assert tab.pk not in turns._claims
-    assert tab.pk not in agent.RUNNING
+    assert tab.pk not in lease._claims
+    assert tab.pk not in worker.RUNNING
 
 
 async def _lease_given_up(tab) -> bool:
-    return tab.pk not in turns._claims and not await RunningTurn.objects.aexists()
+    return tab.pk not in lease._claims and not await RunningTurn.objects.aexists()

@@ -17,7 +17,7 @@ import time
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from chat import turns
+from chat import worker
 from tests.procs import (
     ROOT,
     Cluster,
@@ -41,7 +41,7 @@ PACE = 50.0
 # a busy two-core machine. (On another host the lease must first go stale:
 # LEASE_STALE_SECONDS + SCAN_SECONDS, about 20 s; see the README.)
 RECOVERY_SLACK = 5.0
-RECOVERY_BOUND = turns.SCAN_SECONDS + RECOVERY_SLACK
+RECOVERY_BOUND = worker.SCAN_SECONDS + RECOVERY_SLACK
 # The tests that kill or stop something mid-text ask the offline model to read
 # this workspace file: its second step quotes the lines back in one text chunk of
 # about 160 tokens (three seconds at PACE), so whatever is killed once that chunk

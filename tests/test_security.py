@@ -16,7 +16,8 @@ from django.test import Client
 from django.urls import reverse
 
 from chat import log, render
-from chat.models import Chunk, new_tab
+from chat.models import Chunk
+from chat.preferences import new_tab
 from dispatch.asgi import router
 from tests.engine import make_tab
 from tests.ui_helpers import block, parse, seed_every_type

@@ -21,9 +21,10 @@ from django.core.management import CommandError, call_command
 from django.core.management.base import OutputWrapper
 from django.db import connection
 
-from chat import agent, log, turns
+from chat import agent, lease, log, worker
 from chat.management.commands.send import TextPrinter
-from chat.models import Chunk, RunningTurn, Tab, new_tab
+from chat.models import Chunk, RunningTurn, Tab
+from chat.preferences import new_tab
 from chat.providers.base import TextDelta
 from chat.providers.offline import TOKEN_RE
 from chat.stream import Block
@@ -184,7 +185,7 @@ def test_a_killed_runner_loses_at_most_about_a_second_and_is_recovered(workspace
     assert lost_tokens <= CRASH_PACE * 1.5
 
     # The pid is gone: recovery does not wait for the lease to go stale.
-    assert turns.recover_stale() == [running.tab_id]
+    assert lease.recover_stale() == [running.tab_id]
     rows = log.tail(running.tab_id)
     assert rows[-2].type == "text" and rows[-2].data == {"text": saved, "interrupted": True}
     assert rows[-1].data["kind"] == "interrupted"
@@ -237,7 +238,7 @@ class EndsMidStream:
 
     async def stream(self, request):
         yield TextDelta("Once upon")
-        for runner in list(agent.RUNNING.values()):
+        for runner in list(worker.RUNNING.values()):
             runner.cancel(stopping=self.stopping)
         await asyncio.Event().wait()  # cancelled by the line above
 

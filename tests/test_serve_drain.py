@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
-from chat import turns
-from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, Tab, new_tab
+from chat import worker
+from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, Tab
+from chat.preferences import new_tab
 from tests.live import serve  # noqa: F401
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -146,13 +147,13 @@ def _processes_with(marker: str) -> list[int]:
 async def test_a_request_during_the_drain_starts_no_second_worker(monkeypatch):
     """Every request calls start_embedded_worker (plain daphne's start): one arriving
     while serve drains, or after, must not start a worker that takes turns again."""
-    monkeypatch.setattr(turns, "_embedded_task", None)
-    turns.start_embedded_worker()
-    first = turns._embedded_task
-    stopping = asyncio.create_task(turns.stop_embedded_worker())
+    monkeypatch.setattr(worker, "_embedded_task", None)
+    worker.start_embedded_worker()
+    first = worker._embedded_task
+    stopping = asyncio.create_task(worker.stop_embedded_worker())
     await asyncio.sleep(0)
-    turns.start_embedded_worker()
-    assert turns._embedded_task is first
+    worker.start_embedded_worker()
+    assert worker._embedded_task is first
     await stopping
-    turns.start_embedded_worker()
-    assert turns._embedded_task is first and first.done()
+    worker.start_embedded_worker()
+    assert worker._embedded_task is first and first.done()

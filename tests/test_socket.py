@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from chat import agent, consumers, log, render, turns
+from chat import agent, bus, consumers, log, render
 from chat.models import RunningTurn, set_setting
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
@@ -321,7 +321,7 @@ async def test_a_page_that_never_says_hello_is_closed_before_its_buffer_grows(mo
     layer = get_channel_layer()
     for n in range(5):
         await layer.group_send(
-            turns.tab_group(tab.pk), {"type": "tab.op", "op": "queued", "id": n, "text": "x"}
+            bus.tab_group(tab.pk), {"type": "tab.op", "op": "queued", "id": n, "text": "x"}
         )
     output = await socket.receive_output(FRAME_TIMEOUT)
     assert output == {"type": "websocket.close", "code": consumers.CLOSE_RESYNC}
@@ -435,7 +435,7 @@ def tiny_layer(settings):
 
 async def _burst(tab_id, ops: list[dict]) -> None:
     """Send ops at once, as a fast runner does: the socket's full channel drops the rest."""
-    group = turns.tab_group(tab_id)
+    group = bus.tab_group(tab_id)
     await asyncio.gather(
         *(get_channel_layer().group_send(group, {"type": "tab.op", **op}) for op in ops)
     )

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import agent, log, render, turns
+from chat import agent, bus, lease, log, render, turns
 from chat.models import QueuedMessage, RunningTurn, Setting, UsageRecord
 from chat.providers.base import (
     Finish,
@@ -406,8 +406,8 @@ async def test_two_workers_asked_to_run_the_same_tab_run_it_once(script, workspa
             await submit(tab, "hi")
             # A second start request goes to whichever worker is free.
             layer = watcher.layer
-            await layer.send(turns.WORKER_CHANNEL, {"type": "turn.start", "tab_id": str(tab.pk)})
-            await layer.send(turns.WORKER_CHANNEL, {"type": "turn.start", "tab_id": str(tab.pk)})
+            await layer.send(bus.WORKER_CHANNEL, {"type": "turn.start", "tab_id": str(tab.pk)})
+            await layer.send(bus.WORKER_CHANNEL, {"type": "turn.start", "tab_id": str(tab.pk)})
             await watcher.until_idle()
             await asyncio.sleep(0.1)
     assert len(provider.requests) == 1
@@ -418,8 +418,8 @@ async def test_acquire_gives_the_lease_to_one_of_two_threads():
     tab = await make_tab()
     await submit(tab, "hi")
     results = await asyncio.gather(
-        database_sync_to_async(turns.acquire, thread_sensitive=False)(tab.pk, "w1"),
-        database_sync_to_async(turns.acquire, thread_sensitive=False)(tab.pk, "w2"),
+        database_sync_to_async(lease.acquire, thread_sensitive=False)(tab.pk, "w1"),
+        database_sync_to_async(lease.acquire, thread_sensitive=False)(tab.pk, "w2"),
     )
     assert sum(r is not None for r in results) == 1
 
@@ -510,7 +510,7 @@ async def test_recovery_seals_the_checkpoint_as_interrupted(workspace):
         RunningTurn.objects.update(heartbeat_at=timezone.now() - timezone.timedelta(seconds=60))
 
     await database_sync_to_async(crashed_turn)()
-    recovered = await database_sync_to_async(turns.recover_stale)()
+    recovered = await database_sync_to_async(lease.recover_stale)()
     assert recovered == [tab.pk]
     rows = await chunks(tab.pk)
     assert kinds(rows)[-2:] == ["assistant/text", "system/system"]
@@ -526,7 +526,7 @@ async def test_a_fresh_lease_is_not_recovered():
     await RunningTurn.objects.acreate(
         tab_id=tab.pk, turn_id=uuid.uuid4(), worker="elsewhere:1:x", heartbeat_at=timezone.now()
     )
-    assert await database_sync_to_async(turns.recover_stale)() == []
+    assert await database_sync_to_async(lease.recover_stale)() == []
     assert await RunningTurn.objects.aexists()
 
 
@@ -734,7 +734,7 @@ async def test_a_channel_layer_that_fails_for_good_still_ends_the_turn(script, w
     script([TextDelta("Hello"), Finish()])
     tab = await make_tab()
     await submit(tab, "hi")
-    turn_id = await database_sync_to_async(turns.acquire)(tab.pk, "elsewhere:1:test")
+    turn_id = await database_sync_to_async(lease.acquire)(tab.pk, "elsewhere:1:test")
     published: list[dict] = []
     broken = False
 

@@ -14,9 +14,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from chat import agent, log, turns
+from chat import agent, bus, lease, log, turns, worker
 from chat.models import (
-    DEFAULT_SYSTEM_PROMPT,
     ApiKey,
     Chunk,
     ProviderEndpoint,
@@ -26,6 +25,7 @@ from chat.models import (
     Tab,
     set_setting,
 )
+from chat.preferences import DEFAULT_SYSTEM_PROMPT
 from chat.providers import default_model
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
@@ -272,7 +272,7 @@ def test_it_deletes_a_tab_after_confirmation(client_alice, tab):
 def test_it_stops_a_running_turn_before_deleting_its_tab(client_alice, tab):
     """Deleting a tab asks its running turn to stop (the row goes with the tab)."""
     group_channel = async_to_sync(get_channel_layer().new_channel)()
-    async_to_sync(get_channel_layer().group_add)(turns.control_group(tab.id), group_channel)
+    async_to_sync(get_channel_layer().group_add)(bus.control_group(tab.id), group_channel)
     RunningTurn.objects.create(
         tab=tab, turn_id=uuid.uuid4(), worker="w", heartbeat_at=timezone.now()
     )
@@ -539,7 +539,7 @@ def test_it_enforces_csrf_on_forms(alice, tab):
 def test_it_asks_the_running_turn_to_stop(client_alice, tab):
     """Stop marks the running turn's row and tells its worker."""
     channel = async_to_sync(get_channel_layer().new_channel)()
-    async_to_sync(get_channel_layer().group_add)(turns.control_group(tab.id), channel)
+    async_to_sync(get_channel_layer().group_add)(bus.control_group(tab.id), channel)
     RunningTurn.objects.create(
         tab=tab, turn_id=uuid.uuid4(), worker="w", heartbeat_at=timezone.now()
     )
@@ -567,7 +567,7 @@ def test_stop_names_the_turn_it_was_pressed_for(client_alice, tab):
 def test_it_answers_an_approval(client_alice, tab, field, approved):
     """Approve/Deny send the answer for that call to the turn's worker."""
     channel = async_to_sync(get_channel_layer().new_channel)()
-    async_to_sync(get_channel_layer().group_add)(turns.control_group(tab.id), channel)
+    async_to_sync(get_channel_layer().group_add)(bus.control_group(tab.id), channel)
     response = client_alice.post(
         reverse("tab_approve", args=[tab.id]), {field: "call_7"}, HTTP_HX_REQUEST="true"
     )
@@ -763,7 +763,7 @@ async def test_deleting_a_tab_mid_turn_ends_the_turn_quietly(caplog, monkeypatch
     whether the view cancels first or the row just goes, and whether the runner first
     notices at a write or at its heartbeat."""
     if heartbeat == "fast":
-        monkeypatch.setattr(turns, "HEARTBEAT_SECONDS", 0.05)
+        monkeypatch.setattr(lease, "HEARTBEAT_SECONDS", 0.05)
     provider = ScriptedProvider(
         [[*[TextDelta(f"w{i} ") for i in range(400)], Finish()]], delay=0.01
     )
@@ -787,7 +787,7 @@ async def test_deleting_a_tab_mid_turn_ends_the_turn_quietly(caplog, monkeypatch
         else:
             await Tab.objects.filter(pk=tab.pk).adelete()
         async with asyncio.timeout(TURN_TIMEOUT):
-            while tab.pk in agent.RUNNING or turns._claims[tab.pk]:
+            while tab.pk in worker.RUNNING or lease._claims[tab.pk]:
                 await asyncio.sleep(0.01)
     assert not await RunningTurn.objects.filter(tab_id=tab.pk).aexists()
     assert not await Chunk.objects.filter(tab_id=tab.pk).aexists()

@@ -15,14 +15,13 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from chat import startup
+from chat.worker import run_worker
 
 
 class Command(BaseCommand):
     help = "Run turns from the channel layer (needs REDIS_URL)."
 
     def handle(self, *args, **options):
-        from chat.turns import run_worker
-
         if not settings.REDIS_URL:
             raise CommandError(
                 "REDIS_URL is not set: without Redis, turns run inside the web process "
@@ -30,9 +29,9 @@ class Command(BaseCommand):
             )
         startup.check()
         self.stdout.write("Turn worker started; Ctrl+C or SIGTERM stops it.")
-        asyncio.run(self._main(run_worker))
+        asyncio.run(self._main())
 
-    async def _main(self, run_worker) -> None:
+    async def _main(self) -> None:
         task = asyncio.create_task(run_worker())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -23,8 +23,10 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from chat import startup, turns
-from chat.models import Tab, new_tab
+from chat import bus, startup, turns
+from chat.models import Tab
+from chat.preferences import new_tab
+from chat.worker import run_worker
 
 
 class Command(BaseCommand):
@@ -72,10 +74,10 @@ class Command(BaseCommand):
     async def _run(self, tab: Tab, text: str, auto_approve: bool, printer) -> str | None:
         layer = get_channel_layer()
         channel = await layer.new_channel()
-        await layer.group_add(turns.tab_group(tab.pk), channel)
+        await layer.group_add(bus.tab_group(tab.pk), channel)
         worker = None
         if not settings.REDIS_URL:
-            worker = asyncio.create_task(turns.run_worker())
+            worker = asyncio.create_task(run_worker())
         try:
             try:
                 queued = await database_sync_to_async(turns.submit)(
@@ -85,7 +87,7 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from None
             return await self._follow(layer, channel, tab, queued.pk, printer)
         finally:
-            await layer.group_discard(turns.tab_group(tab.pk), channel)
+            await layer.group_discard(bus.tab_group(tab.pk), channel)
             if worker is not None:
                 worker.cancel()
                 await asyncio.gather(worker, return_exceptions=True)

@@ -19,7 +19,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from twisted.internet import defer
 
-from chat import startup, turns
+from chat import startup, worker
+from chat.providers import default_model
 from chat.tools import sandbox
 
 
@@ -37,7 +38,8 @@ class Command(BaseCommand):
         # Before anything reads the database: a bad value or a dead service is one line.
         startup.check()
 
-        from chat.providers import default_model
+        # Imported only now: importing it builds the app, which reads the
+        # database the check above has just vouched for.
         from dispatch.asgi import application
 
         model = default_model()
@@ -65,7 +67,7 @@ class Command(BaseCommand):
         # importing the reactor earlier would install Twisted's default one.
         from twisted.internet import reactor
 
-        turns.start_embedded_worker()
+        worker.start_embedded_worker()
         # Twisted waits for a "before shutdown" trigger's Deferred before it stops.
         reactor.addSystemEventTrigger("before", "shutdown", self._drain)
 
@@ -73,8 +75,8 @@ class Command(BaseCommand):
         loop = asyncio.get_event_loop()
 
         def again(signum, frame) -> None:
-            loop.call_soon_threadsafe(turns.interrupt_turns)
+            loop.call_soon_threadsafe(worker.interrupt_turns)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, again)
-        return defer.Deferred.fromFuture(asyncio.ensure_future(turns.stop_embedded_worker()))
+        return defer.Deferred.fromFuture(asyncio.ensure_future(worker.stop_embedded_worker()))

@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import Model
 
-from chat import turns
+from chat import lease, turns
 from chat.management.commands.dispatch_status import database_size, human_size
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 
@@ -29,7 +29,7 @@ HISTORY_MODELS: tuple[type[Model], ...] = (Chunk, QueuedMessage, RunningTurn, Ta
 
 # How long --force waits for cancelled turns to stop. A turn stops at its next
 # stream event or tool poll, in well under a few seconds; waiting past
-# chat.turns.LEASE_STALE_SECONDS (15 s) also covers a worker that dies
+# chat.lease.LEASE_STALE_SECONDS (15 s) also covers a worker that dies
 # meanwhile, since its lease then goes stale and is wiped with the rest.
 CANCEL_WAIT_SECONDS = 30.0
 # Polling the lease rows this often is cheap and keeps the wait short.
@@ -133,7 +133,7 @@ class Command(BaseCommand):
 
         live, stale = [], []
         for running in RunningTurn.objects.select_related("tab").order_by("started_at"):
-            (stale if turns.is_stale(running) else live).append(running)
+            (stale if lease.is_stale(running) else live).append(running)
         if stale:
             names = ", ".join(_describe(r) for r in stale)
             self.stdout.write(f"Stale leases (dead workers), deleted with the history: {names}")
@@ -195,7 +195,7 @@ class Command(BaseCommand):
             left = [
                 r
                 for r in RunningTurn.objects.filter(tab_id__in=tab_ids).select_related("tab")
-                if not turns.is_stale(r)
+                if not lease.is_stale(r)
             ]
             if not left:
                 return
@@ -222,7 +222,7 @@ class Command(BaseCommand):
             started = [
                 r
                 for r in RunningTurn.objects.using(using).select_related("tab")
-                if not turns.is_stale(r)
+                if not lease.is_stale(r)
             ]
             if started:
                 raise CommandError(

@@ -1,0 +1,49 @@
+"""The channel layer's names and the sync ways to reach them.
+
+- `WORKER_CHANNEL`: "turn.start" — some worker should run this tab.
+- `control_group(tab_id)`: "turn.cancel", "turn.approve", "turn.snapshot" — only
+  the worker holding the tab's lease is in this group, wherever it runs.
+- `tab_group(tab_id)`: "tab.op" — every op of the tab, for the sockets watching it.
+
+The sync helpers are for ORM code (views, commands, the lease's database
+thread); async code awaits the channel layer itself.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+WORKER_CHANNEL = "dispatch-turns"
+
+
+def tab_group(tab_id: uuid.UUID | str) -> str:
+    return f"tab.{tab_id}"
+
+
+def control_group(tab_id: uuid.UUID | str) -> str:
+    return f"tabctl.{tab_id}"
+
+
+def send(channel: str, message: dict[str, Any]) -> None:
+    async_to_sync(get_channel_layer().send)(channel, message)
+
+
+def group_send(group: str, message: dict[str, Any]) -> None:
+    async_to_sync(get_channel_layer().group_send)(group, message)
+
+
+def publish(tab_id: uuid.UUID | str, op: dict[str, Any]) -> None:
+    """One op to every page watching the tab."""
+    group_send(tab_group(tab_id), {"type": "tab.op", **op})
+
+
+def request_run(tab_id: uuid.UUID | str, *, auto_approve: bool = False) -> None:
+    """Ask the workers to run this tab's queued messages."""
+    start: dict[str, Any] = {"type": "turn.start", "tab_id": str(tab_id)}
+    if auto_approve:
+        start["auto_approve"] = True
+    send(WORKER_CHANNEL, start)

@@ -1,0 +1,334 @@
+"""The lease: the RunningTurn row that says which worker runs a tab's turn.
+
+Every write to RunningTurn goes through here, except the open block's
+checkpoint payload, which `log` writes with the seal that replaces it. The
+primary key is the tab, so one turn per tab is a database fact; the heartbeat
+is the lease's fence (an update that finds the lease gone means another worker
+recovered it). A worker *claims* a tab in process memory before its lease
+commits and drops the claim after the runner released it, so the recovery scan
+never mistakes a lease being taken for a dead one's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from chat import bus, log
+from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, UsageRecord
+from chat.stream import Block, Kind, Role
+
+logger = logging.getLogger(__name__)
+
+# A worker refreshes its lease at least this often while a turn runs.
+HEARTBEAT_SECONDS = 5.0
+# A lease whose heartbeat is older than this belongs to a dead worker: three
+# missed heartbeats, so a busy event loop is not mistaken for a crash.
+LEASE_STALE_SECONDS = 15.0
+
+
+def is_stale(running: RunningTurn) -> bool:
+    return running.heartbeat_at < timezone.now() - timedelta(seconds=LEASE_STALE_SECONDS)
+
+
+def turn_usage(turn_id: uuid.UUID) -> dict[str, int]:
+    totals = UsageRecord.objects.filter(turn_id=turn_id).aggregate(
+        input=Sum("input_tokens"),
+        output=Sum("output_tokens"),
+        cache_read=Sum("cache_read_tokens"),
+        cache_write=Sum("cache_write_tokens"),
+    )
+    return {k: v or 0 for k, v in totals.items()}
+
+
+def status(tab_id: uuid.UUID) -> dict[str, Any]:
+    """The tab's turn status as the UI shows it, read from the database."""
+    running = RunningTurn.objects.filter(tab_id=tab_id).first()
+    queued = list(QueuedMessage.objects.filter(tab_id=tab_id).values("id", "text"))
+    if running is None:
+        return {"state": "idle", "queued": queued}
+    return {
+        "state": running.status,
+        "turn_id": str(running.turn_id),
+        "step": running.step,
+        "started_at": running.started_at.isoformat(),
+        "usage": turn_usage(running.turn_id),
+        "queued": queued,
+        "stale": is_stale(running),
+    }
+
+
+# --- The lease --------------------------------------------------------------------
+
+
+def _host_id() -> str:
+    """This host as worker ids name it: the host name and, where there is one, the
+    PID namespace. Containers that share a host name (host networking, a fixed
+    hostname on replicas) each have their own pids, which must never be checked
+    against one another; with the namespace in the name they are other hosts,
+    recognised as dead by the heartbeat alone."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return socket.gethostname()
+    return f"{socket.gethostname()}/pidns-{namespace}"
+
+
+HOST_ID = _host_id()
+
+
+def worker_id(channel_name: str) -> str:
+    """Names a worker so that a dead one on this host is recognised at once."""
+    return f"{HOST_ID}:{os.getpid()}:{channel_name}"
+
+
+# Tabs whose lease this process holds or is taking, counted: a claim is made
+# before acquire() commits the lease row and dropped only after the runner has
+# released it, so the recovery scan (another thread) never sees a lease of this
+# process that no claim covers. A count, not a set: a runner that has just
+# released a tab still holds its claim while a new turn.start claims it again.
+_claims: Counter[uuid.UUID] = Counter()
+
+
+def claim(tab_id: uuid.UUID) -> None:
+    """Say this process is taking (or holds) the tab's lease. Call before acquire()."""
+    _claims[tab_id] += 1
+
+
+def unclaim(tab_id: uuid.UUID) -> None:
+    """Drop one claim: acquire() took nothing, or the runner has released the lease."""
+    _claims[tab_id] -= 1
+    if _claims[tab_id] <= 0:
+        del _claims[tab_id]
+
+
+def is_dead(running: RunningTurn) -> bool:
+    """The lease's worker is gone: its heartbeat is stale, or it ran on this host and
+    its process is gone (or a zombie), or it is this process and no claim covers it."""
+    if is_stale(running):
+        return True
+    host, _, rest = running.worker.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != HOST_ID or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        # A previous process with the same pid (a restarted container) left it.
+        return _claims[running.tab_id] <= 0
+    return not _process_alive(pid)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: it exists
+    # A killed worker whose parent has not reaped it yet still answers kill(0).
+    try:
+        stat = f"/proc/{pid}/stat"
+        with open(stat) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): kill(0) is all there is
+    return state not in ("Z", "X")
+
+
+def acquire(tab_id: uuid.UUID, worker: str) -> uuid.UUID | None:
+    """Take the tab's lease for a new turn, or None when another worker holds it
+    or there is nothing to run. A dead worker's lease is recovered first.
+    """
+    recovered: list[Block] = []
+    with transaction.atomic():
+        if not Tab.objects.select_for_update().filter(pk=tab_id).exists():
+            return None
+        running = RunningTurn.objects.filter(tab_id=tab_id).first()
+        if running is not None:
+            if not is_dead(running):
+                return None
+            recovered = _recover(running)
+        turn_id = None
+        if QueuedMessage.objects.filter(tab_id=tab_id).exists():
+            turn_id = uuid.uuid4()
+            RunningTurn.objects.create(
+                tab_id=tab_id, turn_id=turn_id, worker=worker, heartbeat_at=timezone.now()
+            )
+    _broadcast_recovered(tab_id, recovered)
+    return turn_id
+
+
+def release(tab_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+    """Give up this turn's lease (and only it: a recovered lease is another's)."""
+    _mine(tab_id, turn_id).delete()
+
+
+def hand_back(tab_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+    """Give up a lease whose turn this worker will not run: the queued messages
+    go to another worker (or to this process's next start)."""
+    release(tab_id, turn_id)
+    bus.request_run(tab_id)
+
+
+def recover_stale(*, everything: bool = False) -> list[uuid.UUID]:
+    """Recover turns whose worker died; returns their tab ids.
+
+    `everything` also takes leases whose worker looks alive: for tests and for
+    an operator who knows no worker runs.
+    Tabs with messages still queued are sent to the workers to run.
+    """
+    recovered = []
+    for running in RunningTurn.objects.all():
+        with transaction.atomic():
+            Tab.objects.select_for_update().filter(pk=running.tab_id).exists()
+            current = RunningTurn.objects.filter(tab_id=running.tab_id).first()
+            if current is None or not (everything or is_dead(current)):
+                continue
+            blocks = _recover(current)
+        _broadcast_recovered(running.tab_id, blocks)
+        recovered.append(running.tab_id)
+        logger.warning("recovered interrupted turn %s on tab %s", running.turn_id, running.tab_id)
+    for tab_id in QueuedMessage.objects.values_list("tab_id", flat=True).distinct():
+        if not RunningTurn.objects.filter(tab_id=tab_id).exists():
+            bus.request_run(tab_id)
+    return recovered
+
+
+def _broadcast_recovered(tab_id: uuid.UUID, blocks: list[Block]) -> None:
+    if not blocks:
+        return
+    for block in blocks:
+        bus.publish(tab_id, {"op": "seal", "block": block.to_dict()})
+    bus.publish(tab_id, {"op": "status", "status": status(tab_id)})
+
+
+def _recover(running: RunningTurn) -> list[Block]:
+    """Close a turn whose worker is gone, so the log is a valid history again.
+
+    Seals the checkpointed open block marked interrupted, answers the calls
+    left without a result, and says so in a system chunk. Runs inside the
+    caller's transaction, holding the tab lock.
+    """
+    turn_id, tab_id = running.turn_id, running.tab_id
+    blocks: list[Block] = []
+    lost = ""
+    if running.open_chunk:
+        block = Block.from_dict(running.open_chunk)
+        # The seal may have reached the log just before the crash.
+        if not Chunk.objects.filter(pk=block.id).exists():
+            block.data["interrupted"] = True
+            blocks.append(block)
+            lost = " The last block was saved up to its last checkpoint (at most a second lost)."
+    calls = {
+        row["call_id"]: (row["name"], step)
+        for row, step in (
+            (c.data, c.step)
+            for c in Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_CALL)
+        )
+    }
+    answered = set(
+        Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_RESULT).values_list(
+            "data__call_id", flat=True
+        )
+    )
+    answered.update(b.data.get("call_id") for b in blocks if b.type == Kind.TOOL_RESULT)
+    for call_id, (name, step) in calls.items():
+        if call_id in answered:
+            continue
+        blocks.append(
+            Block(
+                uuid.uuid4(),
+                turn_id,
+                step,
+                Role.TOOL,
+                Kind.TOOL_RESULT,
+                {
+                    "call_id": call_id,
+                    "name": name,
+                    "is_error": True,
+                    "result": "Not run to completion: the server stopped during this call.",
+                },
+            )
+        )
+    for block in blocks:
+        if block.type == Kind.TOOL_RESULT and "result" not in block.data:
+            block.data.update(
+                result="Interrupted: the server stopped while this call ran.", is_error=True
+            )
+    blocks.append(
+        Block(
+            uuid.uuid4(),
+            turn_id,
+            running.step,
+            Role.SYSTEM,
+            Kind.SYSTEM,
+            {
+                "kind": "interrupted",
+                "text": "The server stopped in the middle of this turn." + lost,
+            },
+        )
+    )
+    log.append(tab_id, blocks)
+    running.delete()
+    return blocks
+
+
+# --- The running turn's own writes (from its runner, on the database thread) --------
+
+
+def _mine(tab_id: uuid.UUID, turn_id: uuid.UUID):
+    """This turn's lease row: after a recovery the tab's lease may be another's."""
+    return RunningTurn.objects.filter(tab_id=tab_id, turn_id=turn_id)
+
+
+def beat(tab_id: uuid.UUID, turn_id: uuid.UUID) -> str:
+    """Refresh the heartbeat. "ok"; "cancel" when a Stop is recorded; "lost" when
+    another worker recovered the lease; "gone" when the tab was deleted."""
+    rows = _mine(tab_id, turn_id)
+    if not rows.update(heartbeat_at=timezone.now()):
+        return "lost" if Tab.objects.filter(pk=tab_id).exists() else "gone"
+    return "cancel" if rows.filter(cancel_requested=True).exists() else "ok"
+
+
+def set_step(tab_id: uuid.UUID, turn_id: uuid.UUID, step: int) -> None:
+    _mine(tab_id, turn_id).update(step=step)
+
+
+def set_waiting(tab_id: uuid.UUID, turn_id: uuid.UUID, waiting: bool) -> None:
+    """The turn waits for the user to approve a call (or runs again)."""
+    status = RunningTurn.Status.WAITING if waiting else RunningTurn.Status.RUNNING
+    _mine(tab_id, turn_id).update(status=status)
+
+
+def request_cancel(tab_id: uuid.UUID, turn_id: uuid.UUID | None = None) -> bool:
+    """Record a Stop on the tab's lease (of `turn_id` only, when given), for the
+    heartbeat to find if the control message is lost. False when none runs."""
+    running = RunningTurn.objects.filter(tab_id=tab_id)
+    if turn_id is not None:
+        running = running.filter(turn_id=turn_id)
+    return bool(running.update(cancel_requested=True))
+
+
+def release_or_continue(tab_id: uuid.UUID, turn_id: uuid.UUID) -> uuid.UUID | None:
+    """End of a turn: give the lease back, unless a message is waiting; then the
+    same lease goes on as a new turn, whose id is returned. Under the tab lock,
+    so a message queued meanwhile is never left behind."""
+    with transaction.atomic():
+        Tab.objects.select_for_update().filter(pk=tab_id).values_list("pk").get()
+        mine = _mine(tab_id, turn_id)
+        if QueuedMessage.objects.filter(tab_id=tab_id).exists():
+            new_id = uuid.uuid4()
+            if mine.update(turn_id=new_id, step=0, cancel_requested=False, status="running"):
+                return new_id
+            return None
+        mine.delete()
+        return None

@@ -1,0 +1,109 @@
+"""Preferences: the Setting rows the app reads, typed, with their defaults and bounds.
+
+The one place that knows the keys. A value written by hand in the admin may be
+anything; it is read back bounded or as its default, so a page still renders
+and a turn still runs. The forms write these keys (chat.forms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from chat.models import Setting, Tab
+from chat.providers import default_model
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful assistant working in the user's workspace directory. "
+    "Use the tools to look at files, change them and run commands there; check "
+    "your work, and say plainly what you did and what you could not do."
+)
+
+# The page a tab opens on: enough for a long conversation, small enough to
+# render in a few milliseconds whatever the tab's length.
+PAGE_SIZE_DEFAULT = 200
+# Fewer than this barely fills a screen, so scrolling up would load page after page.
+PAGE_SIZE_MIN = 20
+# A tab page renders in time independent of the tab's length only if the page is bounded.
+PAGE_SIZE_MAX = 1000
+# Enough for several pages of a long conversation; a browser keeps that many
+# rich elements without strain.
+DOM_WINDOW_DEFAULT = 600
+DOM_WINDOW_MAX = 5000
+# A step limit past this is a runaway loop, not a task.
+MAX_STEPS_MAX = 10_000
+
+KEYS = (
+    "page_size",
+    "dom_window",
+    "expand_thinking",
+    "approve_tools",
+    "default_model",
+    "fallback_model",
+    "system_prompt",
+    "max_steps",
+)
+
+
+@dataclass(frozen=True)
+class Preferences:
+    page_size: int
+    dom_window: int
+    expand_thinking: bool
+    approve_tools: bool
+    # As stored: "" means automatic (the default model) or none (the fallback).
+    default_model: str
+    fallback_model: str
+    system_prompt: str
+    max_steps: int
+
+    @property
+    def new_tab_model(self) -> str:
+        return self.default_model or default_model()
+
+    @property
+    def new_tab_system_prompt(self) -> str:
+        return self.system_prompt or DEFAULT_SYSTEM_PROMPT
+
+    @property
+    def effective_fallback_model(self) -> str:
+        return self.fallback_model or settings.DISPATCH_FALLBACK_MODEL
+
+
+def _int(value: Any, default: int, low: int, high: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return default
+    return min(max(number, low), high)
+
+
+def load() -> Preferences:
+    """All preferences, in one query."""
+    rows = dict(Setting.objects.filter(key__in=KEYS).values_list("key", "value"))
+    page_size = _int(rows.get("page_size"), PAGE_SIZE_DEFAULT, PAGE_SIZE_MIN, PAGE_SIZE_MAX)
+    return Preferences(
+        page_size=page_size,
+        dom_window=_int(rows.get("dom_window"), DOM_WINDOW_DEFAULT, page_size, DOM_WINDOW_MAX),
+        expand_thinking=bool(rows.get("expand_thinking", False)),
+        approve_tools=bool(rows.get("approve_tools", True)),
+        default_model=str(rows.get("default_model") or ""),
+        fallback_model=str(rows.get("fallback_model") or ""),
+        system_prompt=str(rows.get("system_prompt") or ""),
+        max_steps=_int(rows.get("max_steps"), settings.DISPATCH_MAX_STEPS, 1, MAX_STEPS_MAX),
+    )
+
+
+def new_tab(owner: Any, model: str = "") -> Tab:
+    """A tab with its model and system prompt chosen now: `model`, else the
+    Settings page's default, else the providers' default. The system prompt is
+    frozen for the tab's whole life (a changing prompt would lose every
+    prompt-cache hit)."""
+    prefs = load()
+    return Tab.objects.create(
+        owner=owner,
+        model=model or prefs.new_tab_model,
+        system_prompt=prefs.new_tab_system_prompt,
+    )
