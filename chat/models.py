@@ -89,7 +89,6 @@ class RunningTurn(models.Model):
     class Status(models.TextChoices):
         RUNNING = "running"
         WAITING = "waiting", "waiting for approval"
-        STOPPING = "stopping"
 
     tab = models.OneToOneField(Tab, on_delete=models.CASCADE, primary_key=True)
     turn_id = models.UUIDField()

@@ -24,7 +24,6 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.middleware import HtmxDetails
 
 from chat import lease, log, preferences, turns
 from chat import render as chat_render
@@ -56,10 +55,6 @@ from chat.tools import sandbox
 SIDEBAR_TABS = 100
 # The row whose lock makes "no user yet, create the owner" one step across processes.
 SETUP_LOCK_KEY = "owner_setup"
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
 
 
 def _get_tab_for_user(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
