@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from channels.db import database_sync_to_async
+from channels.db import aclose_old_connections, database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from chat import bus, lease, log, preferences, render
@@ -119,6 +119,16 @@ class TabSocket(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels closes stale database connections before every handler, a
+        # thread-pool hop per message. Forwarding an op touches no database and
+        # is nearly all of a socket's messages: it skips the hop; the catch-up,
+        # which reads the database, closes them itself (_sync_page).
+        if message["type"] == "tab.op":
+            await self.tab_op(message)
+        else:
+            await super().dispatch(message)
+
     async def disconnect(self, code: int) -> None:
         if getattr(self, "snapshot_timer", None) is not None:
             self.snapshot_timer.cancel()
@@ -149,6 +159,8 @@ class TabSocket(AsyncWebsocketConsumer):
     async def _sync_page(self, hello: dict[str, Any] | None) -> None:
         # A loop, not recursion: a catch-up whose buffered ops show another gap
         # starts over from what the page then holds.
+        if hello is not None:
+            await aclose_old_connections()
         while hello is not None:
             self.synced = False
             self.pending_hello = hello

@@ -188,6 +188,8 @@ def recover_stale(*, everything: bool = False) -> list[uuid.UUID]:
     """
     recovered = []
     for running in RunningTurn.objects.all():
+        if not (everything or is_dead(running)):
+            continue  # the common case, checked again under the lock before anything is taken
         with transaction.atomic():
             Tab.objects.select_for_update().filter(pk=running.tab_id).exists()
             current = RunningTurn.objects.filter(tab_id=running.tab_id).first()

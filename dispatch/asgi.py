@@ -16,12 +16,12 @@ except ImproperlyConfigured as exc:
     # Under plain daphne this would be a traceback: one line naming the variable instead.
     exit_configuration_error(exc)
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from chat import routing, startup  # noqa: E402
 from chat.worker import start_embedded_worker  # noqa: E402
 from dispatch.origin import SameOriginValidator  # noqa: E402
+from dispatch.wsauth import SessionAuthMiddleware  # noqa: E402
 
 # What `manage.py serve` checks before serving, for plain daphne too; not the
 # services: importing a module should not wait on the network.
@@ -34,7 +34,7 @@ router = ProtocolTypeRouter(
         "http": ASGIStaticFilesHandler(django_asgi_app),
         # The page's own origin only: scheme, host and port (dispatch/origin.py).
         "websocket": SameOriginValidator(
-            AuthMiddlewareStack(URLRouter(routing.websocket_urlpatterns))
+            SessionAuthMiddleware(URLRouter(routing.websocket_urlpatterns))
         ),
     }
 )

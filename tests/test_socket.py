@@ -30,16 +30,19 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 FRAME_TIMEOUT = 10
 
 
-async def connect(tab_id, user, *, origin: str = "http://127.0.0.1:8000"):
-    """A socket to the real ASGI stack (origin check, auth, routing) as `user`."""
-    communicator = WebsocketCommunicator(
-        router,
-        f"/ws/tabs/{tab_id}/",
-        headers=[(b"origin", origin.encode()), (b"host", b"127.0.0.1:8000")],
-    )
-    if user is not None:
-        communicator.scope["user"] = user
-    return communicator
+async def connect(tab_id, cookie: str = "", *, origin: str = "http://127.0.0.1:8000"):
+    """A socket to the real ASGI stack (origin check, auth, routing) with `cookie`."""
+    headers = [(b"origin", origin.encode()), (b"host", b"127.0.0.1:8000")]
+    if cookie:
+        headers.append((b"cookie", cookie.encode()))
+    return WebsocketCommunicator(router, f"/ws/tabs/{tab_id}/", headers=headers)
+
+
+@database_sync_to_async
+def session_cookie(user) -> str:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}"
 
 
 class AsUser:
@@ -80,9 +83,43 @@ def script(monkeypatch):
 
 async def test_it_refuses_an_anonymous_socket():
     tab = await make_tab()
-    communicator = await connect(tab.pk, None)
+    communicator = await connect(tab.pk)
     connected, code = await communicator.connect()
-    assert not connected
+    assert not connected and code == consumers.CLOSE_FORBIDDEN
+    await communicator.disconnect()
+
+
+async def test_the_session_cookie_opens_the_owners_socket_and_nothing_else():
+    """The real stack reads the user from the session cookie, once, at connect."""
+    tab = await make_tab()
+    owner = await database_sync_to_async(get_user_model().objects.get)(pk=tab.owner_id)
+    cookie = await session_cookie(owner)
+    communicator = await connect(tab.pk, cookie)
+    connected, _ = await communicator.connect()
+    assert connected
+    await communicator.send_to(text_data=json.dumps({"type": "hello", "last_seq": 0}))
+    assert "data-state" in await communicator.receive_from(timeout=FRAME_TIMEOUT)
+    await communicator.disconnect()
+    for bad in ("sessionid=not-a-session", "othercookie=1", cookie.replace("=", "=x")):
+        communicator = await connect(tab.pk, bad)
+        connected, code = await communicator.connect()
+        assert (connected, code) == (False, consumers.CLOSE_FORBIDDEN), bad
+        await communicator.disconnect()
+
+
+async def test_a_session_from_before_a_password_change_no_longer_opens_a_socket():
+    tab = await make_tab()
+    owner = await database_sync_to_async(get_user_model().objects.get)(pk=tab.owner_id)
+    cookie = await session_cookie(owner)
+
+    def change_password():
+        owner.set_password("a new password entirely")
+        owner.save()
+
+    await database_sync_to_async(change_password)()
+    communicator = await connect(tab.pk, cookie)
+    connected, code = await communicator.connect()
+    assert (connected, code) == (False, consumers.CLOSE_FORBIDDEN)
     await communicator.disconnect()
 
 

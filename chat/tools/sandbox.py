@@ -342,9 +342,16 @@ def private_network(policy: Policy) -> bool:
     user namespace it makes before slirp4netns may configure the sandbox."""
     return (
         policy.network
-        and shutil.which(policy.slirp4netns) is not None
+        and _installed(policy.slirp4netns) is not None
         and disables_userns(policy.bwrap)
     )
+
+
+@functools.cache
+def _installed(program: str) -> str | None:
+    """Where `program` is, looked up once per process like the sandbox itself (the
+    status line asks on every update; a PATH walk each time is measurable)."""
+    return shutil.which(program)
 
 
 def disables_userns(bwrap: str) -> bool:
@@ -456,7 +463,7 @@ class Network:
             userns = fcntl.ioctl(netns, NS_GET_USERNS)
             self._slirp = subprocess.Popen(
                 [
-                    shutil.which(self.policy.slirp4netns) or self.policy.slirp4netns,
+                    _installed(self.policy.slirp4netns) or self.policy.slirp4netns,
                     "--configure",
                     f"--mtu={NETWORK_MTU}",
                     "--disable-host-loopback",

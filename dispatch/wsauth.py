@@ -1,0 +1,35 @@
+"""The socket's user, read once from the session cookie when it connects.
+
+Channels' AuthMiddlewareStack would do the same, but its session middleware
+also wraps `send` to save a modified session after each message: a check on
+every frame a socket sends, for sockets that never change their session. This
+reads the session and the user at connect and passes `send` through untouched.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from channels.auth import get_user
+from django.conf import settings
+from django.http import parse_cookie
+
+
+class SessionAuthMiddleware:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.session_store = import_module(settings.SESSION_ENGINE).SessionStore
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        cookies: dict[str, str] = {}
+        for name, value in scope.get("headers", []):
+            if name == b"cookie":
+                cookies = parse_cookie(value.decode("latin1"))
+                break
+        session = self.session_store(cookies.get(settings.SESSION_COOKIE_NAME))
+        scope = dict(scope, cookies=cookies, session=session)
+        # The same check as a page request: a session whose password hash no
+        # longer matches (password changed, logged out elsewhere) is anonymous.
+        scope["user"] = await get_user(scope)
+        return await self.inner(scope, receive, send)
