@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,9 +25,10 @@ from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 
-from chat import lease, log, preferences, tools
+from chat import lease, log, preferences, retry, tools
 from chat.history import History
 from chat.models import QueuedMessage, Tab, UsageRecord
+from chat.pacing import Coalescer, Debouncer
 from chat.providers import aget_provider
 from chat.providers.base import (
     ErrorEvent,
@@ -45,25 +47,6 @@ from chat.tools import sandbox
 
 logger = logging.getLogger(__name__)
 
-# Checkpoint debounce (DESIGN §2): flush the open block after this much idle...
-CHECKPOINT_IDLE = 0.25
-# ...and never later than this after its first unflushed delta: a crash loses
-# at most about a second of streamed text.
-CHECKPOINT_MAX = 1.0
-# Deltas are merged for this long before they are broadcast: a fast model then
-# costs a few dozen frames a second per tab, not one per token.
-COALESCE_SECONDS = 0.03
-# ...or earlier once this much text is waiting, so big deltas are not held back.
-COALESCE_MAX_CHARS = 4096
-# Retries of a retryable provider error before the fallback model or giving up.
-# A provider that stalls on every attempt is given up after each attempt's idle
-# timeout (registry.STREAM_IDLE_TIMEOUT, 60 s unless the endpoint overrides
-# it), so it holds a turn for at most (len(RETRY_DELAYS) + 1) * 60 +
-# sum(RETRY_DELAYS) = 4 * 60 + 20 = 260 s per model, twice that when a fallback
-# model takes over and stalls too.
-RETRY_DELAYS = (1.0, 4.0, 15.0)
-# A server's retry-after beyond this is not worth holding a turn for.
-MAX_RETRY_AFTER = 60.0
 # After this long with nothing new to show, the status line says "waiting for
 # the model · N s": shorter pauses are normal before a first token.
 WAITING_STATUS_AFTER = 10.0
@@ -198,15 +181,12 @@ class TurnRunner:
         self._thinking_since: float | None = None
         # Arguments of this turn's calls, by call id, for running them.
         self._args: dict[str, dict[str, Any]] = {}
-        # Checkpoint debounce state.
-        self._cp_first: float | None = None
-        self._cp_last = 0.0
+        self._debouncer = Debouncer()
         self._cp_timer: asyncio.TimerHandle | None = None
         self._cp_write: asyncio.Task | None = None
-        # Coalesced deltas not yet broadcast: (chunk_id, offset, [texts]).
-        self._pending: tuple[uuid.UUID, int, list[str]] | None = None
-        self._pending_chars = 0
-        self._pending_timer: asyncio.TimerHandle | None = None
+        self._coalescer = Coalescer()
+        self._delta_timer: asyncio.TimerHandle | None = None
+        # The last delta op being published: the next one waits for it (order).
         self._flushing: asyncio.Task | None = None
         self.stopping = False
         # The worker is shutting down: the running turn may finish, the next
@@ -437,11 +417,15 @@ class TurnRunner:
                 await self._record_usage(model, finish.usage)
                 return finish, model
             except ProviderError as exc:
-                retry = exc.retryable and attempt < len(RETRY_DELAYS)
-                fallback = config.fallback_model
-                switch = exc.retryable and not retry and fallback and not switched
-                switch = switch and fallback != model
-                if not (retry or switch):
+                decision = retry.decide(
+                    exc,
+                    attempt,
+                    model=model,
+                    fallback=config.fallback_model,
+                    switched=switched,
+                    rand=random.random(),
+                )
+                if isinstance(decision, retry.GiveUp):
                     message = exc.message
                     if exc.error_type == STALLED and attempt:
                         message += (
@@ -456,27 +440,24 @@ class TurnRunner:
                 self.reducer.pending_calls.clear()
                 await self._apply(self.reducer.seal())
                 await self._status()  # a "waiting" count ends with the attempt
-                if retry:
-                    delay = RETRY_DELAYS[attempt]
-                    if exc.retry_after is not None:
-                        delay = min(max(delay, exc.retry_after), MAX_RETRY_AFTER)
+                if isinstance(decision, retry.Retry):
                     attempt += 1
                     await self._system(
                         "notice",
-                        f"{_reason(exc)}; retrying in {delay:g} s "
-                        f"(attempt {attempt + 1} of {len(RETRY_DELAYS) + 1}).",
+                        f"{_reason(exc)}; retrying in {decision.delay:g} s "
+                        f"(attempt {attempt + 1} of {len(retry.RETRY_DELAYS) + 1}).",
                         retry=True,
                     )
-                    await self._sleep(delay)
+                    await self._sleep(decision.delay)
                     continue
                 switched = True
                 attempt = 0
                 await self._system(
                     "model-changed",
-                    f"Switched to {fallback} ({_reason(exc).lower()}).",
+                    f"Switched to {decision.model} ({_reason(exc).lower()}).",
                     retry=True,
                 )
-                model = fallback
+                model = decision.model
                 continue
             except (ValueError, LookupError) as exc:
                 # A misconfigured model (unknown provider, missing key), or a
@@ -751,10 +732,8 @@ class TurnRunner:
 
     def _discard_deltas(self) -> None:
         """Forget deltas not yet broadcast: the seals that follow replace them."""
-        if self._pending_timer is not None:
-            self._pending_timer.cancel()
-            self._pending_timer = None
-        self._pending = None
+        self._cancel_delta_timer()
+        self._coalescer.discard()
         self._flushing = None
 
     async def _answer_pending(self, why: str) -> None:
@@ -808,37 +787,26 @@ class TurnRunner:
         await self._flush_deltas()
         await self.publish({"op": "status", "status": self.status.as_dict()})
 
-    # Delta coalescing -------------------------------------------------------
+    # Delta coalescing (chat.pacing) -------------------------------------------
 
     def _queue_delta(self, op: Delta) -> None:
-        pending = self._pending
-        if pending is not None and pending[0] == op.chunk_id:
-            pending[2].append(op.text)
-        else:
-            if pending is not None:
-                self._schedule_flush()
-            self._pending = (op.chunk_id, op.offset, [op.text])
-            self._pending_chars = 0
-        self._pending_chars += len(op.text)
-        if self._pending_chars >= COALESCE_MAX_CHARS:
-            self._schedule_flush()
-        elif self._pending_timer is None:
-            loop = asyncio.get_running_loop()
-            self._pending_timer = loop.call_later(COALESCE_SECONDS, self._schedule_flush)
+        loop = asyncio.get_running_loop()
+        for message in self._coalescer.add(op.chunk_id, op.offset, op.text, loop.time()):
+            self._send_delta(message)
+        if self._coalescer.due_at is not None and self._delta_timer is None:
+            self._delta_timer = loop.call_at(self._coalescer.due_at, self._deltas_due)
 
-    def _schedule_flush(self) -> None:
-        if self._pending_timer is not None:
-            self._pending_timer.cancel()
-            self._pending_timer = None
-        pending, self._pending = self._pending, None
-        if pending is None:
+    def _deltas_due(self) -> None:
+        self._delta_timer = None
+        due_at = self._coalescer.due_at
+        if due_at is not None and due_at > asyncio.get_running_loop().time():
+            # What this timer was for went out by size; the text waiting now is younger.
+            self._delta_timer = asyncio.get_running_loop().call_at(due_at, self._deltas_due)
             return
-        message = {
-            "op": "delta",
-            "chunk_id": str(pending[0]),
-            "offset": pending[1],
-            "text": "".join(pending[2]),
-        }
+        if message := self._coalescer.take():
+            self._send_delta(message)
+
+    def _send_delta(self, message: dict[str, Any]) -> None:
         previous = self._flushing
 
         async def send() -> None:
@@ -848,31 +816,33 @@ class TurnRunner:
 
         self._flushing = asyncio.ensure_future(send())
 
+    def _cancel_delta_timer(self) -> None:
+        if self._delta_timer is not None:
+            self._delta_timer.cancel()
+            self._delta_timer = None
+
     async def _flush_deltas(self) -> None:
-        self._schedule_flush()
+        self._cancel_delta_timer()
+        if message := self._coalescer.take():
+            self._send_delta(message)
         if self._flushing is not None:
             await self._flushing
             self._flushing = None
 
-    # Checkpoints ------------------------------------------------------------------
+    # Checkpoints (chat.pacing) ----------------------------------------------------
 
     def _checkpoint_soon(self) -> None:
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        self._cp_last = now
-        if self._cp_first is None:
-            self._cp_first = now
-            self._cp_timer = loop.call_later(CHECKPOINT_IDLE, self._checkpoint_due)
+        check_at = self._debouncer.touch(loop.time())
+        if check_at is not None:
+            self._cp_timer = loop.call_at(check_at, self._checkpoint_due)
 
     def _checkpoint_due(self) -> None:
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        idle_at = self._cp_last + CHECKPOINT_IDLE
-        latest = self._cp_first + CHECKPOINT_MAX
-        if now < idle_at and now < latest:
-            self._cp_timer = loop.call_later(min(idle_at, latest) - now, self._checkpoint_due)
+        check_at = self._debouncer.check(loop.time())
+        if check_at is not None:
+            self._cp_timer = loop.call_at(check_at, self._checkpoint_due)
             return
-        self._cp_first = None
         self._cp_timer = None
         block = self.reducer.open
         if block is None:
@@ -894,7 +864,7 @@ class TurnRunner:
         if self._cp_timer is not None:
             self._cp_timer.cancel()
         self._cp_timer = None
-        self._cp_first = None
+        self._debouncer.reset()
 
     # --- persistence helpers ------------------------------------------------------
 

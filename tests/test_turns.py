@@ -9,7 +9,7 @@ import uuid
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import agent, bus, lease, log, render, turns
+from chat import agent, bus, lease, log, render, retry, turns
 from chat.models import QueuedMessage, RunningTurn, Setting, UsageRecord
 from chat.providers.base import (
     Finish,
@@ -192,7 +192,8 @@ async def test_a_non_retryable_error_ends_the_turn_with_an_error_chunk(script, w
 async def test_retryable_errors_are_retried_then_the_fallback_model_takes_over(
     script, workspace, monkeypatch
 ):
-    monkeypatch.setattr(agent, "RETRY_DELAYS", (0.01, 0.01))
+    monkeypatch.setattr(retry, "RETRY_DELAYS", (0.01, 0.01))
+    monkeypatch.setattr(retry, "JITTER", 0)
     overloaded = ProviderError("Overloaded", status_code=529, retryable=True, retry_after=0.01)
     main = ScriptedProvider([[overloaded]] * 3)
     fallback = ScriptedProvider([[TextDelta("From the fallback."), Finish()]])
@@ -534,7 +535,8 @@ async def test_a_response_cut_off_and_retried_is_kept_in_the_log_but_not_sent(
     script, workspace, monkeypatch
 ):
     """The partial attempt stays visible; the retry and later requests never contain it."""
-    monkeypatch.setattr(agent, "RETRY_DELAYS", (0.01,))
+    monkeypatch.setattr(retry, "RETRY_DELAYS", (0.01,))
+    monkeypatch.setattr(retry, "JITTER", 0)
     dropped = ProviderError("connection dropped", retryable=True)
     provider = script(
         [*think("Plan.", "sig-a"), TextDelta("Partial"), call("lost", "list_files"), dropped],
@@ -558,8 +560,8 @@ async def test_a_response_cut_off_and_retried_is_kept_in_the_log_but_not_sent(
         "assistant/text",
     ]
     assert rows[4].data["retry"] is True and "retrying" in rows[4].data["text"]
-    first, retry, later = provider.requests
-    assert retry.messages == first.messages
+    first, again, later = provider.requests
+    assert again.messages == first.messages
     replayed = later.messages[1]
     assert replayed.role == "assistant"
     assert [getattr(p, "text", None) for p in replayed.parts] == ["Plan again.", "Full answer."]
@@ -789,7 +791,8 @@ async def test_a_provider_that_stalls_every_time_ends_the_turn_with_a_clear_erro
 ):
     """Silent past the idle timeout on every attempt: each attempt is cut with a retry
     notice, and after the last one an error chunk says what happened."""
-    monkeypatch.setattr(agent, "RETRY_DELAYS", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(retry, "RETRY_DELAYS", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(retry, "JITTER", 0)
     never = asyncio.Event()
     provider = ScriptedProvider([[TextDelta("Start"), never]] * 4, idle_timeout=0.2)
     script(models={"scripted/test": provider})
@@ -820,7 +823,8 @@ async def test_a_provider_that_stalls_every_time_ends_the_turn_with_a_clear_erro
 async def test_a_stalled_attempt_is_retried_and_left_out_of_the_request(
     script, workspace, monkeypatch
 ):
-    monkeypatch.setattr(agent, "RETRY_DELAYS", (0.01,))
+    monkeypatch.setattr(retry, "RETRY_DELAYS", (0.01,))
+    monkeypatch.setattr(retry, "JITTER", 0)
     provider = ScriptedProvider(
         [[TextDelta("Half"), asyncio.Event()], [TextDelta("Whole."), Finish()]], idle_timeout=0.2
     )
@@ -831,8 +835,8 @@ async def test_a_stalled_attempt_is_retried_and_left_out_of_the_request(
     rows = await chunks(tab.pk)
     assert kinds(rows) == ["user/text", "assistant/text", "system/system", "assistant/text"]
     assert rows[-1].data["text"] == "Whole."
-    first, retry = provider.requests
-    assert retry.messages == first.messages
+    first, again = provider.requests
+    assert again.messages == first.messages
 
 
 async def test_the_status_says_since_when_the_model_has_been_silent(script, workspace, monkeypatch):

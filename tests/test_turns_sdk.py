@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import agent
+from chat import agent, retry
 from chat.models import RunningTurn, UsageRecord
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
 from tests.fakeprovider import (  # noqa: F401
@@ -327,7 +327,8 @@ async def test_a_stalling_server_is_retried_then_reported(fake_server, monkeypat
     turn ends with an error saying the provider stalled."""
     use_openai(monkeypatch, fake_server)
     monkeypatch.setenv("OPENAI_STREAM_IDLE_TIMEOUT", "0.3")
-    monkeypatch.setattr(agent, "RETRY_DELAYS", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(retry, "RETRY_DELAYS", (0.01, 0.01, 0.01))
+    monkeypatch.setattr(retry, "JITTER", 0)
     for _ in range(4):
         fake_server.add(Reply(events=[chunk({"content": "Once upon"}), STALL]))
     async with running_worker():
@@ -372,7 +373,8 @@ async def test_a_server_that_only_pings_is_cut_off_within_a_bound(
     use_anthropic(monkeypatch, fake_server)
     monkeypatch.setenv("ANTHROPIC_STREAM_IDLE_TIMEOUT", "0.3")
     monkeypatch.setattr(agent, "STREAM_SILENT_MAX", 0.6)
-    monkeypatch.setattr(agent, "RETRY_DELAYS", ())
+    monkeypatch.setattr(retry, "RETRY_DELAYS", ())
+    monkeypatch.setattr(retry, "JITTER", 0)
     pings = [item for _ in range(200) for item in (Pause(0.05), {"type": "ping"})]
     fake_server.add(Reply(events=[message_start([]), *pings, *message_end("end_turn")]))
     async with running_worker():
