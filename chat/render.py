@@ -15,6 +15,13 @@ Live frames (DESIGN §5) are plain HTML whose top-level elements carry
 `beforeend:<target>` on a wrapper (the wrapper itself is dropped); the page's
 JS (static/chat/app.js) turns an insert of an id already on the page into a
 replace in place, so a frame sent twice is harmless.
+
+A fragment carries everything the page shows about its chunk, so the page never
+fixes up elements around an insert: whether a chunk starts a bubble is its
+`turn-start` class (see `Item.turn_start`); the partial first bubble, the empty
+tab's hint, a card's approval buttons once nothing waits for approval, and the
+current tab's dot in the sidebar follow from the elements the server sent, in
+CSS (static/chat/app.css).
 """
 
 from __future__ import annotations
@@ -220,9 +227,12 @@ class Item:
     open: bool = False
     # A tool call's results, in seq order (live output, then the result).
     results: list[Item] = field(default_factory=list)
-    turn_start: bool = True
-    # The first chunk of a page whose turn began on an earlier page.
-    partial: bool = False
+    # The chunk before it is of another turn: it starts a bubble. Only `group`
+    # sets it, where it sees that chunk. A live chunk joins whatever the page
+    # shows before it: a turn opens with the user's messages, so an assistant-side
+    # chunk only ever follows a chunk of its own turn (or a user's or a lone one,
+    # which no bubble joins across).
+    turn_start: bool = False
     # A result whose call is not in the same run of chunks: it is shown on its
     # own, or (live) sent to its card's slot.
     orphan: bool = False
@@ -272,8 +282,6 @@ class Item:
             names.append("open")
         if self.turn_start:
             names.append("turn-start")
-        if self.partial:
-            names.append("partial")
         if self.type == Kind.TOOL_RESULT:
             if self.has_result:
                 names.append("has-result")
@@ -427,8 +435,10 @@ class Item:
 def group(chunks: Iterable[Any], *, continues: bool = False) -> list[Item]:
     """The top-level items of a run of chunks (seq order), results placed in their cards.
 
-    `continues`: the chunk before the first one belongs to the same turn, so
-    the first bubble is partial.
+    `continues`: the chunk before the first one belongs to the same turn, so the
+    first bubble is not a turn's start. Shown right after the "older" sentinel,
+    such a bubble is drawn as partial (app.css), which stays true however the page
+    later grows or trims around it.
     """
     items: list[Item] = []
     cards: dict[str, list[Item]] = {}
@@ -445,11 +455,11 @@ def group(chunks: Iterable[Any], *, continues: bool = False) -> list[Item]:
         items.append(item)
     previous: Item | None = None
     for item in items:
-        item.turn_start = previous is None or previous.turn_id != item.turn_id
+        if previous is None:
+            item.turn_start = not continues
+        else:
+            item.turn_start = previous.turn_id != item.turn_id
         previous = item
-    if items and continues:
-        items[0].partial = True
-        items[0].turn_start = False
     return items
 
 
@@ -640,10 +650,13 @@ def fragment_seal(block: Block) -> str:
 
 
 def fragment_chunks(chunks: Iterable[Any]) -> str:
-    """A batch of sealed chunks (catch-up): results nest in cards of the same batch."""
+    """A batch of sealed chunks (catch-up): results nest in cards of the same batch.
+
+    The first joins what the page shows before it, as every live chunk does.
+    """
     frames: list[str] = []
     run: list[Item] = []
-    for item in group(chunks):
+    for item in group(chunks, continues=True):
         if item.orphan:
             if run:
                 frames.append(_insert(run))
@@ -661,12 +674,13 @@ def catch_up_frames(chunks: Iterable[Any], max_chars: int) -> list[str]:
 
     Results nest in cards of the same batch. Each top-level item is its own
     insert, so frames split anywhere between items; a frame holds at least one,
-    so only a single item larger than `max_chars` makes a larger frame.
+    so only a single item larger than `max_chars` makes a larger frame. The first
+    joins what the page shows before it, as every live chunk does.
     """
     frames: list[str] = []
     parts: list[str] = []
     size = 0
-    for item in group(chunks):
+    for item in group(chunks, continues=True):
         html = _insert([item])
         if parts and size + len(html) > max_chars:
             frames.append("".join(parts))

@@ -382,21 +382,40 @@ def test_it_keeps_calls_of_different_steps_apart():
     assert [[r.result for r in i.results] for i in items] == [["1"], ["2"]]
 
 
-def test_it_marks_turn_starts_and_a_partial_first_bubble():
-    """A new turn starts a bubble; a page that begins mid-turn marks its first bubble partial."""
+def test_it_marks_turn_starts_where_it_sees_the_chunk_before():
+    """A chunk whose predecessor is of another turn starts a bubble; a page that begins
+    mid-turn does not start its first one (app.css draws it partial); a page that begins
+    the log does."""
     other = uuid.uuid4()
     chunks = [
         block("text", {"text": "a"}, turn_id=TURN, seq=1),
         block("text", {"text": "b"}, turn_id=TURN, seq=2),
         block("text", {"text": "c"}, turn_id=other, seq=3),
     ]
-    items = group(chunks, continues=True)
-    assert [(i.turn_start, i.partial) for i in items] == [
-        (False, True),
-        (False, False),
-        (True, False),
+    assert [i.turn_start for i in group(chunks, continues=True)] == [False, False, True]
+    assert [i.turn_start for i in group(chunks)] == [True, False, True]
+    assert all("partial" not in i.css for i in group(chunks, continues=True))
+
+
+def test_live_chunks_join_what_the_page_shows_before_them():
+    """A live fragment carries its chunk's final classes: an assistant chunk continues the
+    bubble before it (a turn opens with the user's message), so no page script has to
+    regroup; inside a catch-up batch a new turn still starts a bubble."""
+    text = block("text", {"text": "so far"}, turn_id=TURN)
+    for frame in (fragment_open(text), fragment_seal(text)):
+        chunk = only_child(top(frame)[0])
+        assert "a" in chunk.classes and "turn-start" not in chunk.classes
+    other = uuid.uuid4()
+    batch = [
+        block("text", {"text": "end of a turn"}, turn_id=TURN, seq=7),
+        block("text", {"text": "next"}, role="user", turn_id=other, seq=8),
+        block("text", {"text": "answer"}, turn_id=other, seq=9),
     ]
-    assert group(chunks)[0].turn_start is True
+    [frame] = render.catch_up_frames(batch, 10_000)
+    shown = [only_child(wrapper) for wrapper in top(frame)]
+    assert ["turn-start" in c.classes for c in shown] == [False, True, False]
+    shown = [c for wrapper in top(fragment_chunks(batch)) for c in wrapper.children]
+    assert ["turn-start" in c.classes for c in shown] == [False, True, False]
 
 
 def test_it_marks_the_running_calls_card_for_approval_on_a_page():

@@ -18,9 +18,11 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.test import Client
+from django.utils.timezone import now
 
 from chat import consumers, log, render
-from chat.models import QueuedMessage, Tab, set_setting
+from chat.models import QueuedMessage, RunningTurn, Tab, set_setting
+from chat.stream import Block
 from tests.ui_helpers import block
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -131,6 +133,32 @@ async def open_tab(browser, live_server, session: str, tab: Tab, *, height: int 
 
 async def chunk_ids(page) -> list[str]:
     return await page.eval_on_selector_all("#log .chunk", "els => els.map(e => e.id)")
+
+
+# What app.css draws from the classes and elements the server sent (no script sets them).
+
+
+async def drawn_partial(page, chunk: Block) -> bool:
+    """Shown as the rest of a bubble whose start is not on the page."""
+    content = await page.eval_on_selector(
+        f"#chunk-{chunk.id}", "el => getComputedStyle(el, '::before').content"
+    )
+    return content == '"… earlier in this turn"'
+
+
+async def joins_the_bubble_above(page, chunk: Block) -> bool:
+    width = await page.eval_on_selector(
+        f"#chunk-{chunk.id}", "el => getComputedStyle(el).borderTopWidth"
+    )
+    return width == "0px"
+
+
+async def dot_lit(page) -> bool:
+    """The current tab's "a turn is running" dot in the sidebar."""
+    colour = await page.eval_on_selector(
+        ".tab-link.current .run-dot", "el => getComputedStyle(el).backgroundColor"
+    )
+    return colour != "rgba(0, 0, 0, 0)"
 
 
 async def test_it_says_what_it_holds_on_every_connect(browser, live_server):
@@ -275,30 +303,102 @@ async def test_it_shows_queue_status_and_approval(browser, live_server):
     assert (await response.value).status == 204
     socket.send(render.fragment_status({"state": "running", "turn_id": str(turn), "step": 1}))
     await page.wait_for_selector("#approval[hidden]", state="attached")
-    assert await page.inner_html(f"#chunk-{call.id} .approve") == ""
+    # Nothing waits for approval any more: the card no longer asks (app.css reads #approval).
+    assert await page.is_hidden(f"#chunk-{call.id} .approve button[name=approve]")
+    assert errors == []
+
+
+async def test_the_page_shows_the_state_the_fragments_carry(browser, live_server):
+    """With no script fixing up the page: the empty tab's hint goes with the first queued
+    message and stays gone; a turn's live chunks form one bubble under the user's message
+    and the next turn starts its own; the current tab's dot follows the status line."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(0)
+    page, socket, errors = await open_tab(browser, live_server, session, tab)
+    await socket.hello()
+    assert await page.is_visible("#empty-hint")
+    assert not await dot_lit(page)
+
+    socket.send(render.fragment_queued(1, "hello"))
+    await page.wait_for_selector("#queued-1")
+    assert await page.is_hidden("#empty-hint")
+    user = block("text", {"text": "hello"}, role="user", turn_id=turn, step=0, seq=1)
+    thinking = block("thinking", {"text": "hm"}, turn_id=turn)
+    socket.send(
+        render.fragment_status({"state": "running", "turn_id": str(turn), "step": 1}),
+        render.fragment_seal(user),
+        render.fragment_taken([1]),
+        render.fragment_open(thinking),
+    )
+    await page.wait_for_selector(f"#chunk-{thinking.id}")
+    assert await page.query_selector("#queued-1") is None
+    assert await page.is_hidden("#empty-hint")
+    assert await dot_lit(page)
+    thinking.seq = 2
+    text = block("text", {"text": "hi"}, turn_id=turn, seq=3)
+    socket.send(render.fragment_seal(thinking), render.fragment_seal(text))
+    await page.wait_for_selector(f"#chunk-{text.id}")
+    assert not await joins_the_bubble_above(page, thinking)
+    assert await joins_the_bubble_above(page, text)
+
+    nxt = uuid.uuid4()
+    again = block("text", {"text": "more"}, role="user", turn_id=nxt, step=0, seq=4)
+    answer = block("text", {"text": "sure"}, turn_id=nxt, seq=5)
+    socket.send(
+        render.fragment_status({"state": "idle", "turn_id": str(turn)}),
+        render.fragment_seal(again),
+        render.fragment_seal(answer),
+    )
+    await page.wait_for_selector(f"#chunk-{answer.id}")
+    assert not await joins_the_bubble_above(page, answer)
+    assert not await dot_lit(page)
+    assert errors == []
+
+
+async def test_the_current_tabs_dot_goes_out_when_its_turn_ends(browser, live_server):
+    """A page loaded mid-turn lights the current tab's dot (the sidebar's render); the idle
+    status the socket sends puts it out, with no script touching the sidebar."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(1)
+    await RunningTurn.objects.acreate(tab=tab, turn_id=turn, worker="w", heartbeat_at=now())
+    page, socket, errors = await open_tab(browser, live_server, session, tab)
+    await socket.hello()
+    assert await dot_lit(page)
+    await RunningTurn.objects.filter(tab=tab).adelete()
+    socket.send(render.fragment_status({"state": "idle", "turn_id": str(turn)}))
+    await page.wait_for_selector("#status[data-state=idle]")
+    assert not await dot_lit(page)
     assert errors == []
 
 
 async def test_it_keeps_a_bounded_dom_but_never_drops_the_running_turn(browser, live_server):
-    """Past the DOM window the oldest chunks go and 'load older' points before what is left;
-    chunks of the running turn stay whatever their number."""
+    """Past the DOM window the oldest chunks go and 'load older' points before what is left
+    (the first bubble left now shows as partial); chunks of the running turn stay whatever
+    their number."""
     make = sync_to_async(_make_tab)
     tab, old_turn, blocks, session = await make(20, page_size=20, dom_window=20)
     page, socket, errors = await open_tab(browser, live_server, session, tab)
     await socket.hello()
     assert await page.query_selector("#older") is None
+    assert not await drawn_partial(page, blocks[0])
     running = uuid.uuid4()
     socket.send(render.fragment_status({"state": "running", "turn_id": str(running), "step": 1}))
-    new = [block("text", {"text": f"n{i}"}, turn_id=running, seq=21 + i) for i in range(25)]
+    # A turn opens with the user's message.
+    new = [block("text", {"text": "go"}, role="user", turn_id=running, seq=21)]
+    new += [block("text", {"text": f"n{i}"}, turn_id=running, seq=22 + i) for i in range(24)]
     socket.send(*(render.fragment_seal(b) for b in new[:5]))
     await page.wait_for_selector(f"#chunk-{new[4].id}")
     ids = await chunk_ids(page)
     assert len(ids) == 20 and ids[0] == f"chunk-{blocks[5].id}"
     older = await page.get_attribute("#older", "hx-get")
     assert older == f"/t/{tab.id}/older/?before=6"
+    assert await drawn_partial(page, blocks[5])
+    assert await joins_the_bubble_above(page, blocks[6])
     socket.send(*(render.fragment_seal(b) for b in new[5:]))
     await page.wait_for_selector(f"#chunk-{new[-1].id}")
     assert await chunk_ids(page) == [f"chunk-{b.id}" for b in new]
+    assert await page.get_attribute("#older", "hx-get") == f"/t/{tab.id}/older/?before=21"
+    # The running turn's answer is one bubble under its user message, not a partial one.
+    assert not await drawn_partial(page, new[1]) and not await joins_the_bubble_above(page, new[1])
+    assert all([await joins_the_bubble_above(page, b) for b in new[2:]])
     assert errors == []
 
 
@@ -309,6 +409,7 @@ async def test_it_loads_older_pages_without_moving_the_view(browser, live_server
     page, socket, errors = await open_tab(browser, live_server, session, tab, height=500)
     await socket.hello()
     first = f"#chunk-{blocks[40].id}"
+    assert await drawn_partial(page, blocks[40])
     assert await page.evaluate("window.scrollY") > 0
     await page.evaluate("window.scrollTo(0, 0)")
     top_before = await page.evaluate(
@@ -320,6 +421,10 @@ async def test_it_loads_older_pages_without_moving_the_view(browser, live_server
     )
     assert abs(top_after - top_before) <= 2
     assert await page.get_attribute("#older", "hx-get") == f"/t/{tab.id}/older/?before=21"
+    # The page began mid-turn; with the page before loaded above, that bubble simply goes on.
+    assert await drawn_partial(page, blocks[20])
+    assert not await drawn_partial(page, blocks[40])
+    assert await joins_the_bubble_above(page, blocks[40])
 
     scroll = await page.evaluate("window.scrollY")
     extra = block("text", {"text": "new"}, turn_id=turn, seq=61)

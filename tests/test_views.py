@@ -377,7 +377,8 @@ def test_it_pages_the_log_and_loads_older_chunks(client_alice, tab):
     log_el = tree.by_id("log")
     older, *chunks = log_el.children
     assert [c.get("data-seq") for c in chunks] == [str(n) for n in range(26, 46)]
-    assert "partial" in chunks[0].classes
+    # The page starts mid-turn: its first bubble is no turn's start (app.css draws it partial).
+    assert "turn-start" not in chunks[0].classes
     assert older.get("hx-get") == reverse("tab_older", args=[tab.id]) + "?before=26"
     assert older.get("hx-trigger") == "revealed"
 
@@ -388,7 +389,30 @@ def test_it_pages_the_log_and_loads_older_chunks(client_alice, tab):
 
     last = parse(page(client_alice.get(nodes[0].get("hx-get")))).children
     assert [n.get("data-seq") for n in last] == ["1", "2", "3", "4", "5"]
-    assert "partial" not in last[0].classes
+    assert "turn-start" in last[0].classes
+
+
+def test_the_tab_page_holds_the_dom_windows_markers_and_a_hint_css_can_hide(client_alice, tab):
+    """The markers the page's script puts into #log when it drops chunks are the server's
+    markup (templates), "older" waiting only for the seq the page then starts at; the empty
+    tab's hint comes after the log and the queue, whose first element hides it (app.css)."""
+    tree = parse(page(client_alice.get(reverse("tab", args=[tab.id]))))
+    live = tree.by_id("live")
+    assert [c.get("id") for c in live.children] == [
+        "log",
+        "queued",
+        "empty-hint",
+        "older-template",
+        "newer-template",
+    ]
+    assert tree.by_id("log").children == [] and tree.by_id("queued").children == []
+    [older] = tree.by_id("older-template").children
+    assert older.get("id") == "older" and older.get("hx-trigger") == "revealed"
+    assert older.get("hx-get") == reverse("tab_older", args=[tab.id]) + "?before="
+    [newer] = tree.by_id("newer-template").children
+    assert newer.get("id") == "newer"
+    [link] = newer.find_all(lambda n: n.tag == "a")
+    assert link.get("href") == reverse("tab", args=[tab.id])
 
 
 @pytest.mark.parametrize("before", ["", "abc", "0", "-3"])

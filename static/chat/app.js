@@ -1,4 +1,8 @@
-// Dispatch: the little the page does beyond htmx and its ws extension.
+// Dispatch: the little the page does beyond htmx and its ws extension, and only what
+// htmx cannot do. What the page shows is the server's: each fragment carries its
+// element's final classes, and what follows from the state the server sent (the empty
+// tab's hint, approval buttons once nothing waits, the partial first bubble, the current
+// tab's dot) is CSS. See ARCHITECTURE.md, "The page's JavaScript".
 //
 // - Inserts are idempotent: an inserted element whose id is already on the page
 //   replaces it in place (a frame may arrive twice around a reconnect).
@@ -31,14 +35,11 @@
       el.open = old.open;
       el.setAttribute('data-seen', '');
     }
+    // A card sent again comes without the results that streamed into it since.
     var oldSlot = old.querySelector('.slot');
     var newSlot = el.querySelector('.slot');
     if (oldSlot && newSlot && !newSlot.firstElementChild) {
       while (oldSlot.firstChild) newSlot.appendChild(oldSlot.firstChild);
-    }
-    if (old.parentElement && old.parentElement.id === 'log') {
-      el.classList.toggle('turn-start', old.classList.contains('turn-start'));
-      el.classList.toggle('partial', old.classList.contains('partial'));
     }
   }
 
@@ -96,7 +97,6 @@
     var target = fallback && document.querySelector(fallback);
     if (!target || detached()) return;
     Array.prototype.slice.call(content.children).forEach(function (el) { upsert(el, target); });
-    settleLog();
   });
 
   // --- Reconnect: say what the page holds now -----------------------------------------
@@ -121,34 +121,27 @@
     }), evt.detail.elt);
   });
 
-  // --- The log: grouping, thinking, following, the DOM window --------------------------
+  // --- The log: thinking, following, the DOM window ------------------------------------
 
-  function settleLog() {
+  // Thinking that streamed in opens as the reader's setting says, once: after that it is
+  // the reader's to open or close (carryState keeps it through the seal). A page render
+  // applies the setting itself; live fragments do not know it.
+  function openThinking() {
     var log = $('log');
     if (!log) return;
-    var prev = null;
-    all(log, ':scope > .chunk').forEach(function (el) {
-      if (prev) {
-        el.classList.remove('partial');
-        el.classList.toggle('turn-start', prev.getAttribute('data-turn') !== el.getAttribute('data-turn'));
-      }
-      prev = el;
-    });
     var expand = log.getAttribute('data-expand-thinking') === '1';
     all(log, 'details.t-thinking:not([data-seen])').forEach(function (el) {
       el.open = expand;
       el.setAttribute('data-seen', '');
     });
-    var hint = $('empty-hint');
-    if (hint && (log.querySelector('.chunk') || document.querySelector('#queued > li'))) hint.remove();
-    // Once nothing waits for approval, no card keeps its buttons.
-    var approval = $('approval');
-    if (approval && approval.hidden) all(log, '.approve:not(:empty)').forEach(function (a) { a.replaceChildren(); });
-    var status = $('status');
-    var current = document.querySelector('.tab-link.current');
-    if (status && current) current.classList.toggle('running', status.getAttribute('data-state') !== 'idle');
   }
 
+  // The server's markup for a DOM window marker (a <template> in chat/tab.html).
+  function marker(name) {
+    return $(name + '-template').content.firstElementChild.cloneNode(true);
+  }
+
+  // After the oldest chunks went, "older" loads the page before the first one left.
   function restoreOlder(log) {
     var min = Infinity;
     all(log, '[data-seq]').forEach(function (el) {
@@ -158,14 +151,8 @@
     var older = $('older');
     if (older) older.remove();
     if (!isFinite(min)) return;
-    // The same element as the "older" partial in chat/tab.html.
-    older = document.createElement('div');
-    older.id = 'older';
-    older.className = 'older';
-    older.setAttribute('hx-get', log.getAttribute('data-older-url') + '?before=' + min);
-    older.setAttribute('hx-trigger', 'revealed');
-    older.setAttribute('hx-swap', 'outerHTML');
-    older.textContent = 'Loading earlier messages…';
+    older = marker('older');
+    older.setAttribute('hx-get', older.getAttribute('hx-get') + min);
     log.insertBefore(older, log.firstChild);
     htmx.process(older);
   }
@@ -184,22 +171,17 @@
     if (count <= max) return;
     var running = runningTurn();
     var el = log.querySelector(':scope > .chunk');
-    var removed = null;
+    var removed = false;
     while (el && count > max) {
       if (running && el.getAttribute('data-turn') === running) break;
       var next = el.nextElementSibling;
       count -= 1 + el.querySelectorAll('.chunk').length;
       el.remove();
-      removed = el;
+      removed = true;
       el = next;
     }
-    if (!removed) return;
-    var first = log.querySelector(':scope > .chunk');
-    if (first && first.getAttribute('data-turn') && first.getAttribute('data-turn') === removed.getAttribute('data-turn')) {
-      first.classList.add('partial');
-      first.classList.remove('turn-start');
-    }
-    restoreOlder(log);
+    // A first bubble whose turn began among the dropped chunks now shows as partial (app.css).
+    if (removed) restoreOlder(log);
   }
 
   // Older pages past the window push out the newest chunks instead (never the running
@@ -220,22 +202,13 @@
       el.remove();
       removed = true;
     }
-    if (removed && !detached()) {
-      var newer = document.createElement('div');
-      newer.id = 'newer';
-      newer.className = 'older';
-      var link = document.createElement('a');
-      link.href = window.location.pathname;
-      link.textContent = 'Newer messages are not shown · jump to the latest';
-      newer.appendChild(link);
-      log.appendChild(newer);
-    }
+    if (removed && !detached()) log.appendChild(marker('newer'));
   }
 
   function detached() { return !!$('newer'); }
 
   // A message that only added text to open bodies (deltas) brought no chunk and took none:
-  // nothing to regroup or trim, and its scroll waits for the next animation frame, so a
+  // nothing to open or trim, and its scroll waits for the next animation frame, so a
   // burst of deltas costs one layout, not a forced layout of the whole growing text each.
   var follow = true;
   var textOnly = true;
@@ -253,7 +226,7 @@
   });
   document.addEventListener('htmx:wsAfterMessage', function () {
     if (!textOnly) {
-      settleLog();
+      openThinking();
       if (follow) {
         trim();
         toBottom();
@@ -298,7 +271,6 @@
       if (head) head.remove();
       slot.appendChild(result);
     });
-    settleLog();
     trimNewest();
     // Last: the regrouping above moves things too.
     if (anchor.isConnected) scroller().scrollTop += anchor.getBoundingClientRect().top - anchorTop;
@@ -388,6 +360,5 @@
   }, 1000);
 
   // The deferred script runs once the page is parsed: start at the newest message.
-  settleLog();
   if ($('log')) toBottom();
 })();
