@@ -43,12 +43,14 @@ from chat.forms import (
 )
 from chat.models import (
     ApiKey,
+    Chunk,
     ProviderEndpoint,
     RunningTurn,
     Setting,
     Tab,
 )
 from chat.providers.registry import PROVIDERS
+from chat.stream import Kind
 from chat.tools import sandbox
 
 # The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
@@ -163,6 +165,28 @@ def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     )
 
 
+def _results_shown_alone(
+    tab_id: uuid.UUID, items: list[chat_render.Item], before: int
+) -> list[Chunk]:
+    """Results at `before` or later of this page's unanswered calls.
+
+    The page below shows them on their own, since their cards were not on it: the
+    older page nests them in their cards and takes them from where they were.
+    """
+    calls = [i for i in items if i.type == Kind.TOOL_CALL and not i.answered]
+    if not calls:
+        return []
+    slots = {call.slot for call in calls}
+    results = Chunk.objects.filter(
+        tab_id=tab_id,
+        seq__gte=before,
+        type=Kind.TOOL_RESULT,
+        turn_id__in={call.turn_id for call in calls},
+        step__in={call.step for call in calls},
+    ).order_by("seq")
+    return [r for r in results if chat_render.Item.of(r).slot in slots]
+
+
 @login_required
 @require_GET
 def tab_older(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
@@ -178,11 +202,15 @@ def tab_older(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     chunks = log.page(tab.id, before=before, limit=conf.page_size)
     has_more, continues = log.page_bounds(tab.id, chunks)
     items = chat_render.group(chunks, continues=continues)
+    moved = _results_shown_alone(tab.id, items, before)
+    if moved:
+        items = chat_render.group([*chunks, *moved], continues=continues)
     return render(
         request,
         "chat/tab.html#older_page",
         {
             "items": items,
+            "moved": moved,
             "page": True,
             "expand_thinking": conf.expand_thinking,
             "has_more": has_more,

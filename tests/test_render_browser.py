@@ -446,6 +446,42 @@ async def test_it_loads_older_pages_without_moving_the_view(browser, live_server
     assert errors == []
 
 
+async def test_an_older_page_takes_back_the_results_of_its_calls(browser, live_server):
+    """A page that begins with a result whose call is on the page before: loading that
+    page puts the result in its card, where it shows once, and the view does not move."""
+
+    def make():
+        tab, turn, blocks, session = _make_tab(19, page_size=20)
+        call = block("tool_call", {"call_id": "c1", "name": "ls", "arguments": {}}, turn_id=turn)
+        result = block(
+            "tool_result",
+            {"call_id": "c1", "name": "ls", "result": "a.txt", "is_error": False},
+            role="tool",
+            turn_id=turn,
+        )
+        rest = [block("text", {"text": "line\n" * 3}, turn_id=turn) for _ in range(19)]
+        log.append(tab.id, [call, result, *rest])
+        return tab, call, result, rest, session
+
+    tab, call, result, rest, session = await sync_to_async(make)()
+    page, socket, errors = await open_tab(browser, live_server, session, tab, height=500)
+    await socket.hello()
+    assert await chunk_ids(page) == [f"chunk-{result.id}", *(f"chunk-{b.id}" for b in rest)]
+    first = f"#chunk-{rest[0].id}"
+    await page.evaluate("window.scrollTo(0, 0)")
+    top_before = await page.evaluate(
+        f"document.querySelector('{first}').getBoundingClientRect().top"
+    )
+    await page.wait_for_selector(f"#chunk-{call.id} .slot > #chunk-{result.id}", state="attached")
+    assert await page.locator(f"#chunk-{result.id}").count() == 1
+    assert await page.locator(f"#chunk-{result.id} .result-head").count() == 0
+    top_after = await page.evaluate(
+        f"document.querySelector('{first}').getBoundingClientRect().top"
+    )
+    assert abs(top_after - top_before) <= 2
+    assert errors == []
+
+
 async def test_it_sends_on_enter_and_stops_on_escape(browser, live_server):
     """Enter sends (Shift+Enter is a new line) and clears the composer; Esc presses Stop."""
     tab, turn, blocks, session = await sync_to_async(_make_tab)(0)

@@ -392,6 +392,54 @@ def test_it_pages_the_log_and_loads_older_chunks(client_alice, tab):
     assert "turn-start" in last[0].classes
 
 
+def test_an_older_page_takes_its_calls_results_from_the_page_below(client_alice, tab):
+    """A page that begins with a result whose call is on the page before shows it on its
+    own; loading that page brings the call's card holding the result (and any other
+    result of it further down), and deletes the lone copy from the page below."""
+    set_setting("page_size", 20)
+    turn = uuid.uuid4()
+    texts = [block("text", {"text": f"m{i}"}, turn_id=turn) for i in range(19)]
+    call = block("tool_call", {"call_id": "c1", "name": "shell", "arguments": {}}, turn_id=turn)
+    output = block(
+        "tool_result",
+        {"call_id": "c1", "name": "shell", "shell_output": "x"},
+        role="tool",
+        turn_id=turn,
+    )
+    result = block(
+        "tool_result",
+        {"call_id": "c1", "name": "shell", "result": "ok", "is_error": False},
+        role="tool",
+        turn_id=turn,
+    )
+    other = block(
+        "tool_result",
+        {"call_id": "c1", "name": "shell", "result": "of another step", "is_error": False},
+        role="tool",
+        turn_id=turn,
+        step=2,
+    )
+    after = [block("text", {"text": f"n{i}"}, turn_id=turn) for i in range(17)]
+    log.append(tab.id, [*texts, call, output, result, other, *after])
+    tree = parse(page(client_alice.get(reverse("tab", args=[tab.id]))))
+    older, *chunks = tree.by_id("log").children
+    assert [c.get("id") for c in chunks[:3]] == [
+        f"chunk-{output.id}",
+        f"chunk-{result.id}",
+        f"chunk-{other.id}",
+    ]
+    assert "Result of" in chunks[0].text
+
+    nodes = parse(page(client_alice.get(older.get("hx-get")))).children
+    card = next(n for n in nodes if n.get("id") == f"chunk-{call.id}")
+    slot = card.find_all(lambda n: n.get("data-slot"))[0]
+    assert [r.get("id") for r in slot.children] == [f"chunk-{output.id}", f"chunk-{result.id}"]
+    assert "Result of" not in card.text
+    deletes = [n for n in nodes if n.get("hx-swap-oob") == "delete"]
+    assert [n.get("id") for n in deletes] == [f"chunk-{output.id}", f"chunk-{result.id}"]
+    assert nodes[-len(deletes) - 1] is card
+
+
 def test_the_tab_page_holds_the_dom_windows_markers_and_a_hint_css_can_hide(client_alice, tab):
     """The markers the page's script puts into #log when it drops chunks are the server's
     markup (templates), "older" waiting only for the seq the page then starts at; the empty

@@ -249,31 +249,24 @@
     }
   });
 
-  // Older pages go in above what the reader looks at: the chunk that was first
-  // stays where it was on the screen.
+  // Older pages go in above what the reader looks at: the chunk that was first stays
+  // where it was on the screen. Not a result shown on its own: the older page brings its
+  // call's card with it and takes it from here.
+  var loadingOlder = false;
   var anchor = null;
   var anchorTop = 0;
   document.addEventListener('htmx:beforeSwap', function (evt) {
     if (evt.detail.target && evt.detail.target.id === 'older') {
-      anchor = $('log').querySelector(':scope > .chunk');
+      loadingOlder = true;
+      anchor = $('log').querySelector(':scope > .chunk:not(.t-tool-result)');
       anchorTop = anchor ? anchor.getBoundingClientRect().top : 0;
     }
   });
   document.addEventListener('htmx:afterSwap', function () {
-    if (anchor === null) return;
-    // Results that came before their call's page now go into its card.
-    var log = $('log');
-    all(log, ':scope > .t-tool-result[data-for]').forEach(function (result) {
-      var slots = all(log, '.slot[data-slot="' + result.getAttribute('data-for') + '"]');
-      var slot = slots.filter(function (x) { return !x.querySelector(':scope > .has-result'); })[0] || slots.pop();
-      if (!slot) return;
-      var head = result.querySelector(':scope > .result-head');
-      if (head) head.remove();
-      slot.appendChild(result);
-    });
+    if (!loadingOlder) return;
+    loadingOlder = false;
     trimNewest();
-    // Last: the regrouping above moves things too.
-    if (anchor.isConnected) scroller().scrollTop += anchor.getBoundingClientRect().top - anchorTop;
+    if (anchor && anchor.isConnected) scroller().scrollTop += anchor.getBoundingClientRect().top - anchorTop;
     anchor = null;
   });
 
