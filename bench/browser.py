@@ -31,24 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import bench_server, bench_session, bench_tab, cpu_seconds
+from bench.common import bench_server, bench_session, bench_tab, cpu_seconds, summary
 from bench.server import DELTAS_MODEL, RAW_RESULTS, small_deltas
+from harness import chromium
+from harness.login import browser_cookie
 
 # The turn: many small deltas, so per-delta cost shows.
 DELTAS = 20_000
 # Timed runs per side, the sides alternating, after one untimed warm-up of each.
 RUNS = 5
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 VIEWPORT = {"width": 1000, "height": 800}
 # One run (page load to painted text) on a loaded 2-core machine stays well under this; past
 # it the bench fails loudly instead of hanging.
@@ -205,13 +196,11 @@ async def _plain_run(base: str, results: Path, expected: int) -> dict:
     seen = len(results.read_text().splitlines()) if results.exists() else 0
     with tempfile.TemporaryDirectory(prefix="dispatch-bench-chromium-") as profile:
         browser = subprocess.Popen(
-            [
-                CHROMIUM,
-                *CHROMIUM_ARGS,
+            chromium.command(
                 f"--user-data-dir={profile}",
                 f"--window-size={VIEWPORT['width']},{VIEWPORT['height']}",
                 f"{base}/bench/raw/?mode=each&auto",
-            ],
+            ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             # Its own process group: the renderer and helpers go with it.
@@ -234,8 +223,6 @@ async def _plain_run(base: str, results: Path, expected: int) -> dict:
 
 
 def _side(runs: list[dict], cpu: float) -> dict:
-    from bench.common import summary
-
     splits = runs[0]["splits_ms"]
     return {
         **summary([r["seconds"] for r in runs]),
@@ -247,8 +234,6 @@ def _side(runs: list[dict], cpu: float) -> dict:
 
 
 async def _measure(base: str, server_pid: int, session: str, tab_ids: list[str]) -> dict:
-    from playwright.async_api import async_playwright
-
     from chat.render import markdown
 
     text = "".join(small_deltas(DELTAS))
@@ -262,30 +247,24 @@ async def _measure(base: str, server_pid: int, session: str, tab_ids: list[str])
     }
     runs: dict[str, list[dict]] = {name: [] for name in sides}
     cpu = dict.fromkeys(sides, 0.0)
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=RUN_TIMEOUT * 1000
-        )
-        try:
-            # Playwright's wait_for_function uses eval, which the page's CSP refuses.
-            context = await browser.new_context(viewport=VIEWPORT, bypass_csp=True)
-            await context.add_cookies([{"name": "sessionid", "value": session, "url": base}])
-            # Warm-up: the first page load compiles scripts and fills caches on every side.
-            for run in sides.values():
-                await run(0)
-            for i in range(1, RUNS + 1):
-                for name, run in sides.items():
-                    before = cpu_seconds(server_pid)
-                    runs[name].append(await run(i))
-                    cpu[name] += cpu_seconds(server_pid) - before
-                print(
-                    "  run {}: {}".format(
-                        i, ", ".join(f"{n} {r[-1]['seconds']:.3f} s" for n, r in runs.items())
-                    ),
-                    flush=True,
-                )
-        finally:
-            await browser.close()
+    async with chromium.browser(timeout=RUN_TIMEOUT) as browser:
+        # Playwright's wait_for_function uses eval, which the page's CSP refuses.
+        context = await browser.new_context(viewport=VIEWPORT, bypass_csp=True)
+        await context.add_cookies([browser_cookie(session, base)])
+        # Warm-up: the first page load compiles scripts and fills caches on every side.
+        for run in sides.values():
+            await run(0)
+        for i in range(1, RUNS + 1):
+            for name, run in sides.items():
+                before = cpu_seconds(server_pid)
+                runs[name].append(await run(i))
+                cpu[name] += cpu_seconds(server_pid) - before
+            print(
+                "  run {}: {}".format(
+                    i, ", ".join(f"{n} {r[-1]['seconds']:.3f} s" for n, r in runs.items())
+                ),
+                flush=True,
+            )
     out = {name: _side(runs[name], cpu[name]) for name in sides}
     app = out["app"]
     return {
@@ -302,12 +281,10 @@ async def _measure(base: str, server_pid: int, session: str, tab_ids: list[str])
 
 
 def run() -> dict:
-    if not os.path.exists(CHROMIUM):
-        raise RuntimeError(f"browser bench: no Chromium at {CHROMIUM} (make chromium)")
+    chromium.executable()  # a missing Chromium stops the bench here, saying how to install it
     session = bench_session()
     # A fresh tab per app run (and the warm-up): every run streams into the same empty page.
     tab_ids = [str(bench_tab(DELTAS_MODEL).pk) for _ in range(RUNS + 1)]
     server_args = ("0", "1", os.environ["DISPATCH_DATA_DIR"], str(DELTAS))
-    with bench_server(*server_args) as (server, port):
-        base = f"http://127.0.0.1:{port}"
-        return asyncio.run(_measure(base, server.pid, session, tab_ids))
+    with bench_server(*server_args) as server:
+        return asyncio.run(_measure(server.url, server.pid, session, tab_ids))

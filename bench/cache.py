@@ -8,6 +8,7 @@ import json
 import os
 
 from bench.common import bench_tab, run_turn
+from harness.fakeprovider import FakeProviderServer, Reply
 
 STEPS = 10
 
@@ -96,8 +97,6 @@ def _breakpoints(body: dict) -> list[str]:
 
 
 def run() -> dict:
-    from tests.fakeprovider import FakeProviderServer, Reply
-
     server = FakeProviderServer().start()
     try:
         for n in range(1, STEPS):

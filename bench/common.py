@@ -1,23 +1,21 @@
-"""Shared pieces of the benchmarks: timing, a throwaway data dir, bulk tab filling."""
+"""Shared pieces of the benchmarks: timing, a throwaway data dir, bulk tab filling, the
+bench server (started by the harness's launcher)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness.servers import Proc
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -152,12 +150,10 @@ def bench_tab(model: str):
 def bench_session() -> str:
     """The session id of the bench user, logged in (the bench server shares the database)."""
     from django.contrib.auth import get_user_model
-    from django.test import Client
 
-    user = get_user_model().objects.get_or_create(username="bench")[0]
-    client = Client()
-    client.force_login(user)
-    return client.cookies["sessionid"].value
+    from harness.login import session_for
+
+    return session_for(get_user_model().objects.get_or_create(username="bench")[0])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -166,38 +162,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_server(base: str) -> None:
-    for _ in range(400):
-        try:
-            urllib.request.urlopen(f"{base}/login/", timeout=5).read()
-            return
-        except (urllib.error.URLError, ConnectionError):
-            time.sleep(0.05)
-    raise RuntimeError("bench server did not start")
-
-
 @contextlib.contextmanager
-def bench_server(*args: str) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`python -m bench.server PORT *args` on a free port, on this bench's data dir;
-    yields (process, port) once it answers, and stops it whatever happens."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "bench.server", str(port), *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
+def bench_server(*args: str, env: dict[str, str] | None = None) -> Iterator[Proc]:
+    """`python -m bench.server 0 *args` on this bench's data dir (`env` on top of this
+    process's environment); yields it once it listens, and stops it whatever happens."""
+    log_dir = Path(os.environ["DISPATCH_DATA_DIR"])
+    server = Proc(
+        "bench-server",
+        [sys.executable, "-m", "bench.server", "0", *args],
+        {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        log_dir / "bench-server.log",
     )
-    try:
-        _wait_for_server(f"http://127.0.0.1:{port}")
-        yield server, port
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    with server.start():
+        yield server.listening()

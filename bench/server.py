@@ -3,6 +3,11 @@ time it was yielded, plus a bare Channels consumer streaming the same tokens as 
 
     python -m bench.server PORT TOKENS PACE [DATA_DIR [DELTAS]]
 
+With PORT 0 the OS chooses the port; the server prints "Listening on TCP address
+127.0.0.1:PORT" either way (harness.servers.Proc.listening waits for it). Tabs on
+`bench/stamped` get the stamped tokens; tabs on any other model get the app's real
+provider (the bench sets its key and base URL in the environment).
+
 For the browser benchmark, tabs on the model `bench/deltas` get DELTAS small text deltas at
 full speed instead, and the page at /bench/raw/ (bench/raw.html) gets the same deltas raw on
 /bench/raw/ws/: "go each" sends one frame per delta, "go coalesced" joins them into frames
@@ -20,6 +25,8 @@ from pathlib import Path
 
 # The model a tab names to get the browser benchmark's deltas.
 DELTAS_MODEL = "bench/deltas"
+# The model a tab names to get TOKENS stamped tokens at PACE.
+STAMPED_MODEL = "bench/stamped"
 RAW_PAGE = Path(__file__).with_name("raw.html")
 RAW_RESULTS = "raw-results.jsonl"
 # Words of the small deltas; plain words, so markdown keeps the text as it is.
@@ -117,17 +124,22 @@ def main(port: int, tokens: int, pace: float) -> None:
     from daphne.server import Server
     from django.urls import path
 
-    from chat import agent
+    from chat import agent, pacing
     from chat.worker import start_embedded_worker
     from dispatch import asgi
+    from harness.servers import LISTENING_LINE
+
+    real_provider_for = agent.provider_for
 
     async def provider_for(model):
         if model == DELTAS_MODEL:
             return DeltasProvider(deltas)
-        return StampedProvider(tokens, pace)
+        if model == STAMPED_MODEL:
+            return StampedProvider(tokens, pace)
+        return await real_provider_for(model)
 
     agent.provider_for = provider_for
-    raw_frames = {"each": deltas, "coalesced": coalesced(deltas, agent.COALESCE_MAX_CHARS)}
+    raw_frames = {"each": deltas, "coalesced": coalesced(deltas, pacing.COALESCE_MAX_CHARS)}
 
     class BareStream(AsyncWebsocketConsumer):
         """The baseline: the same tokens straight to the socket, no log, no rendering."""
@@ -168,12 +180,20 @@ def main(port: int, tokens: int, pace: float) -> None:
             return await raw_page(receive, send)
         return await asgi.application(scope, receive, send)
 
-    Server(
+    def ready() -> None:
+        # Listening already (daphne binds before this): say where, as `manage.py serve`
+        # does at INFO, which the bench's log level keeps quiet.
+        for host, bound in server.listening_addresses:
+            print(LISTENING_LINE.format(host=host, port=bound), flush=True)
+        start_embedded_worker()
+
+    server = Server(
         application=application,
         endpoints=build_endpoint_description_strings(host="127.0.0.1", port=port),
-        ready_callable=start_embedded_worker,
+        ready_callable=ready,
         verbosity=0,
-    ).run()
+    )
+    server.run()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import websockets
 
 from bench.common import bench_server, bench_session, bench_tab, cpu_seconds
+from bench.server import STAMPED_MODEL
+from harness.login import cookie_header
 
 TABS = (1, 10, 100)
 TOKENS = 500  # per tab
@@ -56,7 +58,9 @@ def _post(url: str, token: str, cookie: str) -> int:
         return response.status
 
 
-async def _app_run(base: str, port: int, cookie: str, tab_ids: list[str]) -> dict:
+async def app_run(base: str, port: int, cookie: str, tab_ids: list[str]) -> dict:
+    """Send a message to every tab at once and read their sockets to the idle status: the
+    tokens received, seconds, and each token's delay from its stamp to its arrival."""
     delays: list[float] = []
     headers = {"Cookie": cookie, "Origin": f"http://127.0.0.1:{port}"}
 
@@ -98,7 +102,8 @@ async def _app_run(base: str, port: int, cookie: str, tab_ids: list[str]) -> dic
     return {"tokens": sum(counts), "seconds": time.perf_counter() - start, "delays": delays}
 
 
-async def _bare_run(port: int, n: int) -> dict:
+async def bare_run(port: int, n: int) -> dict:
+    """`n` sockets on the bare consumer, read to its END: as `app_run`."""
     delays: list[float] = []
 
     async def watch() -> int:
@@ -116,7 +121,7 @@ async def _bare_run(port: int, n: int) -> dict:
     return {"tokens": sum(counts), "seconds": time.perf_counter() - start, "delays": delays}
 
 
-def _stats(run: dict, cpu: float) -> dict:
+def stats(run: dict, cpu: float) -> dict:
     return {
         "tokens": run["tokens"],
         "tokens_per_second": round(run["tokens"] / run["seconds"], 1),
@@ -130,20 +135,19 @@ def _stats(run: dict, cpu: float) -> dict:
 
 
 def run() -> dict:
-    cookie = f"sessionid={bench_session()}"
+    cookie = cookie_header(bench_session())
     results = {}
-    with bench_server(str(TOKENS), str(PACE), os.environ["DISPATCH_DATA_DIR"]) as (server, port):
-        base = f"http://127.0.0.1:{port}"
+    with bench_server(str(TOKENS), str(PACE), os.environ["DISPATCH_DATA_DIR"]) as server:
         for n in TABS:
-            tab_ids = [str(bench_tab("bench/stamped").pk) for _ in range(n)]
+            tab_ids = [str(bench_tab(STAMPED_MODEL).pk) for _ in range(n)]
             cpu = cpu_seconds(server.pid)
-            app = asyncio.run(_app_run(base, port, cookie, tab_ids))
+            app = asyncio.run(app_run(server.url, server.port, cookie, tab_ids))
             app_cpu = cpu_seconds(server.pid) - cpu
             cpu = cpu_seconds(server.pid)
-            bare = asyncio.run(_bare_run(port, n))
+            bare = asyncio.run(bare_run(server.port, n))
             bare_cpu = cpu_seconds(server.pid) - cpu
-            row = _stats(app, app_cpu)
-            baseline = _stats(bare, bare_cpu)
+            row = stats(app, app_cpu)
+            baseline = stats(bare, bare_cpu)
             row["baseline"] = baseline
             row["baseline_cpu_ms_per_1k_tokens"] = baseline["cpu_ms_per_1k_tokens"]
             row["cpu_ratio"] = round(

@@ -1,254 +1,46 @@
-"""A live Dispatch for the end-to-end browser tests (tests/test_e2e.py).
+"""Helpers of the end-to-end browser tests (tests/test_e2e.py), over the harness's live
+server (`serve`) and Chromium (`browser`), which are fixtures in tests/conftest.py.
 
-- `serve`: a fixture starting `manage.py serve` as a subprocess on the pytest
-  database (one per call), each stopped by its own PID after the test.
-- `browser`: Chromium through Playwright's async API. A missing Chromium fails
-  the test: these tests must never skip quietly.
 - Pages that record what their socket did (frames, the catch-up after each
   connect, how open chunks grew), and a reader for the chunk log as the DOM
   shows it, compared chunk by chunk with the rows in the database.
-- Scripted Anthropic streams for the fake provider server (tests/fakeprovider.py).
-
-Tests import the fixtures explicitly:
-
-    from tests.live import browser, serve  # noqa: F401
+- Users, tabs and settings on the pytest database, and waits on it.
+- Scripted Anthropic streams for the fake provider server (harness/fakeprovider.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import pytest
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connection
-from django.test import Client
 
 from chat import log, render
 from chat.models import Chunk, RunningTurn, Setting, Tab
 from chat.stream import Block
-from tests.fakeprovider import Pause, Reply
+from harness.fakeprovider import Pause, Reply
+from harness.login import browser_cookie
+from harness.servers import ROOT, Proc
 from tests.ui_helpers import parse
 
-ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-# Django start-up on two busy cores takes a few seconds; past this the server
-# is stuck and its log (printed with the failure) says why.
-STARTUP_TIMEOUT = 30.0
-# SIGTERM, then this long, then SIGKILL. Servers get a short shutdown grace
-# (SHUTDOWN_GRACE below): a turn left running by a test is interrupted, not
-# waited for, and the server exits well within this.
-STOP_TIMEOUT = 5.0
-SHUTDOWN_GRACE = "0.5"
 # Every wait in a browser or on the database: generous for a loaded CI machine,
 # and a passing test never comes near it.
 WAIT_SECONDS = 15.0
 # How often a Python-side wait looks again.
 POLL_SECONDS = 0.05
-# The lines of the server's log shown when a test fails.
-LOG_TAIL_LINES = 60
-# daphne says where it listens; with --port 0 the OS chose the port.
-LISTENING_RE = re.compile(r"Listening on TCP address 127\.0\.0\.1:(\d+)")
-# Variables of the developer's shell that would point the server elsewhere.
-SCRUBBED_ENV = (
-    "REDIS_URL",
-    "DATABASE_URL",
-    "ANTHROPIC_API_KEY",
-    "ANTHROPIC_BASE_URL",
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-    "DEEPSEEK_API_KEY",
-    "DEEPSEEK_BASE_URL",
-    "DISPATCH_FALLBACK_MODEL",
-)
 PASSWORD = "pw-for-tests-only"
 
 
-# --- The server ------------------------------------------------------------------
-
-
-def database_url() -> str:
-    """The URL of the database this test runs on (the test database, not the real one)."""
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    if connection.vendor == "postgresql":
-        auth = quote(db["USER"] or "", safe="")
-        if db["PASSWORD"]:
-            auth += ":" + quote(db["PASSWORD"], safe="")
-        host = f"{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}"
-        return f"postgres://{auth}@{host}/{quote(db['NAME'], safe='')}"
-    raise AssertionError(f"no live-server database URL for {connection.vendor}")
-
-
-def server_env(workspace: Path, **extra: str) -> dict[str, str]:
-    """The environment of a server on the pytest database and data directory."""
-    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
-    env.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "dispatch.settings",
-            "DISPATCH_DATA_DIR": str(settings.DATA_DIR),
-            "DATABASE_URL": database_url(),
-            "DISPATCH_WORKSPACE": str(workspace),
-            "DISPATCH_MODEL": "offline/demo",
-            "DISPATCH_OFFLINE_PACE": "40",
-            "DISPATCH_SHUTDOWN_GRACE": SHUTDOWN_GRACE,
-            # daphne's "Listening on" line is INFO.
-            "LOG_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    env.update(extra)
-    return env
-
-
-@dataclass
-class LiveServer:
-    proc: subprocess.Popen
-    log_path: Path
-    port: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_tail(self) -> str:
-        return "\n".join(self.log().splitlines()[-LOG_TAIL_LINES:])
-
-    @classmethod
-    def start(cls, workspace: Path, log_path: Path, **env: str) -> LiveServer:
-        """`manage.py serve --port 0` on the test database; returns once it listens."""
-        with open(log_path, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "manage.py", "serve", "--port", "0"],
-                cwd=ROOT,
-                env=server_env(workspace, **env),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        server = cls(proc, log_path)
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while time.monotonic() < deadline:
-            if match := LISTENING_RE.search(server.log()):
-                server.port = int(match.group(1))
-                return server
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"manage.py serve exited with {proc.returncode}:\n{server.log_tail()}"
-                )
-            time.sleep(POLL_SECONDS)
-        server.stop()
-        raise AssertionError(
-            f"manage.py serve did not listen within {STARTUP_TIMEOUT} s:\n{server.log_tail()}"
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(STOP_TIMEOUT)
-
-
-class Servers:
-    """The live servers of one test; they share one workspace directory."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.dir = tmp_path
-        self.workspace = tmp_path / "workspace"
-        self.workspace.mkdir()
-        self.started: list[LiveServer] = []
-
-    async def __call__(self, **env: str) -> LiveServer:
-        """A new server with these environment variables on top of `server_env`."""
-        log_path = self.dir / f"server-{len(self.started)}.log"
-        server = await asyncio.to_thread(LiveServer.start, self.workspace, log_path, **env)
-        self.started.append(server)
-        return server
-
-    def stop_all(self) -> None:
-        for server in self.started:
-            server.stop()
-            # Captured output: pytest shows it only for a failed test.
-            print(f"--- {server.log_path.name} (exit {server.proc.returncode}) ---")
-            print(server.log_tail())
-
-
-@pytest.fixture
-def serve(transactional_db, tmp_path) -> Iterator[Servers]:
-    """`await serve(**env)`: a live server; every one is stopped after the test, pass or
-    fail, and its log is printed when the test fails."""
-    servers = Servers(tmp_path)
-    try:
-        yield servers
-    finally:
-        servers.stop_all()
-
-
 # --- The browser -----------------------------------------------------------------
-
-
-def chromium_path() -> str:
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(
-            f"Chromium is not installed at {CHROMIUM}: the end-to-end tests need it "
-            "(`make chromium`, or `sudo apt-get install chromium`).",
-            pytrace=False,
-        )
-    return CHROMIUM
-
-
-@pytest.fixture
-async def browser(serve):
-    """Chromium, closed before the servers stop (daphne would wait for its open sockets)."""
-    from playwright.async_api import async_playwright
-
-    executable = chromium_path()
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=executable, args=CHROMIUM_ARGS, timeout=WAIT_SECONDS * 1000
-        )
-        try:
-            yield browser
-        finally:
-            await browser.close()
 
 
 # Runs in every page before its own scripts: counts socket frames, notes when
@@ -288,7 +80,7 @@ class LivePage:
 
 async def open_page(
     browser: Any,
-    server: LiveServer,
+    server: Proc,
     path: str = "/",
     *,
     session: str | None = None,
@@ -307,7 +99,7 @@ async def open_page(
         bypass_csp=bypass_csp,
     )
     if session:
-        await context.add_cookies([{"name": "sessionid", "value": session, "url": server.url}])
+        await context.add_cookies([browser_cookie(session, server.url)])
     await context.add_init_script(RECORDER)
     page = await context.new_page()
     page.set_default_timeout(WAIT_SECONDS * 1000)
@@ -348,13 +140,6 @@ async def send_message(page: Any, text: str) -> None:
 
 def make_user(username: str = "owner") -> Any:
     return get_user_model().objects.create_user(username, password=PASSWORD, is_staff=True)
-
-
-def session_for(user: Any) -> str:
-    """A session cookie for `user`: the server shares the database and SECRET_KEY."""
-    client = Client()
-    client.force_login(user)
-    return client.cookies["sessionid"].value
 
 
 def make_tab(user: Any, model: str = "offline/demo", title: str = "") -> Tab:

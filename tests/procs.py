@@ -4,7 +4,7 @@
   database number claimed for one test session.
 - `Cluster`: web (`manage.py serve`) and worker (`manage.py runworker`)
   processes on one database and one Redis, started from the Procfile's
-  commands, each stopped by its own PID, plus the HTTP calls a browser makes.
+  commands by the harness's launcher, plus the HTTP calls a browser makes.
 - `Page` / `PageSocket`: a browser tab's view of the log, rebuilt from the
   socket's htmx frames the way static/chat/app.js and htmx apply them, which
   says what it holds on every (re)connect.
@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import http.client
 import json
 import os
 import re
 import secrets
-import shlex
-import signal
 import subprocess
 import sys
-import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,7 +30,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness.login import cookie_header
+from harness.servers import ROOT, Proc, clean_env, procfile_argv, stop_all
 
 # Where the tests find the services; the defaults are this machine's (and CI's).
 POSTGRES_ADMIN_URL = os.environ.get(
@@ -47,11 +44,8 @@ REQUIRE_SERVICES = os.environ.get("DISPATCH_REQUIRE_SERVICES", "").strip() not i
 # A reachable service answers in milliseconds; this only bounds a dead address.
 CONNECT_TIMEOUT = 3
 # Django start-up plus migrations on two busy cores take a few seconds; past this
-# a process is stuck, and its log says why.
+# a command is stuck, and its output says why.
 STARTUP_TIMEOUT = 40.0
-# SIGTERM, then this long to exit, then SIGKILL. Longer than a worker's
-# shutdown grace (turns.SHUTDOWN_GRACE_SECONDS) so a graceful stop is never cut.
-STOP_TIMEOUT = 25.0
 # One HTTP request to a local web process.
 HTTP_TIMEOUT = 15.0
 # Frames arrive within this while anything happens on the tab.
@@ -165,106 +159,6 @@ def scratch_redis() -> Iterator[str]:
 
 # --- Processes ------------------------------------------------------------------------
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # If the test run itself is killed, its servers go too (Linux; elsewhere the
-    # fixtures' own stop is all there is).
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class Proc:
-    """One child process, its output in a file, stopped by its own PID."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
-        self.name, self.argv, self.env = name, argv, env
-        self.log_path = log_dir / f"{name}-{int(time.time() * 1000)}.log"
-        self.popen: subprocess.Popen | None = None
-        self.port: int | None = None
-
-    def start(self) -> Proc:
-        with open(self.log_path, "wb") as out:
-            self.popen = subprocess.Popen(
-                self.argv,
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.popen is not None
-        return self.popen.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def output(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def wait_for(self, pattern: str, timeout: float = STARTUP_TIMEOUT) -> re.Match:
-        """Wait until the output matches `pattern`; fail with the output if it never does."""
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if match := regex.search(self.output()):
-                return match
-            if not self.alive:
-                break
-            time.sleep(0.05)
-        raise AssertionError(
-            f"{self.name} (pid {self.pid}) never printed /{pattern}/; "
-            f"{'exited ' + str(self.popen.returncode) if not self.alive else 'still running'}."
-            f"\n--- output ---\n{self.output()[-4000:]}"
-        )
-
-    def kill(self) -> None:
-        """SIGKILL, and reap it at once: a zombie's pid would still look alive."""
-        if self.alive:
-            self.popen.send_signal(signal.SIGKILL)
-        if self.popen is not None:
-            self.popen.wait(timeout=STOP_TIMEOUT)
-
-    def terminate(self, timeout: float = STOP_TIMEOUT) -> int:
-        """SIGTERM and wait for the exit code; SIGKILL if it takes longer than `timeout`."""
-        assert self.popen is not None
-        if self.alive:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                return self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return self.popen.returncode
-
-    def stop(self) -> None:
-        if self.popen is not None and self.alive:
-            self.terminate()
-
-
-def procfile_commands(port: int) -> dict[str, list[str]]:
-    """The Procfile's process types as argv lists, with this interpreter and `port`."""
-    commands = {}
-    for line in (ROOT / "Procfile").read_text().splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        kind, _, command = line.partition(":")
-        command = command.replace("${PORT:-8000}", str(port))
-        argv = shlex.split(command)
-        if argv[0].endswith("python"):
-            argv[0] = sys.executable
-        commands[kind.strip()] = argv
-    return commands
-
 
 @dataclass
 class Cluster:
@@ -284,13 +178,7 @@ class Cluster:
     def __post_init__(self) -> None:
         (self.workdir / "workspace").mkdir(parents=True, exist_ok=True)
         (self.workdir / "data").mkdir(exist_ok=True)
-        self.env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(("DISPATCH_", "ANTHROPIC_", "OPENAI_"))
-            and key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "PORT")
-        }
-        self.env.update(
+        self.env = clean_env(
             DJANGO_SETTINGS_MODULE="dispatch.settings",
             DATABASE_URL=self.database_url,
             REDIS_URL=self.redis_url,
@@ -324,31 +212,24 @@ class Cluster:
     def shell_together(self, scripts: list[str], timeout: float = STARTUP_TIMEOUT) -> list[str]:
         """Run each script in its own `manage.py shell` process, all at once; their stdouts."""
         procs = [
-            Proc(
-                f"shell{i}",
-                [sys.executable, "manage.py", "shell", "-c", code],
-                self.env,
-                self.workdir,
-            )
+            self._proc(f"shell{i}", [sys.executable, "manage.py", "shell", "-c", code])
             for i, code in enumerate(scripts)
         ]
-        self.started.extend(procs)
         for proc in procs:
             proc.start()
         for proc in procs:
-            try:
-                code = proc.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = "killed after the timeout"
-            assert code == 0, f"{proc.name} exited {code}:\n{proc.output()[-3000:]}"
-        return [proc.output() for proc in procs]
+            code = proc.reap(timeout)
+            assert code == 0, f"{proc.name} exited {code}:\n{proc.log()[-3000:]}"
+        return [proc.log() for proc in procs]
+
+    def _proc(self, name: str, argv: list[str]) -> Proc:
+        proc = Proc(name, argv, self.env, self.workdir / f"{name}-{len(self.started)}.log")
+        self.started.append(proc)
+        return proc
 
     def _spawn(self, name: str, kind: str) -> Proc:
-        argv = procfile_commands(0)[kind]
-        proc = Proc(name, argv, {**self.env, "PORT": "0"}, self.workdir).start()
+        proc = self._proc(name, procfile_argv(kind)).start()
         self.procs[name] = proc
-        self.started.append(proc)
         return proc
 
     def start_web(self, name: str) -> Proc:
@@ -361,10 +242,8 @@ class Cluster:
         for proc in self.procs.values():
             if "runworker" in proc.argv:
                 proc.wait_for(r"Turn worker started")
-            elif proc.port is None:
-                # The port is the OS's choice: daphne logs it once it listens.
-                match = proc.wait_for(r"Listening on TCP address 127\.0\.0\.1:(\d+)")
-                proc.port = int(match.group(1))
+            elif not proc.port:
+                proc.listening()
 
     def ensure_running(self) -> None:
         """Restart whatever an earlier test killed or stopped (a web process on a new port)."""
@@ -376,21 +255,15 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop every process this cluster ever started, each by its PID."""
-        for proc in self.started:
-            if proc.alive:
-                proc.popen.send_signal(signal.SIGTERM)
-        for proc in self.started:
-            try:
-                proc.popen.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(self.started)
 
     def outputs(self, tail: int = 3000) -> str:
         """The end of every process's output, for a failure report."""
         return "\n".join(
-            f"--- {p.name} (pid {p.pid}, {'running' if p.alive else f'exit {p.popen.returncode}'})"
-            f" ---\n{p.output()[-tail:]}"
+            f"--- {p.name} (pid {p.pid}, {'running' if p.alive else f'exit {p.proc.returncode}'})"
+            f" ---\n{p.log()[-tail:]}"
             for p in self.started
+            if p.proc is not None
         )
 
     def workers(self) -> dict[str, Proc]:
@@ -443,20 +316,13 @@ class Cluster:
         self.session_key = self.manage(
             "shell",
             "-c",
-            "from django.contrib import auth\n"
-            "from django.contrib.sessions.backends.db import SessionStore\n"
-            "user = auth.get_user_model().objects.create_user('scaled')\n"
-            "session = SessionStore()\n"
-            "session[auth.SESSION_KEY] = str(user.pk)\n"
-            "session[auth.BACKEND_SESSION_KEY] = 'django.contrib.auth.backends.ModelBackend'\n"
-            "session[auth.HASH_SESSION_KEY] = user.get_session_auth_hash()\n"
-            "session.create()\n"
-            "print(session.session_key)\n",
+            "from harness.login import session_for_new_user\n"
+            "print(session_for_new_user('scaled'))\n",
         ).split()[-1]
 
     @property
     def cookie(self) -> str:
-        return f"sessionid={self.session_key}; csrftoken={self.csrf}"
+        return f"{cookie_header(self.session_key)}; csrftoken={self.csrf}"
 
     def origin(self, web: str) -> str:
         return f"http://127.0.0.1:{self.procs[web].port}"

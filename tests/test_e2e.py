@@ -3,11 +3,9 @@
 Nothing is faked between the browser and the server: real HTTP, the real
 WebSocket, the embedded turn worker, real tools in a temporary workspace. The
 model is the offline demo (paced like a hosted model), or the real Anthropic
-adapter talking to the fake provider server (tests/fakeprovider.py) for long
+adapter talking to the fake provider server (harness/fakeprovider.py) for long
 scripted streams. Screenshots of the main states go to test-artifacts/.
 """
-
-# ruff: noqa: F811  (fixtures are imported, then named as arguments)
 
 from __future__ import annotations
 
@@ -25,11 +23,10 @@ from chat.models import Chunk, QueuedMessage
 from chat.providers.base import Message, Request, TextPart
 from chat.providers.offline import make_plan
 from chat.stream import Block
-from tests.fakeprovider import fake_server, fake_server_factory  # noqa: F401
-from tests.live import (  # noqa: F401
+from harness.login import session_for
+from tests.live import (
     anthropic_env,
     anthropic_reply,
-    browser,
     check_against_log,
     check_open_prefix,
     expected,
@@ -41,8 +38,6 @@ from tests.live import (  # noqa: F401
     rows,
     screenshot,
     send_message,
-    serve,
-    session_for,
     set_setting,
     synced,
     turn_ended,

@@ -29,12 +29,8 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 
 from chat import throttle
-from tests.live import (
-    PASSWORD,
-    ROOT,
-    serve,  # noqa: F401
-    server_env,
-)
+from harness.servers import ROOT, server_env
+from tests.live import PASSWORD
 
 pytestmark = pytest.mark.django_db
 

@@ -1,7 +1,5 @@
 """The Anthropic adapter against the fake server, through the real SDK."""
 
-# ruff: noqa: F811  (the fake_server fixture is imported, then named as an argument)
-
 from __future__ import annotations
 
 import asyncio
@@ -31,16 +29,13 @@ from chat.providers.base import (
 )
 from chat.providers.registry import INTERLEAVED_THINKING_BETA, model_info
 from chat.stream import Block, Reducer, Seal
-from tests.fakeprovider import (  # noqa: F401
+from harness.fakeprovider import (
     CUT,
-    STALL,
     FakeProviderServer,
     Pause,
     Raw,
     Reply,
     collect,
-    fake_server,
-    fake_server_factory,
     recorded,
 )
 

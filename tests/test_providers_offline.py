@@ -21,7 +21,7 @@ from chat.providers.base import (
 )
 from chat.providers.offline import MAX_CALLS, OfflineProvider, find_calls
 from chat.stream import Block, Reducer, Seal
-from tests.fakeprovider import collect
+from harness.fakeprovider import collect
 
 
 def ask(text: str) -> Request:

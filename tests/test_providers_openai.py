@@ -1,7 +1,5 @@
 """The OpenAI-compatible adapter against the fake server, through the real SDK."""
 
-# ruff: noqa: F811  (the fake_server fixture is imported, then named as an argument)
-
 from __future__ import annotations
 
 import asyncio
@@ -28,15 +26,13 @@ from chat.providers.base import (
 )
 from chat.providers.openai import OpenAIProvider, build_params
 from chat.providers.registry import model_info
-from tests.fakeprovider import (  # noqa: F401
+from harness.fakeprovider import (
     CUT,
     FakeProviderServer,
     Pause,
     Raw,
     Reply,
     collect,
-    fake_server,
-    fake_server_factory,
     recorded,
 )
 

@@ -1,7 +1,5 @@
 """Model ids, the model table, credentials and the public entry points."""
 
-# ruff: noqa: F811  (the fake_server fixture is imported, then named as an argument)
-
 from __future__ import annotations
 
 import os
@@ -28,13 +26,7 @@ from chat.providers.base import Finish, Message, ProviderError, Request, TextPar
 from chat.providers.offline import OfflineProvider
 from chat.providers.openai import OpenAIProvider
 from chat.providers.registry import INTERLEAVED_THINKING_BETA, PROVIDERS
-from tests.fakeprovider import (  # noqa: F401
-    Reply,
-    collect,
-    fake_server,
-    fake_server_factory,
-    recorded,
-)
+from harness.fakeprovider import Reply, collect, recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 # A bare interpreter start and three imports: well under this.

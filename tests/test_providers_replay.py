@@ -16,7 +16,7 @@ from chat.providers.base import (
     ToolCallEvent,
 )
 from chat.providers.replay import ScriptedProvider, ScriptExhausted
-from tests.fakeprovider import collect
+from harness.fakeprovider import collect
 
 # Bound on waiting for the scripted stream to reach a point.
 WAIT = 5.0

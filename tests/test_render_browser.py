@@ -7,9 +7,7 @@ Playwright answers it, and the frames it sends are chat.render's real output.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import shutil
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -17,32 +15,18 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
-from django.test import Client
 from django.utils.timezone import now
 
 from chat import consumers, log, render
 from chat.models import QueuedMessage, RunningTurn, Tab, set_setting
 from chat.stream import Block
+from harness.login import browser_cookie, session_for
 from tests.ui_helpers import block
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # Generous for a loaded CI machine; a passing test never waits this long.
 WAIT_SECONDS = 10.0
-
-if not os.path.exists(CHROMIUM):
-    pytest.skip("Chromium is not installed (make chromium)", allow_module_level=True)
 
 
 async def until(predicate: Callable[[], Any], what: str) -> Any:
@@ -98,29 +82,13 @@ def _make_tab(chunks: int = 0, *, page_size: int | None = None, dom_window: int 
         set_setting("page_size", page_size)
     if dom_window is not None:
         set_setting("dom_window", dom_window)
-    client = Client()
-    client.force_login(user)
-    return tab, turn, blocks, client.cookies["sessionid"].value
-
-
-@pytest.fixture
-async def browser():
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=WAIT_SECONDS * 1000
-        )
-        try:
-            yield browser
-        finally:
-            await browser.close()
+    return tab, turn, blocks, session_for(user)
 
 
 async def open_tab(browser, live_server, session: str, tab: Tab, *, height: int = 800):
     # Playwright's wait_for_function uses eval, which the page's CSP refuses.
     context = await browser.new_context(viewport={"width": 1000, "height": height}, bypass_csp=True)
-    await context.add_cookies([{"name": "sessionid", "value": session, "url": live_server.url}])
+    await context.add_cookies([browser_cookie(session, live_server.url)])
     page = await context.new_page()
     page.set_default_timeout(WAIT_SECONDS * 1000)
     errors: list[str] = []

@@ -329,7 +329,7 @@ async def test_a_worker_stopped_with_sigterm_finishes_its_turn_and_hands_back_th
     running = await checkpointed_story(live, tab)
     holder = live.worker_by_id(running["worker"])
     survivor = next(name for name in live.workers() if name != holder)
-    live.procs[holder].popen.send_signal(signal.SIGTERM)
+    live.procs[holder].proc.send_signal(signal.SIGTERM)
     await live.asend("b", tab, "and one more thing")
 
     holders: dict = {}
@@ -346,7 +346,7 @@ async def test_a_worker_stopped_with_sigterm_finishes_its_turn_and_hands_back_th
     finally:
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
-    assert await asyncio.to_thread(live.procs[holder].popen.wait, 30) == 0
+    assert await asyncio.to_thread(live.procs[holder].proc.wait, 30) == 0
     log = live.log(tab)
     assert kinds(log) == [*STORY_KINDS, "user/text", "assistant/thinking", "assistant/text"]
     assert "interrupted" not in log[6]["data"]

@@ -19,6 +19,7 @@ from chat import log, render
 from chat.models import Chunk
 from chat.preferences import new_tab
 from dispatch.asgi import router
+from harness.login import cookie_header, session_for
 from tests.engine import make_tab
 from tests.ui_helpers import block, parse, seed_every_type
 
@@ -28,9 +29,7 @@ SITE = "127.0.0.1:8000"
 
 
 def _session_cookie(user) -> bytes:
-    client = Client()
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
+    return cookie_header(session_for(user)).encode()
 
 
 async def _handshake(origin: str | None, *, host: str = SITE, scheme: str = "ws", extra=()) -> bool:

@@ -15,7 +15,6 @@ from django.contrib.auth import get_user_model
 from chat import worker
 from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, Tab
 from chat.preferences import new_tab
-from tests.live import serve  # noqa: F401
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

@@ -21,6 +21,7 @@ from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
 from chat.stream import Block
 from dispatch.asgi import router
+from harness.login import cookie_header, session_for
 from tests.engine import Watcher, chunks, make_tab, running_worker, submit
 from tests.ui_helpers import parse, top
 
@@ -40,9 +41,7 @@ async def connect(tab_id, cookie: str = "", *, origin: str = "http://127.0.0.1:8
 
 @database_sync_to_async
 def session_cookie(user) -> str:
-    client = Client()
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}"
+    return cookie_header(session_for(user))
 
 
 class AsUser:
@@ -139,11 +138,7 @@ async def test_it_refuses_another_users_tab():
 
 
 def _session_cookie(user) -> bytes:
-    from django.test import Client
-
-    client = Client()
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
+    return cookie_header(session_for(user)).encode()
 
 
 @pytest.mark.parametrize(

@@ -17,11 +17,7 @@ import pytest
 
 from chat.tools import sandbox
 from dispatch.envcheck import EXIT_CONFIGURATION, EXIT_UNAVAILABLE
-from tests.live import (
-    ROOT,
-    SCRUBBED_ENV,
-    serve,  # noqa: F401
-)
+from harness.servers import ROOT, SCRUBBED_ENV
 
 # Django start-up on two busy cores; a check that hangs fails here, not at the suite timeout.
 COMMAND_TIMEOUT = 60
@@ -195,7 +191,7 @@ def test_every_configuration_problem_is_listed_at_once(tmp_path):
 @pytest.mark.django_db(transaction=True)
 async def test_valid_settings_still_serve(serve):  # noqa: F811
     """A model the registry does not list, of a known provider, and a local endpoint are
-    fine: the server listens (LiveServer.start fails the test if it exits instead)."""
+    fine: the server listens (the launcher fails the test if it exits instead)."""
     server = await serve(
         DISPATCH_MODEL="openai/some-new-model",
         OPENAI_BASE_URL="http://127.0.0.1:11434/v1",

@@ -1,6 +1,5 @@
 """Full turns through the real SDKs against the fake provider server (recorded wire data)."""
 
-# ruff: noqa: F811
 from __future__ import annotations
 
 import asyncio
@@ -12,15 +11,8 @@ from channels.db import database_sync_to_async
 
 from chat import agent, retry
 from chat.models import RunningTurn, UsageRecord
+from harness.fakeprovider import STALL, Pause, Reply, recorded
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
-from tests.fakeprovider import (  # noqa: F401
-    STALL,
-    Pause,
-    Reply,
-    fake_server,
-    fake_server_factory,
-    recorded,
-)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

@@ -17,9 +17,17 @@ that need not be JSON), `Pause(seconds)`, `STALL` (send nothing more until the
 client leaves or the server stops: a provider that hangs), or `CUT` (close the
 socket without ending the chunked body). Every request is recorded (raw bytes, parsed JSON,
 headers), and `disconnected` tells when the client closed before the reply was
-over. Tests import the fixtures explicitly:
+over.
 
-    from tests.fakeprovider import fake_server, fake_server_factory  # noqa: F401
+Pacing: `Reply(rate=200)` sends its data frames on a fixed schedule, the n-th at
+start + n / 200 s, however late the machine got to one (no drift). Stamping:
+`Reply(stamp=True)` replaces `STAMP` in each frame with the wall clock (ns) at the
+moment it is written, for measuring how long a delta takes to reach a client.
+
+In its own process (`FakeProviderProcess`, or `python -m harness.fakeprovider`),
+so that what it costs is not counted as the measured process's CPU; replies are
+then scripted over HTTP (`CONTROL_REPLIES`, `Reply.to_json`). The tests' fixtures
+`fake_server` and `fake_server_factory` are in tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -27,18 +35,23 @@ from __future__ import annotations
 import contextlib
 import json
 import select
+import signal
 import socket
+import sys
 import threading
+import time
+import urllib.request
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pytest
+from harness.servers import LISTENING_LINE, ROOT, Proc, clean_env
 
-FIXTURES = Path(__file__).parent / "fixtures"
+# The recorded and derived provider streams (data files; nothing here imports tests/).
+FIXTURES = ROOT / "tests" / "fixtures"
 # How often a paused reply looks at its socket and at the stop flag: short
 # enough that a client's close is seen at once, long enough not to spin.
 POLL_SECONDS = 0.02
@@ -46,6 +59,17 @@ POLL_SECONDS = 0.02
 WAIT_SECONDS = 10.0
 # The last chunk of a chunked body.
 END_OF_BODY = b"0\r\n\r\n"
+# In a stamped reply, replaced in every frame by the time it is written (ns since the epoch).
+STAMP = "@stamp@"
+_STAMP_BYTES = STAMP.encode()
+# The fake server's own paths: script replies (POST a JSON list of `Reply.to_json()`), and
+# read what it was asked (GET: method, path, JSON body, completed, disconnected per request).
+CONTROL_REPLIES = "/__fake__/replies"
+CONTROL_REQUESTS = "/__fake__/requests"
+# One control request to a fake server in another process.
+CONTROL_TIMEOUT = 10.0
+# A fake server in its own process exits within this after SIGTERM.
+PROCESS_STOP_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +106,10 @@ class Reply:
     delay: float = 0.0
     # OpenAI format: end with `data: [DONE]`.
     done: bool = True
+    # Data frames per second on a fixed schedule (0: as fast as the socket takes them).
+    rate: float = 0.0
+    # Replace STAMP in each frame with the time it is written.
+    stamp: bool = False
 
     @classmethod
     def error(
@@ -90,6 +118,106 @@ class Reply:
         """An error reply in the shape both APIs use."""
         body = {"type": "error", "error": {"type": kind, "message": message}}
         return cls(status=status, body=body, headers=dict(headers or {}))
+
+    def to_json(self) -> dict[str, Any]:
+        """The reply as JSON, for a fake server in another process (`from_json` reads it)."""
+        return {
+            "events": [_event_to_json(item) for item in self.events],
+            "status": self.status,
+            "headers": self.headers,
+            "body": self.body,
+            "delay": self.delay,
+            "done": self.done,
+            "rate": self.rate,
+            "stamp": self.stamp,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Reply:
+        """The reply `to_json` wrote; ValueError saying what is wrong with anything else."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a reply is a JSON object, not {type(data).__name__}")
+        unknown = sorted(set(data) - _REPLY_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown reply field(s) {', '.join(unknown)}")
+        events = data.get("events", [])
+        if not isinstance(events, list):
+            raise ValueError(f"a reply's events are a list, not {type(events).__name__}")
+        fields = {k: v for k, v in data.items() if k != "events"}
+        return cls(events=[_event_from_json(i, item) for i, item in enumerate(events)], **fields)
+
+
+_REPLY_FIELDS = {"events", "status", "headers", "body", "delay", "done", "rate", "stamp"}
+_EVENT_KINDS = {"pause", "cut", "raw", "line", "json"}
+
+
+def _event_to_json(item: Any) -> dict[str, Any]:
+    if isinstance(item, Pause):
+        return {"pause": item.seconds}
+    if item is CUT:
+        return {"cut": True}
+    if isinstance(item, Raw):
+        return {"raw": item.data, "event": item.event}
+    if isinstance(item, str):
+        return {"line": item}
+    if isinstance(item, dict):
+        return {"json": item}
+    raise TypeError(f"cannot send a {type(item).__name__} event to a fake server: {item!r}")
+
+
+def _event_from_json(index: int, item: Any) -> Any:
+    kinds = sorted(set(item) & _EVENT_KINDS) if isinstance(item, dict) else []
+    if len(kinds) != 1:
+        raise ValueError(
+            f"event {index}: expected an object with one of pause, cut, raw, line, json; "
+            f"got {item!r}"
+        )
+    kind = kinds[0]
+    if kind == "pause":
+        return Pause(float(item["pause"]))
+    if kind == "cut":
+        return CUT
+    if kind == "raw":
+        return Raw(str(item["raw"]), str(item.get("event", "content_block_delta")))
+    if kind == "line":
+        return str(item["line"])
+    if not isinstance(item["json"], dict):
+        raise ValueError(f"event {index}: a json event is an object, got {item['json']!r}")
+    return item["json"]
+
+
+def pacing(rate: float, clock: Callable[[], float] = time.monotonic) -> Iterator[float]:
+    """Seconds to wait before each frame so that frame n goes at start + n / rate, `start`
+    being the first call: a late frame waits nothing and the next ones catch up."""
+    start = clock()
+    n = 0
+    while True:
+        yield max(0.0, start + n / rate - clock())
+        n += 1
+
+
+def openai_text(
+    deltas: Iterable[str], *, model: str = "gpt-4.1", prompt_tokens: int = 100
+) -> list[dict[str, Any]]:
+    """An OpenAI chat completion stream of these text deltas: the role, one chunk per
+    delta, the finish reason, then the usage chunk (`stream_options.include_usage`)."""
+    head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {**head, "choices": [choice], "usage": None}
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": text}) for text in deltas]
+    count = len(events) - 1
+    events.append(chunk({}, "stop"))
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": count,
+        "total_tokens": prompt_tokens + count,
+    }
+    events.append({**head, "choices": [], "usage": usage})
+    return events
 
 
 @dataclass
@@ -181,9 +309,32 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the test output is for the tests
 
+    def do_GET(self) -> None:
+        if self.path != CONTROL_REQUESTS:
+            self._answer(404, {"error": f"fake server: nothing at GET {self.path}"})
+            return
+        with self.fake._lock:
+            requests = list(self.fake.requests)
+        self._answer(
+            200,
+            [
+                {
+                    "method": r.method,
+                    "path": r.path,
+                    "json": r.json,
+                    "completed": r.completed.is_set(),
+                    "disconnected": r.disconnected.is_set(),
+                }
+                for r in requests
+            ],
+        )
+
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length)
+        if self.path == CONTROL_REPLIES:
+            self._script(body)
+            return
         try:
             parsed = json.loads(body)
         except ValueError:
@@ -209,6 +360,32 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             record.disconnected.set()
             self.close_connection = True
+
+    def _script(self, body: bytes) -> None:
+        """Replies sent by another process: all of them queued, or none and a 400 saying why."""
+        try:
+            items = json.loads(body)
+            if not isinstance(items, list):
+                raise ValueError(f"expected a JSON list of replies, got {type(items).__name__}")
+            replies = []
+            for i, item in enumerate(items):
+                try:
+                    replies.append(Reply.from_json(item))
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"reply {i}: {exc}") from None
+        except ValueError as exc:
+            self._answer(400, {"error": f"fake server: {exc}"})
+            return
+        self.fake.add(*replies)
+        self._answer(200, {"queued": len(replies)})
+
+    def _answer(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _send_whole(self, reply: Reply) -> None:
         payload = reply.body
@@ -236,6 +413,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
         frames = list(self._frames(reply, anthropic))
+        waits = pacing(reply.rate) if reply.rate else None
         for i, frame in enumerate(frames):
             if isinstance(frame, Pause):
                 if not self._pause(frame.seconds, record):
@@ -244,6 +422,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._cut()
                 return
             else:
+                if waits is not None and not self._pause(next(waits), record):
+                    return
+                if reply.stamp:
+                    frame = frame.replace(_STAMP_BYTES, str(time.time_ns()).encode())
                 data = self._chunk(frame)
                 if i == len(frames) - 1:
                     # The terminating chunk goes with the last frame: a client
@@ -312,28 +494,73 @@ def _event_name(line: str) -> str:
     return value.get("type", "message") if isinstance(value, dict) else "message"
 
 
-@pytest.fixture
-def fake_server_factory() -> Iterator[Any]:
-    """A function starting a new fake server; all are stopped after the test."""
-    servers: list[FakeProviderServer] = []
+class FakeProviderProcess:
+    """A fake server in a process of its own, scripted over HTTP: what it spends on
+    pacing and writing frames is not counted in the CPU of the process being measured."""
 
-    def make() -> FakeProviderServer:
-        server = FakeProviderServer().start()
-        servers.append(server)
-        return server
+    def __init__(self, log_path: Path) -> None:
+        self.proc = Proc(
+            "fakeprovider",
+            [sys.executable, "-m", "harness.fakeprovider"],
+            clean_env(PYTHONUNBUFFERED="1"),
+            log_path,
+            stop_timeout=PROCESS_STOP_TIMEOUT,
+        )
 
-    yield make
-    for server in servers:
-        server.stop()
+    def start(self) -> FakeProviderProcess:
+        self.proc.start().listening()
+        return self
 
+    def stop(self) -> None:
+        self.proc.stop()
 
-@pytest.fixture
-def fake_server(fake_server_factory: Any) -> FakeProviderServer:
-    """A running fake provider server."""
-    return fake_server_factory()
+    def __enter__(self) -> FakeProviderProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """The Anthropic base URL (the SDK adds /v1/messages)."""
+        return self.proc.url
+
+    @property
+    def openai_url(self) -> str:
+        """The OpenAI base URL (the SDK adds /chat/completions)."""
+        return f"{self.url}/v1"
+
+    def add(self, *replies: Reply) -> None:
+        body = json.dumps([reply.to_json() for reply in replies]).encode()
+        request = urllib.request.Request(
+            self.url + CONTROL_REPLIES, data=body, headers={"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=CONTROL_TIMEOUT) as response:
+            json.loads(response.read())
+
+    def requests(self) -> list[dict[str, Any]]:
+        """What it was asked so far: method, path, json, completed, disconnected."""
+        with urllib.request.urlopen(self.url + CONTROL_REQUESTS, timeout=CONTROL_TIMEOUT) as r:
+            return json.loads(r.read())
 
 
 async def collect(stream: Any) -> list[Any]:
     """Every event of a provider stream, closing it whatever happens."""
     async with contextlib.aclosing(stream) as events:
         return [event async for event in events]
+
+
+def main() -> None:
+    """Serve on a port the OS chooses, say which, and run until SIGTERM or SIGINT."""
+    server = FakeProviderServer().start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    host, port = server._server.server_address[:2]
+    print(LISTENING_LINE.format(host=host, port=port), flush=True)
+    stop.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()
