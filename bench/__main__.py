@@ -17,7 +17,16 @@ from bench.common import setup_django
 
 HERE = Path(__file__).parent
 # In the order they run: the wipe empties the database, so it goes last.
-BENCHMARKS = ["request_build", "pages", "writes", "cache", "streaming", "browser", "wipe"]
+BENCHMARKS = [
+    "request_build",
+    "pages",
+    "writes",
+    "cache",
+    "streaming",
+    "paced",
+    "browser",
+    "wipe",
+]
 
 
 def main(argv: list[str]) -> int:

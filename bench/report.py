@@ -40,6 +40,20 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                     "",
                 )
             )
+    if p := r.get("paced"):
+        app, bare, ratio = p["app"], p["bare"], p["cpu_ratio"]
+        rows.append(
+            (
+                f"Paced stream, 1 tab, {p['rate']:.0f} deltas/s for "
+                f"{p['deltas'] / p['rate']:.0f} s (OpenAI SDK path)",
+                f"{app['cpu_ms_per_1k_tokens']['median']:.1f} ms CPU / 1k tokens "
+                f"({bare['cpu_ms_per_1k_tokens']['median']:.1f} bare consumer, "
+                f"{ratio['median']:.2f}×, {ratio['min']:.2f}–{ratio['max']:.2f}); "
+                f"delay p50 {app['delay_ms']['p50']:.1f} ms, p99 {app['delay_ms']['p99']:.1f} ms "
+                f"(bare {bare['delay_ms']['p50']:.1f} / {bare['delay_ms']['p99']:.1f} ms)",
+                "",
+            )
+        )
     if w := r.get("writes"):
         rows.append(
             (
