@@ -10,7 +10,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from chat import agent, bus, lease, log, render, retry, turns
-from chat.models import QueuedMessage, RunningTurn, Setting, UsageRecord
+from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, UsageRecord
 from chat.providers.base import (
     Finish,
     ProviderError,
@@ -459,9 +459,18 @@ async def test_the_checkpoint_holds_the_open_block_and_is_cleared_on_seal(script
         async with Watcher(tab.pk) as watcher:
             await submit(tab, "go")
             await watcher.until(lambda m: m["op"] == "open" and m["block"]["role"] == "assistant")
-            await asyncio.sleep(1.2)
-            running = await RunningTurn.objects.aget(tab_id=tab.pk)
-            assert running.open_chunk is not None
+            # The debouncer's max wait (1 s) passes while the 1.5 s stream runs: a
+            # checkpoint is written before the seal (polled, not slept for).
+            running = None
+            answer = Chunk.objects.filter(tab_id=tab.pk, role="assistant")
+            while not await answer.aexists():
+                running = await RunningTurn.objects.filter(
+                    tab_id=tab.pk, open_chunk__isnull=False
+                ).afirst()
+                if running is not None:
+                    break
+                await asyncio.sleep(0.02)
+            assert running is not None, "sealed before any checkpoint"
             assert set(running.open_chunk["data"]["text"]) == {"y"}
             await watcher.until_idle()
     assert not await RunningTurn.objects.aexists()
