@@ -16,8 +16,10 @@ SDK retries are off: retries belong to the turn engine, which can tell the user.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import anthropic
@@ -40,7 +42,14 @@ from chat.providers.base import (
     ToolResultPart,
     Usage,
 )
-from chat.providers.common import canonical, default_timeout, parse_arguments, watched_client
+from chat.providers.clients import CLIENTS
+from chat.providers.common import (
+    SSEDecoder,
+    canonical,
+    default_timeout,
+    endpoint_key,
+    parse_arguments,
+)
 from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
 
 logger = logging.getLogger(__name__)
@@ -74,48 +83,99 @@ class AnthropicProvider:
     def __repr__(self) -> str:
         return f"AnthropicProvider({self.model.id!r}, base_url={self.base_url!r})"
 
+    def endpoint(self) -> tuple[Any, ...]:
+        """The key of this provider's SDK client in the pool (see `clients`)."""
+        return endpoint_key("anthropic", self.base_url, self.api_key, self.timeout)
+
+    def client(self) -> anthropic.AsyncAnthropic:
+        # Our own HTTP client, not the SDK's default one: that one closes itself
+        # from the garbage collector on whatever loop runs then (see `clients`).
+        return anthropic.AsyncAnthropic(
+            api_key=self.api_key,
+            base_url=self.base_url,
+            timeout=self.timeout,
+            max_retries=0,
+            http_client=anthropic.DefaultAsyncHttpxClient(),
+        )
+
     async def stream(self, request: Request) -> AsyncIterator[Event]:
         params = build_params(request, self.model)
         headers = {"anthropic-beta": ",".join(self.model.betas)} if self.model.betas else None
-        # A client per call: closing it closes the connection however the
-        # stream ends, and nothing is bound to an event loop between calls.
         loop = asyncio.get_running_loop()
         self.alive_at = None
-
-        def seen() -> None:
-            self.alive_at = loop.time()
-
-        client = anthropic.AsyncAnthropic(
-            api_key=self.api_key,
-            base_url=self.base_url,
-            max_retries=0,
-            timeout=self.timeout,
-            http_client=watched_client(anthropic.DefaultAsyncHttpxClient, seen),
-        )
-        async with client:
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(CLIENTS.use(self.endpoint(), self.client))
             try:
-                stream = await client.messages.create(**params, stream=True, extra_headers=headers)
+                response = await stack.enter_async_context(
+                    client.messages.with_streaming_response.create(
+                        **params, stream=True, extra_headers=headers
+                    )
+                )
             except Exception as exc:
                 raise classify(exc) from exc
-            try:
-                translator = Translator()
-                events = stream.__aiter__()
-                while True:
-                    try:
-                        raw = await anext(events)
-                    except StopAsyncIteration:
-                        break
-                    except Exception as exc:
-                        raise classify(exc) from exc
-                    for event in _read(translator.feed, raw):
-                        yield event
-                if not translator.stopped:
-                    raise errors.connection(
-                        NAME, "the stream ended before the response was complete"
-                    )
-                yield _read(translator.finish)
-            finally:
-                await stream.close()
+            pieces = await stack.enter_async_context(
+                contextlib.aclosing(response.http_response.aiter_bytes())
+            )
+            reader = Reader()
+            while True:
+                try:
+                    piece = await anext(pieces)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    raise classify(exc) from exc
+                # Bytes are life, pings included (see base.Provider).
+                self.alive_at = loop.time()
+                for event in reader.feed(piece):
+                    yield event
+            yield reader.end()
+
+
+class Reader:
+    """A Messages body, piece by piece, to neutral events: server-sent events parsed
+    here into plain dicts, not into the SDK's objects."""
+
+    def __init__(self) -> None:
+        self.sse = SSEDecoder()
+        self.translator = Translator()
+
+    def feed(self, piece: bytes) -> Iterator[Event]:
+        try:
+            for name, data in self.sse.feed(piece):
+                # As the SDK reads the stream: pings, nameless and empty events
+                # carry nothing; `event: error` is the server's error.
+                if name == "ping" or name is None:
+                    continue
+                if name == "error":
+                    raise errors.in_stream(NAME, _error_body(data))
+                if data:
+                    yield from _read(self.translator.feed, _event(data))
+        except UnicodeDecodeError as exc:
+            raise errors.bad_stream(NAME, f"malformed event in the stream ({exc})") from exc
+
+    def end(self) -> Finish:
+        """The Finish after the body: raises if the response is incomplete or broken."""
+        if not self.translator.stopped:
+            raise errors.connection(NAME, "the stream ended before the response was complete")
+        return _read(self.translator.finish)
+
+
+def _event(data: str) -> dict[str, Any]:
+    try:
+        event = json.loads(data)
+    except ValueError as exc:
+        raise errors.bad_stream(NAME, f"malformed event in the stream ({exc})") from exc
+    if not isinstance(event, dict):
+        raise errors.unexpected(NAME, "event", event)
+    return event
+
+
+def _error_body(data: str) -> Any:
+    """The body of an `event: error`: its JSON, or its text when it is not JSON."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data
 
 
 def _read(step: Any, *args: Any) -> Any:
@@ -130,23 +190,18 @@ def _read(step: Any, *args: Any) -> Any:
 
 
 def classify(exc: BaseException) -> ProviderError:
-    """The ProviderError for an exception of the SDK or its HTTP client."""
+    """The ProviderError for an exception of the SDK (sending the request) or of its
+    HTTP client (reading the body)."""
     if isinstance(exc, ProviderError):
         return exc
     if isinstance(exc, anthropic.APIStatusError):
-        if exc.status_code == 200:
-            # `event: error` inside the stream: the SDK reports the stream's 200.
-            return errors.in_stream(NAME, exc.body)
         return errors.from_status(NAME, exc.status_code, exc.body, exc.response.headers)
     if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
         return errors.connection(NAME, "the request timed out", timeout=True)
-    if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
-        cause = exc.__cause__ or exc
+    if isinstance(exc, anthropic.APIConnectionError | httpx2.RequestError):
+        # The SDK's error says only "Connection error."; the HTTP client's says what.
+        cause = (exc.__cause__ or exc) if isinstance(exc, anthropic.APIConnectionError) else exc
         return errors.connection(NAME, f"the connection failed ({type(cause).__name__}: {cause})")
-    if isinstance(exc, ValueError):  # JSONDecodeError, UnicodeDecodeError
-        return errors.bad_stream(NAME, f"malformed event in the stream ({exc})")
-    if isinstance(exc, anthropic.APIError):
-        return errors.bad_stream(NAME, str(exc))
     # Not a failure this module knows: still shown to the user as the
     # provider's, with the traceback in the log for whoever debugs it.
     logger.warning("unclassified %s failure", NAME, exc_info=exc)
@@ -266,8 +321,7 @@ def _last_cacheable(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 class Translator:
-    """Raw stream events (SDK objects, dispatched on their `type` strings, as
-    the SDK builds unknown types as some other class) to neutral events."""
+    """Raw stream events (parsed JSON, dispatched on their `type`) to neutral events."""
 
     def __init__(self) -> None:
         self.blocks: dict[int, dict[str, Any]] = {}
@@ -279,21 +333,23 @@ class Translator:
         # otherwise the stream is broken.
         self.broken: ProviderError | None = None
 
-    def feed(self, raw: Any) -> list[Event]:
-        kind = getattr(raw, "type", None)
+    def feed(self, raw: dict[str, Any]) -> list[Event]:
+        kind = raw.get("type")
+        if kind == "content_block_delta":
+            return self._delta(_index(raw), _object(raw.get("delta"), f"{kind}.delta"))
         if kind == "message_start":
-            message = getattr(raw, "message", None)
-            self._usage(getattr(message, "usage", None))
-            return self._prefilled(getattr(message, "content", None))
+            message = _object(raw.get("message"), "message_start.message")
+            self._usage(message.get("usage"))
+            return self._prefilled(message.get("content"))
         if kind == "content_block_start":
-            return self._start(raw.index, raw.content_block)
-        elif kind == "content_block_delta":
-            return self._delta(raw.index, raw.delta)
+            block = _object(raw.get("content_block"), "content_block_start.content_block")
+            return self._start(_index(raw), block)
         elif kind == "content_block_stop":
-            return self._stop(raw.index)
+            return self._stop(_index(raw))
         elif kind == "message_delta":
-            self.stop_reason = getattr(raw.delta, "stop_reason", None) or self.stop_reason
-            self._usage(getattr(raw, "usage", None))
+            delta = _object(raw.get("delta"), "message_delta.delta")
+            self.stop_reason = delta.get("stop_reason") or self.stop_reason
+            self._usage(raw.get("usage"))
         elif kind == "message_stop":
             self.stopped = True
         # ping and event types added later: nothing to do.
@@ -315,6 +371,8 @@ class Translator:
         )
 
     def _usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
         # message_delta usage is cumulative, and may omit what message_start had.
         for name in (
             "input_tokens",
@@ -322,7 +380,7 @@ class Translator:
             "cache_read_input_tokens",
             "cache_creation_input_tokens",
         ):
-            value = getattr(usage, name, None)
+            value = usage.get(name)
             if isinstance(value, int):
                 self.usage[name] = value
 
@@ -337,31 +395,34 @@ class Translator:
         out: list[Event] = []
         for i, block in enumerate(content):
             key = -1 - i
-            out += self._start(key, block, f"message_start.message.content[{i}]")
+            where = f"message_start.message.content[{i}]"
+            out += self._start(key, _object(block, where), where)
             out += self._stop(key)
         return out
 
-    def _start(self, index: int, block: Any, where: str = "content_block_start") -> list[Event]:
-        kind = getattr(block, "type", None)
+    def _start(
+        self, index: int, block: dict[str, Any], where: str = "content_block_start"
+    ) -> list[Event]:
+        kind = block.get("type")
         if kind == "text":
             self.blocks[index] = {"type": "text"}
-            text = _string(getattr(block, "text", None), f"{where}.text")
+            text = _string(block.get("text"), f"{where}.text")
             return [TextDelta(text)] if text else []
         if kind == "thinking":
-            signature = _string(getattr(block, "signature", None), f"{where}.signature")
+            signature = _string(block.get("signature"), f"{where}.signature")
             self.blocks[index] = {"type": "thinking", "signature": signature}
-            text = _string(getattr(block, "thinking", None), f"{where}.thinking")
+            text = _string(block.get("thinking"), f"{where}.thinking")
             return [ReasoningDelta(text)] if text else []
         if kind == "redacted_thinking":
             # Arrives whole; no deltas follow.
-            data = getattr(block, "data", None)
+            data = block.get("data")
             if not isinstance(data, str) or not data:
                 raise errors.unexpected(NAME, f"{where}.data", data)
             return [ReasoningEnd(redacted_data=data)]
         if kind == "tool_use":
-            call_id = getattr(block, "id", None)
-            name = getattr(block, "name", None)
-            arguments = getattr(block, "input", None) or {}
+            call_id = block.get("id")
+            name = block.get("name")
+            arguments = block.get("input") or {}
             if not isinstance(call_id, str) or not call_id:
                 raise errors.unexpected(NAME, f"{where}.id", call_id)
             if not isinstance(name, str) or not name:
@@ -378,25 +439,23 @@ class Translator:
         # Server tools and their results run at Anthropic and are not ours.
         return []
 
-    def _delta(self, index: int, delta: Any) -> list[Event]:
+    def _delta(self, index: int, delta: dict[str, Any]) -> list[Event]:
         block = self.blocks.get(index)
         if block is None:
             return []
-        kind = getattr(delta, "type", None)
+        kind = delta.get("type")
         where = "content_block_delta.delta"
         if kind == "text_delta":
-            text = _string(getattr(delta, "text", None), f"{where}.text")
+            text = _string(delta.get("text"), f"{where}.text")
             return [TextDelta(text)] if text else []
         if kind == "thinking_delta":
-            text = _string(getattr(delta, "thinking", None), f"{where}.thinking")
+            text = _string(delta.get("thinking"), f"{where}.thinking")
             return [ReasoningDelta(text)] if text else []
         if kind == "signature_delta":
-            signature = _string(getattr(delta, "signature", None), f"{where}.signature")
+            signature = _string(delta.get("signature"), f"{where}.signature")
             block["signature"] = (block.get("signature") or "") + signature
         elif kind == "input_json_delta" and block["type"] == "tool_use":
-            block["json"].append(
-                _string(getattr(delta, "partial_json", None), f"{where}.partial_json")
-            )
+            block["json"].append(_string(delta.get("partial_json"), f"{where}.partial_json"))
         return []
 
     def _stop(self, index: int) -> list[Event]:
@@ -425,3 +484,18 @@ def _string(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise errors.unexpected(NAME, where, value)
     return value
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    """A field of the stream that holds an object."""
+    if not isinstance(value, dict):
+        raise errors.unexpected(NAME, where, value)
+    return value
+
+
+def _index(raw: dict[str, Any]) -> int:
+    """The block index of a content_block_* event."""
+    index = raw.get("index")
+    if not isinstance(index, int):
+        raise errors.unexpected(NAME, f"{raw.get('type')}.index", index)
+    return index

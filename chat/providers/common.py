@@ -1,9 +1,11 @@
-"""What the HTTP adapters share: timeouts and canonical JSON."""
+"""What the HTTP adapters share: timeouts, reading server-sent events, canonical JSON."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import httpx2
@@ -33,33 +35,85 @@ def default_timeout(idle_timeout: float = 0.0) -> httpx2.Timeout:
     )
 
 
-class _Watched(httpx2.AsyncByteStream):
-    """A response body that reports each piece of it as it arrives."""
+class SSEDecoder:
+    """Server-sent events out of a response body, as the SDKs read them: lines end
+    with LF, CRLF or CR (split anywhere between two pieces of the body), `:` starts a
+    comment, a blank line ends an event, an event ends only with its blank line.
 
-    def __init__(self, inner: httpx2.AsyncByteStream, seen: Callable[[], None]) -> None:
-        self._inner = inner
-        self._seen = seen
+    `feed(piece)` yields the events the piece completes, as (event name or None,
+    data), one at a time: the events before a bad line still go out before it
+    raises. As the spec says, an event without a `data:` line is not dispatched;
+    `id:` and `retry:` are for reconnecting, which a turn never does. Raises
+    UnicodeDecodeError (a ValueError) at a line that is not UTF-8.
+    """
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            self._seen()
-            yield chunk
+    __slots__ = ("_partial", "_after_cr", "_event", "_data")
 
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+    def __init__(self) -> None:
+        self._partial = b""
+        self._after_cr = False
+        self._event: str | None = None
+        self._data: list[str] | None = None
+
+    def feed(self, piece: bytes) -> Iterator[tuple[str | None, str]]:
+        if self._after_cr:
+            # The previous piece ended with a CR: a LF starting this one ends no line.
+            self._after_cr = False
+            if piece[:1] == b"\n":
+                piece = piece[1:]
+        if self._partial:
+            piece = self._partial + piece
+        if b"\r" in piece:
+            self._after_cr = piece[-1:] == b"\r"
+            piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = piece.split(b"\n")
+        self._partial = lines.pop()
+        for raw in lines:
+            if not raw:
+                data = self._data
+                event = self._event
+                self._event = self._data = None
+                if data is not None:
+                    yield event, "\n".join(data)
+                continue
+            line = raw.decode("utf-8")
+            if line[0] == ":":
+                continue
+            name, _, value = line.partition(":")
+            if value[:1] == " ":
+                value = value[1:]
+            if name == "data":
+                if self._data is None:
+                    self._data = [value]
+                else:
+                    self._data.append(value)
+            elif name == "event":
+                self._event = value or None
 
 
-def watched_client(
-    factory: Callable[..., httpx2.AsyncClient], seen: Callable[[], None]
-) -> httpx2.AsyncClient:
-    """An SDK's default HTTP client (`factory`) that calls `seen` whenever bytes
-    of a response body arrive: pings and comment lines, which the SDKs drop
-    before any event, still show that the server is there."""
+# After the last event of a body that the server still has to end (OpenAI's
+# `[DONE]`), how long the rest may take to arrive: read to its end, the connection
+# goes back to the pool for the next turn instead of being closed.
+DRAIN_SECONDS = 0.1
 
-    async def watch(response: httpx2.Response) -> None:
-        response.stream = _Watched(response.stream, seen)
 
-    return factory(event_hooks={"response": [watch]})
+async def drain(pieces: AsyncIterator[bytes]) -> None:
+    """Read what is left of a body, for at most DRAIN_SECONDS; a failure here costs
+    only the connection's reuse, never the response already read."""
+    with contextlib.suppress(TimeoutError, httpx2.HTTPError, httpx2.StreamError):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in pieces:
+                pass
+
+
+def endpoint_key(
+    adapter: str, base_url: str | None, api_key: str, timeout: httpx2.Timeout | float
+) -> tuple[Any, ...]:
+    """What makes two providers share an SDK client: every option the client is built
+    with. A timeout is an httpx2.Timeout (not hashable) or seconds."""
+    if isinstance(timeout, httpx2.Timeout):
+        timeout = (timeout.connect, timeout.read, timeout.write, timeout.pool)
+    return (adapter, base_url, api_key, timeout)
 
 
 def canonical(value: Any) -> Any:

@@ -1,9 +1,12 @@
 """The OpenAI-compatible Chat Completions adapter (OpenAI, DeepSeek, vLLM,
 llama.cpp, Ollama: any base URL).
 
-Raw chunks are accumulated here, not by the SDK's `.stream()` helper: some
-servers repeat a tool call's id and name in every fragment, and the first one
-must win rather than be concatenated.
+The SDK sends the request (auth, base URL, errors) with a client shared by
+every turn to the endpoint (`clients`); the body's server-sent events are parsed
+here into plain dicts, not into the SDK's objects (a pydantic model per chunk
+cost most of a streamed token's CPU). Chunks are accumulated here too, not by
+the SDK's `.stream()` helper: some servers repeat a tool call's id and name in
+every fragment, and the first one must win rather than be concatenated.
 
 Request rules: the neutral user message (tool results first, then text) is
 split into `role: "tool"` messages and then a user message; arguments are JSON
@@ -17,8 +20,10 @@ SDK retries are off: retries belong to the turn engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx2
@@ -41,12 +46,15 @@ from chat.providers.base import (
     ToolResultPart,
     Usage,
 )
+from chat.providers.clients import CLIENTS
 from chat.providers.common import (
+    SSEDecoder,
     arguments_json,
     canonical,
     default_timeout,
+    drain,
+    endpoint_key,
     parse_arguments,
-    watched_client,
 )
 from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
 
@@ -89,42 +97,91 @@ class OpenAIProvider:
     def __repr__(self) -> str:
         return f"OpenAIProvider({self.model.id!r}, base_url={self.base_url!r})"
 
+    def endpoint(self) -> tuple[Any, ...]:
+        """The key of this provider's SDK client in the pool (see `clients`)."""
+        return endpoint_key("openai", self.base_url, self.api_key, self.timeout)
+
+    def client(self) -> openai.AsyncOpenAI:
+        # Our own HTTP client, not the SDK's default one: that one closes itself
+        # from the garbage collector on whatever loop runs then (see `clients`).
+        return openai.AsyncOpenAI(
+            api_key=self.api_key,
+            base_url=self.base_url,
+            timeout=self.timeout,
+            max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(),
+        )
+
     async def stream(self, request: Request) -> AsyncIterator[Event]:
         params = build_params(request, self.model)
-        options: dict[str, Any] = {"api_key": self.api_key, "max_retries": 0}
-        if self.base_url is not None:
-            options["base_url"] = self.base_url
-        # A client per call: closing it closes the connection however the
-        # stream ends, and nothing is bound to an event loop between calls.
         loop = asyncio.get_running_loop()
         self.alive_at = None
-
-        def seen() -> None:
-            self.alive_at = loop.time()
-
-        http_client = watched_client(openai.DefaultAsyncHttpxClient, seen)
-        client = openai.AsyncOpenAI(timeout=self.timeout, http_client=http_client, **options)
-        async with client:
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(CLIENTS.use(self.endpoint(), self.client))
             try:
-                stream = await client.chat.completions.create(**params, stream=True)
+                response = await stack.enter_async_context(
+                    client.chat.completions.with_streaming_response.create(**params, stream=True)
+                )
             except Exception as exc:
                 raise classify(exc) from exc
-            try:
-                translator = Translator()
-                chunks = stream.__aiter__()
-                while True:
-                    try:
-                        chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        break
-                    except Exception as exc:
-                        raise classify(exc) from exc
-                    for event in _read(translator.feed, chunk):
-                        yield event
-                for event in _read(translator.end):
+            pieces = await stack.enter_async_context(
+                contextlib.aclosing(response.http_response.aiter_bytes())
+            )
+            reader = Reader()
+            while not reader.done:
+                try:
+                    piece = await anext(pieces)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    raise classify(exc) from exc
+                # Bytes are life, events or not (see base.Provider).
+                self.alive_at = loop.time()
+                for event in reader.feed(piece):
                     yield event
-            finally:
-                await stream.close()
+            if reader.done:
+                await drain(pieces)
+            for event in reader.end():
+                yield event
+
+
+class Reader:
+    """A Chat Completions body, piece by piece, to neutral events: server-sent events
+    parsed here into plain dicts, not into the SDK's objects (a pydantic model built
+    per chunk was most of the CPU a streamed token cost)."""
+
+    def __init__(self) -> None:
+        self.sse = SSEDecoder()
+        self.translator = Translator()
+        # `data: [DONE]` came: the rest of the body means nothing.
+        self.done = False
+
+    def feed(self, piece: bytes) -> Iterator[Event]:
+        try:
+            for _, data in self.sse.feed(piece):
+                if data.startswith("[DONE]"):
+                    self.done = True
+                    return
+                yield from _read(self.translator.feed, _chunk(data))
+        except UnicodeDecodeError as exc:
+            raise errors.bad_stream(NAME, f"malformed chunk in the stream ({exc})") from exc
+
+    def end(self) -> list[Event]:
+        """The events after the body: raises if the response is incomplete."""
+        return _read(self.translator.end)
+
+
+def _chunk(data: str) -> dict[str, Any]:
+    """One chunk of the stream as JSON; `{"error": ...}` is the server's error."""
+    try:
+        chunk = json.loads(data)
+    except ValueError as exc:
+        raise errors.bad_stream(NAME, f"malformed chunk in the stream ({exc})") from exc
+    if not isinstance(chunk, dict):
+        raise errors.unexpected(NAME, "chunk", chunk)
+    if error := chunk.get("error"):
+        raise errors.in_stream(NAME, error)
+    return chunk
 
 
 def _read(step: Any, *args: Any) -> list[Event]:
@@ -139,21 +196,18 @@ def _read(step: Any, *args: Any) -> list[Event]:
 
 
 def classify(exc: BaseException) -> ProviderError:
-    """The ProviderError for an exception of the SDK or its HTTP client."""
+    """The ProviderError for an exception of the SDK (sending the request) or of its
+    HTTP client (reading the body)."""
     if isinstance(exc, ProviderError):
         return exc
     if isinstance(exc, openai.APIStatusError):
         return errors.from_status(NAME, exc.status_code, exc.body, exc.response.headers)
     if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
         return errors.connection(NAME, "the request timed out", timeout=True)
-    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
-        cause = exc.__cause__ or exc
+    if isinstance(exc, openai.APIConnectionError | httpx2.RequestError):
+        # The SDK's error says only "Connection error."; the HTTP client's says what.
+        cause = (exc.__cause__ or exc) if isinstance(exc, openai.APIConnectionError) else exc
         return errors.connection(NAME, f"the connection failed ({type(cause).__name__}: {cause})")
-    if isinstance(exc, openai.APIError):
-        # `{"error": ...}` inside a 200 stream: the SDK gives it no status.
-        return errors.in_stream(NAME, exc.body)
-    if isinstance(exc, ValueError):  # JSONDecodeError, UnicodeDecodeError
-        return errors.bad_stream(NAME, f"malformed chunk in the stream ({exc})")
     # Not a failure this module knows: still shown to the user as the
     # provider's, with the traceback in the log for whoever debugs it.
     logger.warning("unclassified %s failure", NAME, exc_info=exc)
@@ -243,7 +297,7 @@ def _assistant(message: Message, send_reasoning: bool) -> dict[str, Any]:
 
 
 class Translator:
-    """Chat Completions chunks (SDK objects) to neutral events.
+    """Chat Completions chunks (parsed JSON) to neutral events.
 
     Tool calls are complete only at the end of the stream, so they are emitted
     there, in index order.
@@ -255,19 +309,30 @@ class Translator:
         self.finish_reason: str | None = None
         self.usage = Usage()
 
-    def feed(self, chunk: Any) -> list[Event]:
+    def feed(self, chunk: dict[str, Any]) -> list[Event]:
         out: list[Event] = []
-        usage = getattr(chunk, "usage", None)
+        usage = chunk.get("usage")
         if usage is not None:
             self.usage = _usage(usage)
-        for choice in getattr(chunk, "choices", None) or ():
-            if getattr(choice, "index", 0) not in (0, None):
+        choices = chunk.get("choices")
+        if not choices:
+            return out
+        if not isinstance(choices, list):
+            raise errors.unexpected(NAME, "choices", choices)
+        for i, choice in enumerate(choices):
+            if not isinstance(choice, dict):
+                raise errors.unexpected(NAME, f"choices[{i}]", choice)
+            if choice.get("index", 0) not in (0, None):
                 continue  # n > 1 is never asked for
-            if reason := getattr(choice, "finish_reason", None):
+            if reason := choice.get("finish_reason"):
+                if not isinstance(reason, str):
+                    raise errors.unexpected(NAME, "choices[0].finish_reason", reason)
                 self.finish_reason = reason
             # Azure sends content-filter chunks with no delta at all.
-            delta = getattr(choice, "delta", None)
+            delta = choice.get("delta")
             if delta is not None:
+                if not isinstance(delta, dict):
+                    raise errors.unexpected(NAME, "choices[0].delta", delta)
                 out += self._delta(delta)
         return out
 
@@ -301,11 +366,10 @@ class Translator:
         out.append(Finish(self.usage, stop))
         return out
 
-    def _delta(self, delta: Any) -> list[Event]:
+    def _delta(self, delta: dict[str, Any]) -> list[Event]:
         out: list[Event] = []
-        extra = getattr(delta, "model_extra", None) or {}
         for name in REASONING_FIELDS:
-            text = extra.get(name)
+            text = delta.get(name)
             if text is None:
                 continue
             if not isinstance(text, str):
@@ -314,7 +378,7 @@ class Translator:
                 self.reasoning = True
                 out.append(ReasoningDelta(text))
                 break
-        content = getattr(delta, "content", None)
+        content = delta.get("content")
         if isinstance(content, str):
             if content:
                 out += self._text(content)
@@ -324,7 +388,7 @@ class Translator:
                 out += self._part(part, f"choices[0].delta.content[{i}]")
         elif content is not None:
             raise errors.unexpected(NAME, "choices[0].delta.content", content)
-        fragments = getattr(delta, "tool_calls", None) or []
+        fragments = delta.get("tool_calls") or []
         if not isinstance(fragments, list):
             raise errors.unexpected(NAME, "choices[0].delta.tool_calls", fragments)
         for i, fragment in enumerate(fragments):
@@ -369,24 +433,28 @@ class Translator:
         return [ReasoningEnd()]
 
     def _fragment(self, fragment: Any, where: str) -> None:
-        index = getattr(fragment, "index", None)
+        if not isinstance(fragment, dict):
+            raise errors.unexpected(NAME, where, fragment)
+        index = fragment.get("index")
         if index is not None and not isinstance(index, int):
             raise errors.unexpected(NAME, f"{where}.index", index)
         if index is None:
             index = len(self.calls)
         call = self.calls.setdefault(index, {"id": None, "name": None, "arguments": []})
         # The first id and name win: some servers repeat them in every fragment.
-        if call["id"] is None and getattr(fragment, "id", None):
-            call["id"] = fragment.id
-        function = getattr(fragment, "function", None)
+        if call["id"] is None and fragment.get("id"):
+            call["id"] = fragment["id"]
+        function = fragment.get("function")
         if function is None:
             return
-        name = getattr(function, "name", None)
+        if not isinstance(function, dict):
+            raise errors.unexpected(NAME, f"{where}.function", function)
+        name = function.get("name")
         if name is not None and not isinstance(name, str):
             raise errors.unexpected(NAME, f"{where}.function.name", name)
         if call["name"] is None and name:
             call["name"] = name
-        arguments = getattr(function, "arguments", None)
+        arguments = function.get("arguments")
         if arguments is not None and not isinstance(arguments, str):
             raise errors.unexpected(NAME, f"{where}.function.arguments", arguments)
         if arguments:
@@ -394,23 +462,21 @@ class Translator:
 
 
 def _field(value: Any, name: str) -> Any:
-    """A field of a content part: a dict (what the SDK leaves of a shape it does
-    not model) or an object."""
-    if isinstance(value, dict):
-        return value.get(name)
-    return getattr(value, name, None)
+    """A field of a content part, or None when the part is not an object."""
+    return value.get(name) if isinstance(value, dict) else None
 
 
 def _usage(usage: Any) -> Usage:
     """Neutral usage: input_tokens excludes cache reads, as Anthropic counts it."""
-    prompt = _int(getattr(usage, "prompt_tokens", 0))
-    completion = _int(getattr(usage, "completion_tokens", 0))
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = _int(getattr(details, "cached_tokens", 0))
+    if not isinstance(usage, dict):
+        raise errors.unexpected(NAME, "usage", usage)
+    prompt = _int(usage.get("prompt_tokens", 0))
+    completion = _int(usage.get("completion_tokens", 0))
+    details = usage.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens", 0)) if isinstance(details, dict) else 0
     if not cached:
         # DeepSeek's own name for it.
-        extra = getattr(usage, "model_extra", None) or {}
-        cached = _int(extra.get("prompt_cache_hit_tokens", 0))
+        cached = _int(usage.get("prompt_cache_hit_tokens", 0))
     return Usage(
         input_tokens=max(prompt - cached, 0),
         output_tokens=completion,
