@@ -296,6 +296,38 @@ UNEXPECTED_SHAPES = {
         ],
         "`message_start.message.content[0].input` of type list",
     ),
+    "an event that is not an object": (["[1, 2]"], "`event` of type list"),
+    "message_start whose message is a string": (
+        [{"type": "message_start", "message": "Hi"}],
+        "`message_start.message` of type str",
+    ),
+    "a prefilled block that is a string": (
+        [message_start(["Hi"])],
+        "`message_start.message.content[0]` of type str",
+    ),
+    "a content block that is a string": (
+        [message_start([]), {"type": "content_block_start", "index": 0, "content_block": "Hi"}],
+        "`content_block_start.content_block` of type str",
+    ),
+    "a block index that is a string": (
+        [
+            message_start([]),
+            {"type": "content_block_start", "index": "0", "content_block": {"type": "text"}},
+        ],
+        "`content_block_start.index` of type str",
+    ),
+    "a delta that is a string": (
+        [
+            message_start([]),
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
+            {"type": "content_block_delta", "index": 0, "delta": "Hi"},
+        ],
+        "`content_block_delta.delta` of type str",
+    ),
+    "message_delta whose delta is a string": (
+        [message_start([]), {"type": "message_delta", "delta": "end_turn"}],
+        "`message_delta.delta` of type str",
+    ),
 }
 
 

@@ -248,6 +248,26 @@ UNEXPECTED_SHAPES = {
         chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"arguments": {"a": 1}}}]}),
         "`choices[0].delta.tool_calls[0].function.arguments` of type dict",
     ),
+    "a chunk that is not an object": ("[1, 2]", "`chunk` of type list"),
+    "choices that are an object": ({"choices": {"index": 0}}, "`choices` of type dict"),
+    "a choice that is a string": ({"choices": ["Hi"]}, "`choices[0]` of type str"),
+    "a delta that is a string": (
+        {"choices": [{"index": 0, "delta": "Hi"}]},
+        "`choices[0].delta` of type str",
+    ),
+    "a finish reason that is a number": (
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": 1}]},
+        "`choices[0].finish_reason` of type int",
+    ),
+    "usage that is a number": ({"choices": [], "usage": 27}, "`usage` of type int"),
+    "a tool call fragment that is a string": (
+        chunk({"tool_calls": ["weather"]}),
+        "`choices[0].delta.tool_calls[0]` of type str",
+    ),
+    "a tool call function that is a string": (
+        chunk({"tool_calls": [{"index": 0, "id": "c", "function": "weather"}]}),
+        "`choices[0].delta.tool_calls[0].function` of type str",
+    ),
 }
 
 
