@@ -28,7 +28,7 @@ from django.utils import timezone
 from chat import lease, log, preferences, retry, tools
 from chat.history import History
 from chat.models import QueuedMessage, Tab, UsageRecord
-from chat.pacing import Coalescer, Debouncer
+from chat.pacing import Coalescer, Debouncer, check_silence
 from chat.providers import aget_provider
 from chat.providers.base import (
     ErrorEvent,
@@ -103,6 +103,17 @@ class TurnConfig:
 @dataclass
 class _ProducerDone:
     error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class _Stalled:
+    """The watchdog gave up on the stream."""
+
+    message: str
+
+
+# The watchdog's word that the model has been silent for WAITING_STATUS_AFTER.
+_SILENT = object()
 
 
 @dataclass(frozen=True)
@@ -198,6 +209,9 @@ class TurnRunner:
         self._shown: uuid.UUID | None = None
         # Loop time of the stream's last event (or of its start).
         self._last_event_at = 0.0
+        # Loop time since when the runner waits for the stream's next event;
+        # None while it is busy with one (that is not the stream's silence).
+        self._wait_start: float | None = None
         # This turn's crash is in the log: a later failure (publishing idle
         # on the same broken channel layer) adds no second error chunk.
         self._crash_logged = False
@@ -498,63 +512,23 @@ class TurnRunner:
             self.status.waiting_since = None
             await self._status()
 
-    async def _next(self, queue: asyncio.Queue, watch: _Watch | None) -> Any:
-        """The producer's next item, under `watch` when given: after
-        WAITING_STATUS_AFTER without an event the status says since when the
-        model has been silent, and after `watch.idle` seconds with neither an
-        event nor a byte on the wire the attempt fails as a retryable
-        ProviderError (the caller's finally cancels the producer)."""
-        if watch is None:
-            return await queue.get()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + watch.idle
-        while True:
-            wake = deadline
-            if self.status.waiting_since is None:
-                wake = min(wake, self._last_event_at + WAITING_STATUS_AFTER)
-            try:
-                async with asyncio.timeout_at(wake):
-                    return await queue.get()
-            except TimeoutError:
-                pass
-            now = loop.time()
-            if now >= deadline:
-                alive_at = watch.alive_at()
-                silent_for = now - self._last_event_at
-                if alive_at is not None and alive_at + watch.idle > now:
-                    if silent_for < STREAM_SILENT_MAX:
-                        # Bytes that made no event (a ping, a tool call's
-                        # arguments): the model is slow, not gone.
-                        deadline = min(
-                            alive_at + watch.idle, self._last_event_at + STREAM_SILENT_MAX
-                        )
-                        continue
-                    raise ProviderError(
-                        f"{watch.model} sent only keep-alives for {silent_for:.0f} s",
-                        error_type=STALLED,
-                        retryable=True,
-                    )
-                raise ProviderError(
-                    f"{watch.model} sent nothing for {watch.idle:g} s",
-                    error_type=STALLED,
-                    retryable=True,
-                )
-            if self.status.waiting_since is None:
-                silent = timedelta(seconds=now - self._last_event_at)
-                self.status.waiting_since = (timezone.now() - silent).isoformat()
-                await self._status()
-
     async def _produced(
         self,
         produce: Callable[[asyncio.Queue], Awaitable[None]],
         watch: _Watch | None = None,
     ) -> AsyncIterator[Event]:
         """Run `produce` as a cancellable producer; yield what it queues, in
-        order; with `watch`, a producer that stays silent fails (see `_next`)."""
+        order. With `watch`, a timer looks at the silence now and then
+        (pacing.check_silence): the status says since when the model is silent,
+        and a stream silent past its idle timeout fails as a retryable
+        ProviderError (the finally cancels the producer). A timer, not a
+        timeout around each wait: that was a timer made and cancelled per token."""
         # A cancel that came while no producer ran (between steps, during a DB
         # call) must stop the turn before the next producer starts.
         self._check_cancel()
+        loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+        timer: asyncio.TimerHandle | None = None
 
         def done(task: asyncio.Task) -> None:
             # From the task's outside: a task cancelled before its first step
@@ -562,11 +536,47 @@ class TurnRunner:
             error = asyncio.CancelledError() if task.cancelled() else task.exception()
             queue.put_nowait(_ProducerDone(error))
 
+        def look(watch: _Watch) -> None:
+            nonlocal timer
+            now = loop.time()
+            silence = check_silence(
+                now,
+                last_event=self._last_event_at,
+                wait_start=self._wait_start,
+                alive_at=watch.alive_at(),
+                idle=watch.idle,
+                waiting_shown=self.status.waiting_since is not None,
+                waiting_after=WAITING_STATUS_AFTER,
+                silent_max=STREAM_SILENT_MAX,
+            )
+            if silence.show_waiting:
+                queue.put_nowait(_SILENT)
+            if silence.stalled == "keep-alives":
+                silent_for = now - self._last_event_at
+                queue.put_nowait(
+                    _Stalled(f"{watch.model} sent only keep-alives for {silent_for:.0f} s")
+                )
+            elif silence.stalled:
+                queue.put_nowait(_Stalled(f"{watch.model} sent nothing for {watch.idle:g} s"))
+            timer = None if silence.wake_at is None else loop.call_at(silence.wake_at, look, watch)
+
         self._producer = asyncio.create_task(produce(queue))
         self._producer.add_done_callback(done)
+        if watch is not None:
+            timer = loop.call_at(loop.time() + min(watch.idle, WAITING_STATUS_AFTER), look, watch)
         try:
             while True:
-                item = await self._next(queue, watch)
+                if self._wait_start is None and queue.empty():
+                    self._wait_start = loop.time()
+                item = await queue.get()
+                if item is _SILENT:
+                    silent = timedelta(seconds=loop.time() - self._last_event_at)
+                    self.status.waiting_since = (timezone.now() - silent).isoformat()
+                    await self._status()
+                    continue  # still waiting: the silence goes on counting
+                self._wait_start = None
+                if isinstance(item, _Stalled):
+                    raise ProviderError(item.message, error_type=STALLED, retryable=True)
                 if isinstance(item, _ProducerDone):
                     if isinstance(item.error, asyncio.CancelledError):
                         raise TurnCancelled()
@@ -575,6 +585,9 @@ class TurnRunner:
                     return
                 yield item
         finally:
+            if timer is not None:
+                timer.cancel()
+            self._wait_start = None
             self._producer.cancel()
             with suppress(BaseException):
                 await self._producer

@@ -96,3 +96,50 @@ class Debouncer:
 
     def reset(self) -> None:
         self._first = None
+
+
+@dataclass(frozen=True)
+class Silence:
+    """What the idle watchdog of a stream decides when it looks."""
+
+    # Look again then; None once the attempt has stalled.
+    wake_at: float | None
+    # The status line should start saying since when the model is silent.
+    show_waiting: bool = False
+    # The attempt failed: "nothing" came at all, or only "keep-alives".
+    stalled: str | None = None
+
+
+def check_silence(
+    now: float,
+    *,
+    last_event: float,
+    wait_start: float | None,
+    alive_at: float | None,
+    idle: float,
+    waiting_shown: bool,
+    waiting_after: float,
+    silent_max: float,
+) -> Silence:
+    """The watchdog of one stream, looked at `now` (a timer, not a timeout per event).
+
+    `last_event`: when the last event came; `wait_start`: when the runner began
+    waiting for the next one (None while it is busy with what came, which is
+    never silence); `alive_at`: when bytes last came on the wire (None if the
+    provider cannot tell). After `waiting_after` without an event the status
+    shows the wait; after `idle` with neither an event nor a byte the attempt
+    stalls. Bytes without events (pings, a tool call's arguments) keep it
+    alive, but not for longer than `silent_max` without a single event.
+    """
+    if wait_start is None:
+        return Silence(now + min(idle, waiting_after))
+    show = not waiting_shown and now >= last_event + waiting_after
+    wakes = [] if waiting_shown or show else [last_event + waiting_after]
+    deadline = wait_start + idle
+    if now >= deadline:
+        if alive_at is None or alive_at + idle <= now:
+            return Silence(None, show, "nothing")
+        if now - last_event >= silent_max:
+            return Silence(None, show, "keep-alives")
+        deadline = min(alive_at + idle, last_event + silent_max)
+    return Silence(min([deadline, *wakes]), show)

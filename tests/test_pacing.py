@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from chat.pacing import Coalescer, Debouncer
+from chat.pacing import Coalescer, Debouncer, Silence, check_silence
 
 A, B = uuid.UUID(int=1), uuid.UUID(int=2)
 
@@ -103,3 +103,51 @@ def test_after_a_checkpoint_or_a_reset_the_next_change_schedules_a_new_check():
     d.reset()
     assert d.check(0.8) is None, "nothing to save after a reset (a seal saved it)"
     assert d.touch(0.9) == pytest.approx(1.15)
+
+
+IDLE, AFTER, MAX = 60.0, 10.0, 600.0
+
+
+def look(now, *, last=0.0, wait=0.0, alive=None, shown=False):
+    return check_silence(
+        now,
+        last_event=last,
+        wait_start=wait,
+        alive_at=alive,
+        idle=IDLE,
+        waiting_shown=shown,
+        waiting_after=AFTER,
+        silent_max=MAX,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        # Busy with what came: never silence; look again later.
+        ({"now": 70.0, "wait": None}, Silence(70.0 + AFTER)),
+        # Early: the next look is when the wait should show.
+        ({"now": 1.0}, Silence(AFTER)),
+        # The wait shows once, then the idle deadline is next.
+        ({"now": 10.0}, Silence(IDLE, show_waiting=True)),
+        ({"now": 11.0, "shown": True}, Silence(IDLE)),
+        # Idle past the timeout with nothing on the wire: stalled.
+        ({"now": 60.0, "shown": True}, Silence(None, stalled="nothing")),
+        ({"now": 60.0, "alive": 0.0, "shown": True}, Silence(None, stalled="nothing")),
+        ({"now": 60.0, "alive": 0.5, "shown": True}, Silence(60.5)),
+        # Bytes came (a ping): alive until a timeout after them.
+        ({"now": 60.0, "alive": 30.0, "shown": True}, Silence(90.0)),
+        # ...but only keep-alives for silent_max is a stall too.
+        (
+            {"now": 600.0, "alive": 599.0, "shown": True},
+            Silence(None, stalled="keep-alives"),
+        ),
+        ({"now": 580.0, "alive": 579.0, "shown": True}, Silence(600.0)),
+        # The idle timeout counts from when the wait began, the status from the event.
+        ({"now": 65.0, "last": 0.0, "wait": 30.0, "shown": True}, Silence(90.0)),
+        # Stalled and never shown: the stall reports the wait too.
+        ({"now": 60.0}, Silence(None, show_waiting=True, stalled="nothing")),
+    ],
+)
+def test_check_silence_table(kwargs, expected):
+    assert look(**kwargs) == expected
