@@ -9,7 +9,7 @@ import uuid
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import agent, bus, lease, log, render, retry, turns
+from chat import agent, bus, lease, log, render, retry, turns, worker
 from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, UsageRecord
 from chat.providers.base import (
     Finish,
@@ -625,7 +625,10 @@ async def test_a_cancel_before_the_stream_starts_stops_the_turn(workspace, monke
             await submit(tab, "go")
             await asyncio.wait_for(reached.wait(), 10)
             await database_sync_to_async(turns.cancel)(tab.pk)
-            await asyncio.sleep(0.1)
+            # The control message reaches the runner while its provider is still
+            # being made: wait for it (not for a guessed time).
+            while not worker.RUNNING[tab.pk].cancelled.is_set():
+                await asyncio.sleep(0.01)
             release.set()
             await watcher.until_idle()
     rows = await chunks(tab.pk)
