@@ -24,6 +24,7 @@ from django.conf import settings
 
 from chat import bus, lease
 from chat.agent import TurnRunner
+from chat.providers import aclose_clients
 
 logger = logging.getLogger(__name__)
 
@@ -266,6 +267,12 @@ async def _shut_down(worker: Worker) -> None:
     if consumers:
         # Each hands back a lease it was taking just then (see TurnWorker.turn_start).
         await asyncio.wait(consumers, timeout=INTERRUPT_WAIT_SECONDS)
+    # The providers' pooled connections, closed by this loop while it still runs
+    # (daphne's loop may never get to close them after it).
+    try:
+        await aclose_clients()
+    except Exception:
+        logger.exception("could not close the providers' connections")
 
 
 _embedded_task: asyncio.Task | None = None

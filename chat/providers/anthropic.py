@@ -55,8 +55,6 @@ from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
 logger = logging.getLogger(__name__)
 
 NAME = "Anthropic"
-# The API accepts at most this many cache_control breakpoints per request.
-MAX_BREAKPOINTS = 4
 EPHEMERAL = {"type": "ephemeral"}
 # Blocks a breakpoint may sit on. Not thinking: the API refuses it there.
 CACHEABLE = frozenset({"text", "tool_use", "tool_result"})
@@ -289,7 +287,8 @@ def mark_breakpoints(
 ) -> None:
     """Add cache_control to the blocks that end a reusable prefix.
 
-    The fixed ones (last tool, system) are shared by every request of a tab;
+    Three at most (the API accepts four). The fixed ones (last tool, system) are
+    shared by every request of a tab;
     the moving one on the last block writes this request's prefix, which the
     next request reads by looking back from its own last block. (A read looks
     back at most 20 blocks: a step adding more than that misses once. A
@@ -304,7 +303,6 @@ def mark_breakpoints(
     tail = _last_cacheable(messages)
     if tail is not None:
         marks.append(tail)
-    assert len(marks) <= MAX_BREAKPOINTS
     for block in marks:
         block["cache_control"] = dict(EPHEMERAL)
 
