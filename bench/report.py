@@ -37,7 +37,7 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                     f"({row['baseline_cpu_ms_per_1k_tokens']:.1f} bare consumer, "
                     f"{row['cpu_ratio']:.2f}×); delay p50 {row['delay_ms']['p50']:.1f} ms, "
                     f"p99 {row['delay_ms']['p99']:.1f} ms",
-                    "",
+                    "≤ 1.0× bare" + ("; p99 ≤ 100 ms" if n == "100" else ""),
                 )
             )
     if p := r.get("paced"):
