@@ -1,13 +1,14 @@
 """Tabs, the chunk log, the running-turn row, and the kept state.
 
 Chat history (wiped by `wipe_history`): Tab, Chunk, RunningTurn, QueuedMessage.
-Kept state (survives the wipe): Setting, ApiKey, ProviderEndpoint, UsageRecord.
+Kept state (survives the wipe): Setting, ApiKey, ProviderEndpoint, UsageRecord, ApiToken.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import secrets
 import uuid
 from typing import Any
 
@@ -205,3 +206,53 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} step {self.step}: {self.input_tokens}/{self.output_tokens}"
+
+
+# What a token starts with: recognisable in a leaked log or a secret scanner.
+API_TOKEN_MARK = "dsp_"
+# The part of a token kept in clear to tell tokens apart on a page: the mark and
+# 8 random characters (48 bits), not enough to guess the remaining 256.
+API_TOKEN_PREFIX_CHARS = len(API_TOKEN_MARK) + 8
+
+
+class ApiToken(models.Model):
+    """A personal API token, sent as `Authorization: Bearer <token>`.
+
+    Only a SHA-256 of the token is stored: the token is 32 random bytes, so a
+    slow password hash would add nothing but a cost on every request. The
+    plain token exists once, when it is issued. Revoking deletes the row.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=API_TOKEN_PREFIX_CHARS)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    # A read-only token may read tabs and chunks; it cannot create, send, stop or approve.
+    read_only = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name or 'token'} ({self.prefix}…)"
+
+    @staticmethod
+    def hash(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, user: Any, *, name: str = "", read_only: bool = False) -> tuple[ApiToken, str]:
+        """A new token for `user`: the row, and the plain token to show once."""
+        token = API_TOKEN_MARK + secrets.token_urlsafe(32)
+        row = cls.objects.create(
+            user=user,
+            name=name,
+            prefix=token[:API_TOKEN_PREFIX_CHARS],
+            token_hash=cls.hash(token),
+            read_only=read_only,
+        )
+        return row, token

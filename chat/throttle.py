@@ -8,6 +8,10 @@ counts. It counts per account and, separately, per address
 until the cool-off has passed since the failure that reached it. This module
 says who the client is behind a proxy, how long a lock has left, and what a
 locked-out person sees: the sign-in page with the wait, status 429.
+
+Failed API token attempts (chat.api) are counted in the same rows, per client
+address: a token is a password to whoever guesses it. An API client gets the
+429 as JSON.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from datetime import datetime
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 
@@ -126,6 +130,16 @@ def wait_message(minutes: int) -> str:
     return f"Too many failed sign-ins. Try again in {minutes} {unit}."
 
 
+def token_wait_message(until: datetime, now: datetime) -> str:
+    minutes = minutes_left(until, now)
+    unit = "minute" if minutes == 1 else "minutes"
+    return f"Too many failed API token attempts from this address. Try again in {minutes} {unit}."
+
+
+def retry_after(until: datetime, now: datetime) -> str:
+    return str(max(1, math.ceil((until - now).total_seconds())))
+
+
 def lockout_response(
     request: HttpRequest, original_response: object = None, credentials: object = None
 ) -> HttpResponse:
@@ -134,6 +148,8 @@ def lockout_response(
     The extra arguments are ignored: axes' async middleware passes them in
     another order than its sync one, and everything needed is in the request.
     """
+    if request.path_info.startswith(API_PREFIX):
+        return api_lockout_response(request)
     username = request.POST.get("username") or None
     now = timezone.now()
     found = locks(username=username, ip_address=getattr(request, "axes_ip_address", None), now=now)
@@ -148,5 +164,22 @@ def lockout_response(
     }
     response = render(request, "chat/login.html", context, status=LOCKED_STATUS)
     # For scripts and clients that honour it; people read the page.
-    response["Retry-After"] = str(max(1, math.ceil((until - now).total_seconds())))
+    response["Retry-After"] = retry_after(until, now)
+    return response
+
+
+# Where chat.api's routes are mounted (chat/urls.py).
+API_PREFIX = "/api/"
+
+
+def api_lockout_response(request: HttpRequest) -> JsonResponse:
+    """The 429 of a token attempt while the client's address is locked, as the API's JSON."""
+    now = timezone.now()
+    found = locks(ip_address=getattr(request, "axes_ip_address", None) or client_ip(request))
+    until = max((lock.until for lock in found), default=now + settings.AXES_COOLOFF_TIME)
+    message = token_wait_message(until, now)
+    response = JsonResponse(
+        {"error": {"code": "too_many_attempts", "message": message}}, status=LOCKED_STATUS
+    )
+    response["Retry-After"] = retry_after(until, now)
     return response

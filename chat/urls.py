@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import include, path
 
-from chat import views
+from chat import api, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -25,4 +25,5 @@ urlpatterns = [
     path("t/<uuid:tab_id>/send/", views.tab_send, name="tab_send"),
     path("t/<uuid:tab_id>/stop/", views.tab_stop, name="tab_stop"),
     path("t/<uuid:tab_id>/approve/", views.tab_approve, name="tab_approve"),
+    path("api/v1/", include(api.urlpatterns)),
 ]
