@@ -22,11 +22,12 @@ class SessionAuthMiddleware:
         self.session_store = import_module(settings.SESSION_ENGINE).SessionStore
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
-        cookies: dict[str, str] = {}
-        for name, value in scope.get("headers", []):
-            if name == b"cookie":
-                cookies = parse_cookie(value.decode("latin1"))
-                break
+        # Every Cookie header, joined as Django joins them for a page request
+        # (an HTTP/2 front end may split the cookies over several).
+        cookie = "; ".join(
+            value.decode("latin1") for name, value in scope.get("headers", []) if name == b"cookie"
+        )
+        cookies = parse_cookie(cookie)
         session = self.session_store(cookies.get(settings.SESSION_COOKIE_NAME))
         scope = dict(scope, cookies=cookies, session=session)
         # The same check as a page request: a session whose password hash no

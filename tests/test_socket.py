@@ -106,6 +106,25 @@ async def test_the_session_cookie_opens_the_owners_socket_and_nothing_else():
         await communicator.disconnect()
 
 
+async def test_cookies_split_over_several_headers_are_read_like_a_page_request():
+    tab = await make_tab()
+    owner = await database_sync_to_async(get_user_model().objects.get)(pk=tab.owner_id)
+    cookie = await session_cookie(owner)
+    communicator = WebsocketCommunicator(
+        router,
+        f"/ws/tabs/{tab.pk}/",
+        headers=[
+            (b"origin", b"http://127.0.0.1:8000"),
+            (b"host", b"127.0.0.1:8000"),
+            (b"cookie", b"theme=dark"),
+            (b"cookie", cookie.encode()),
+        ],
+    )
+    connected, _ = await communicator.connect()
+    assert connected
+    await communicator.disconnect()
+
+
 async def test_a_session_from_before_a_password_change_no_longer_opens_a_socket():
     tab = await make_tab()
     owner = await database_sync_to_async(get_user_model().objects.get)(pk=tab.owner_id)

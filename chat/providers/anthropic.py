@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -45,9 +44,12 @@ from chat.providers.base import (
 from chat.providers.clients import CLIENTS
 from chat.providers.common import (
     SSEDecoder,
+    SSEError,
     canonical,
     default_timeout,
+    drain,
     endpoint_key,
+    json_loads,
     parse_arguments,
 )
 from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
@@ -111,11 +113,12 @@ class AnthropicProvider:
                 )
             except Exception as exc:
                 raise classify(exc) from exc
+            await errors.check_event_stream(NAME, response.http_response)
             pieces = await stack.enter_async_context(
                 contextlib.aclosing(response.http_response.aiter_bytes())
             )
             reader = Reader()
-            while True:
+            while not reader.translator.stopped:
                 try:
                     piece = await anext(pieces)
                 except StopAsyncIteration:
@@ -126,6 +129,10 @@ class AnthropicProvider:
                 self.alive_at = loop.time()
                 for event in reader.feed(piece):
                     yield event
+            if reader.translator.stopped:
+                # The message is complete at message_stop: a body the server keeps
+                # open after it must not hold the answer back (nor the turn).
+                await drain(pieces)
             yield reader.end()
 
 
@@ -148,7 +155,9 @@ class Reader:
                     raise errors.in_stream(NAME, _error_body(data))
                 if data:
                     yield from _read(self.translator.feed, _event(data))
-        except UnicodeDecodeError as exc:
+                    if self.translator.stopped:
+                        return  # what follows message_stop means nothing
+        except (UnicodeDecodeError, SSEError) as exc:
             raise errors.bad_stream(NAME, f"malformed event in the stream ({exc})") from exc
 
     def end(self) -> Finish:
@@ -160,7 +169,7 @@ class Reader:
 
 def _event(data: str) -> dict[str, Any]:
     try:
-        event = json.loads(data)
+        event = json_loads(data)
     except ValueError as exc:
         raise errors.bad_stream(NAME, f"malformed event in the stream ({exc})") from exc
     if not isinstance(event, dict):
@@ -171,7 +180,7 @@ def _event(data: str) -> dict[str, Any]:
 def _error_body(data: str) -> Any:
     """The body of an `event: error`: its JSON, or its text when it is not JSON."""
     try:
-        return json.loads(data)
+        return json_loads(data)
     except ValueError:
         return data
 

@@ -35,6 +35,26 @@ def default_timeout(idle_timeout: float = 0.0) -> httpx2.Timeout:
     )
 
 
+def json_loads(text: str | bytes) -> Any:
+    """json.loads for what a server sent: JSON nested past the parser's recursion
+    limit is a ValueError like any other malformed JSON, not a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc
+
+
+# The longest line, and the most data one event may carry, before the stream is
+# refused: far past any real event (a long answer is many small events), and a
+# bound on what a server that never ends a line can make this process hold.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+
+class SSEError(ValueError):
+    """A body that is not a stream of server-sent events this reader will hold."""
+
+
 class SSEDecoder:
     """Server-sent events out of a response body, as the SDKs read them: lines end
     with LF, CRLF or CR (split anywhere between two pieces of the body), `:` starts a
@@ -44,16 +64,19 @@ class SSEDecoder:
     data), one at a time: the events before a bad line still go out before it
     raises. As the spec says, an event without a `data:` line is not dispatched;
     `id:` and `retry:` are for reconnecting, which a turn never does. Raises
-    UnicodeDecodeError (a ValueError) at a line that is not UTF-8.
+    ValueError at a line that is not UTF-8 (UnicodeDecodeError), or a line or an
+    event larger than MAX_LINE_BYTES / MAX_EVENT_BYTES. Linear in the body: only
+    each new piece is searched for line ends.
     """
 
-    __slots__ = ("_partial", "_after_cr", "_event", "_data")
+    __slots__ = ("_partial", "_after_cr", "_event", "_data", "_size")
 
     def __init__(self) -> None:
-        self._partial = b""
+        self._partial = bytearray()
         self._after_cr = False
         self._event: str | None = None
         self._data: list[str] | None = None
+        self._size = 0
 
     def feed(self, piece: bytes) -> Iterator[tuple[str | None, str]]:
         if self._after_cr:
@@ -61,21 +84,31 @@ class SSEDecoder:
             self._after_cr = False
             if piece[:1] == b"\n":
                 piece = piece[1:]
-        if self._partial:
-            piece = self._partial + piece
+        if b"\n" not in piece and b"\r" not in piece:
+            self._partial += piece
+            if len(self._partial) > MAX_LINE_BYTES:
+                raise SSEError(f"a line longer than {MAX_LINE_BYTES} bytes")
+            return
         if b"\r" in piece:
             self._after_cr = piece[-1:] == b"\r"
             piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = piece.split(b"\n")
-        self._partial = lines.pop()
+        if self._partial:
+            lines[0] = bytes(self._partial) + lines[0]
+        self._partial = bytearray(lines.pop())
+        if len(self._partial) > MAX_LINE_BYTES:
+            raise SSEError(f"a line longer than {MAX_LINE_BYTES} bytes")
         for raw in lines:
             if not raw:
                 data = self._data
                 event = self._event
                 self._event = self._data = None
+                self._size = 0
                 if data is not None:
                     yield event, "\n".join(data)
                 continue
+            if len(raw) > MAX_LINE_BYTES:
+                raise SSEError(f"a line longer than {MAX_LINE_BYTES} bytes")
             line = raw.decode("utf-8")
             if line[0] == ":":
                 continue
@@ -83,6 +116,9 @@ class SSEDecoder:
             if value[:1] == " ":
                 value = value[1:]
             if name == "data":
+                self._size += len(value)
+                if self._size > MAX_EVENT_BYTES:
+                    raise SSEError(f"an event larger than {MAX_EVENT_BYTES} bytes")
                 if self._data is None:
                     self._data = [value]
                 else:
@@ -139,7 +175,7 @@ def parse_arguments(raw: str) -> dict[str, Any]:
     """
     if not raw.strip():
         return {}
-    value = json.loads(raw)
+    value = json_loads(raw)
     if not isinstance(value, dict):
         raise ValueError(f"tool arguments are a JSON {type(value).__name__}, not an object")
     return value

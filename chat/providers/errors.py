@@ -7,12 +7,12 @@ sense and what the server asked for (retry-after).
 from __future__ import annotations
 
 import email.utils
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from chat.providers.base import ProviderError
+from chat.providers.common import json_loads
 
 # Statuses where the same request may succeed later: timeout, conflict (a
 # concurrent request), rate limit, and every server-side failure (5xx, 529).
@@ -73,7 +73,7 @@ def error_fields(body: Any) -> tuple[str | None, str | None]:
     the inner object itself (the OpenAI SDK hands over the inner one)."""
     if isinstance(body, str):
         try:
-            body = json.loads(body)
+            body = json_loads(body)
         except ValueError:
             return None, body.strip() or None
     if isinstance(body, Mapping) and isinstance(body.get("error"), Mapping):
@@ -174,5 +174,32 @@ def unreadable(provider: str, exc: BaseException) -> ProviderError:
     return ProviderError(
         f"{provider} stream: an event this adapter cannot read ({type(exc).__name__}: {exc})",
         error_type="unexpected_response",
+        retryable=False,
+    )
+
+
+# How much of a body that is not an event stream an error quotes.
+NOT_A_STREAM_PREVIEW = 500
+
+
+async def check_event_stream(provider: str, response: Any) -> None:
+    """Refuse a 200 whose body is not server-sent events (a proxy's HTML page, a
+    JSON error from a server that ignored `stream`): a clear, non-retryable error
+    quoting it, instead of "the stream ended early" and retries that fail the same."""
+    content_type = response.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() == "text/event-stream":
+        return
+    head = b""
+    async for piece in response.aiter_bytes():
+        head += piece
+        if len(head) >= NOT_A_STREAM_PREVIEW:
+            break
+    text = head[:NOT_A_STREAM_PREVIEW].decode("utf-8", "replace")
+    _, message = error_fields(text)
+    raise ProviderError(
+        f"{provider}: the server answered with {content_type or 'no content type'}, "
+        "not an event stream: "
+        f"{message or text.strip() or '(empty body)'}",
+        error_type="invalid_response",
         retryable=False,
     )

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -49,11 +48,13 @@ from chat.providers.base import (
 from chat.providers.clients import CLIENTS
 from chat.providers.common import (
     SSEDecoder,
+    SSEError,
     arguments_json,
     canonical,
     default_timeout,
     drain,
     endpoint_key,
+    json_loads,
     parse_arguments,
 )
 from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
@@ -124,6 +125,7 @@ class OpenAIProvider:
                 )
             except Exception as exc:
                 raise classify(exc) from exc
+            await errors.check_event_stream(NAME, response.http_response)
             pieces = await stack.enter_async_context(
                 contextlib.aclosing(response.http_response.aiter_bytes())
             )
@@ -163,7 +165,7 @@ class Reader:
                     self.done = True
                     return
                 yield from _read(self.translator.feed, _chunk(data))
-        except UnicodeDecodeError as exc:
+        except (UnicodeDecodeError, SSEError) as exc:
             raise errors.bad_stream(NAME, f"malformed chunk in the stream ({exc})") from exc
 
     def end(self) -> list[Event]:
@@ -174,7 +176,7 @@ class Reader:
 def _chunk(data: str) -> dict[str, Any]:
     """One chunk of the stream as JSON; `{"error": ...}` is the server's error."""
     try:
-        chunk = json.loads(data)
+        chunk = json_loads(data)
     except ValueError as exc:
         raise errors.bad_stream(NAME, f"malformed chunk in the stream ({exc})") from exc
     if not isinstance(chunk, dict):
