@@ -1,0 +1,587 @@
+"""Export a tab (JSONL, Markdown) and import a JSONL export as a new tab.
+
+Exports are generators reading the log a page of seqs at a time, so a tab of
+any length streams in constant memory, and they stop at the last seq the tab
+had when the export began: a turn running meanwhile does not make the header's
+chunk count wrong.
+
+The JSONL format (version 1): a header line
+
+    {"format": "dispatch-tab", "version": 1, "tab_id", "title", "model",
+     "system_prompt", "created_at", "exported_at", "chunks": N}
+
+then one line per chunk, `{"id", "seq", "turn_id", "step", "role", "type",
+"data", "created_at"}`, with `data` exactly as stored (signatures, redacted
+reasoning, call ids, everything the request builder reads).
+
+An import is checked line by line and written in one transaction, so a bad
+file writes nothing. It creates a new tab with new chunk ids: a chunk id is a
+primary key across all tabs, and importing a file next to the tab it came from
+(the common case) must neither fail nor overwrite. Seqs, turn ids, steps,
+roles, types and data are kept, so the next request is byte for byte the one
+the original tab would send. Timestamps are the import's; the file keeps the
+original ones.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from typing import IO, Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from chat import history, log
+from chat.models import Chunk, Tab
+from chat.stream import Block, Kind, Role
+
+FORMAT = "dispatch-tab"
+VERSION = 1
+# Chunks read per query. Big enough that the query count stays small (a
+# 100,000-chunk tab is 200 queries), small enough that a page of large tool
+# results stays a few MB.
+PAGE = 500
+# Chunks written per insert on import: the same trade-off as PAGE.
+WRITE_BATCH = 1000
+# The largest import accepted. A 100,000-chunk tab of ordinary turns exports to
+# about 30 MB; much more than this is a mistake (or an attack), and the file is
+# refused before it is read into memory.
+IMPORT_MAX_BYTES = 64 * 1024 * 1024
+# A tool call's arguments or a result in the Markdown export: people read the
+# start, and the JSONL export keeps everything.
+MARKDOWN_TOOL_CHARS = 4000
+# Tab.title's and Tab.model's max_length.
+TITLE_MAX = 200
+MODEL_MAX = 200
+# Chunk.step is a PositiveIntegerField: PostgreSQL's integer.
+STEP_MAX = 2**31 - 1
+
+HEADER_FIELDS = {
+    "format",
+    "version",
+    "tab_id",
+    "title",
+    "model",
+    "system_prompt",
+    "created_at",
+    "exported_at",
+    "chunks",
+}
+CHUNK_FIELDS = ("id", "seq", "turn_id", "step", "role", "type", "data", "created_at")
+
+# The (role, type) pairs the app writes, and for each the keys of `data`: key ->
+# (type, required). Anything else in a sendable chunk is refused: it would be
+# lost on the way to the provider, so a file carrying it is not one this
+# version wrote. System and error chunks are the UI's (never sent) and may
+# carry extra keys (the runner adds stop_reason, retry, ...).
+SHAPES: dict[tuple[str, str], dict[str, tuple[type, bool]]] = {
+    (Role.USER, Kind.TEXT): {"text": (str, True), "interrupted": (bool, False)},
+    (Role.ASSISTANT, Kind.TEXT): {"text": (str, True), "interrupted": (bool, False)},
+    (Role.ASSISTANT, Kind.THINKING): {
+        "text": (str, True),
+        "signature": (str, False),
+        "redacted_data": (str, False),
+        "duration_ms": (int, False),
+        "interrupted": (bool, False),
+    },
+    (Role.ASSISTANT, Kind.TOOL_CALL): {
+        "call_id": (str, True),
+        "name": (str, True),
+        "arguments": (dict, True),
+        "interrupted": (bool, False),
+    },
+    (Role.TOOL, Kind.TOOL_RESULT): {
+        "call_id": (str, True),
+        "name": (str, True),
+        "result": (str, False),
+        "is_error": (bool, False),
+        "truncated": (bool, False),
+        "shell_output": (str, False),
+        "interrupted": (bool, False),
+    },
+    (Role.ASSISTANT, Kind.ERROR): {"message": (str, True), "status_code": (int, False)},
+    (Role.SYSTEM, Kind.SYSTEM): {
+        "kind": (str, True),
+        "text": (str, True),
+        "retry": (bool, False),
+    },
+}
+OPEN_SHAPES = {(Role.ASSISTANT, Kind.ERROR), (Role.SYSTEM, Kind.SYSTEM)}
+ROLES = {Role.USER, Role.ASSISTANT, Role.TOOL, Role.SYSTEM}
+TYPES = {Kind.TEXT, Kind.THINKING, Kind.TOOL_CALL, Kind.TOOL_RESULT, Kind.ERROR, Kind.SYSTEM}
+
+
+class ImportRefused(ValueError):
+    """A file that cannot become a tab. `line` is 1-based (0: the file as a whole)."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        self.line = line
+        self.problem = problem
+        super().__init__(f"line {line}: {problem}" if line else problem)
+
+
+class ImportTooLarge(ImportRefused):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            0, f"the file is larger than the import limit of {limit // (1024 * 1024)} MB"
+        )
+        self.limit = limit
+
+
+# --- Export --------------------------------------------------------------------------
+
+
+def _pages(tab: Tab, end: int) -> Iterator[list[Chunk]]:
+    """The log up to seq `end`, a page at a time."""
+    after = 0
+    while after < end:
+        chunks = [c for c in log.tail(tab.pk, after=after, limit=PAGE) if c.seq <= end]
+        if not chunks:
+            return
+        yield chunks
+        after = chunks[-1].seq
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _line(value: Any) -> str:
+    # ensure_ascii=False: the file is UTF-8 and people open it; lone surrogates
+    # cannot be in a stored string, so this always encodes.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def header(tab: Tab, end: int) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "tab_id": str(tab.pk),
+        "title": tab.title,
+        "model": tab.model,
+        "system_prompt": tab.system_prompt,
+        "created_at": _iso(tab.created_at),
+        "exported_at": timezone.now().isoformat(),
+        "chunks": end,
+    }
+
+
+def chunk_fields(chunk: Chunk) -> dict[str, Any]:
+    return {
+        "id": str(chunk.id),
+        "seq": chunk.seq,
+        "turn_id": str(chunk.turn_id) if chunk.turn_id else None,
+        "step": chunk.step,
+        "role": chunk.role,
+        "type": chunk.type,
+        "data": chunk.data,
+        "created_at": _iso(chunk.created_at),
+    }
+
+
+def export_jsonl(tab: Tab) -> Iterator[str]:
+    """The tab as JSONL: the header line, then one line per chunk in seq order."""
+    end = log.last_seq(tab.pk)
+    yield _line(header(tab, end))
+    for chunks in _pages(tab, end):
+        yield "".join(_line(chunk_fields(c)) for c in chunks)
+
+
+def export_markdown(tab: Tab) -> Iterator[str]:
+    """The tab for people: messages as Markdown, tool calls and results fenced."""
+    end = log.last_seq(tab.pk)
+    yield _markdown_head(tab)
+    section = None
+    for chunks in _pages(tab, end):
+        parts = []
+        for chunk in chunks:
+            if chunk.role == Role.USER:
+                wanted = "User"
+            elif chunk.role == Role.SYSTEM:
+                wanted = section  # a notice belongs to whoever spoke around it
+            else:
+                wanted = "Assistant"
+            if wanted is not None and wanted != section:
+                parts.append(f"## {wanted}\n\n")
+                section = wanted
+            parts.append(markdown_chunk(chunk))
+        yield "".join(parts)
+
+
+def _markdown_head(tab: Tab) -> str:
+    lines = [f"# {_one_line(str(tab))}\n\n"]
+    lines.append(f"- Model: {_code(tab.model)}\n" if tab.model else "")
+    lines.append(f"- Created: {_iso(tab.created_at)}\n")
+    lines.append(f"- Exported: {timezone.now().isoformat()}\n\n")
+    if tab.system_prompt:
+        lines.append("<details><summary>System prompt</summary>\n\n")
+        lines.append(fenced(tab.system_prompt, "text"))
+        lines.append("\n</details>\n\n")
+    return "".join(lines)
+
+
+def markdown_chunk(chunk: Any) -> str:
+    """One chunk as Markdown, ending with a blank line."""
+    data = chunk.data
+    match chunk.type:
+        case Kind.TEXT:
+            text = data.get("text", "")
+            return f"{text.rstrip()}\n\n" if text.strip() else ""
+        case Kind.THINKING:
+            text = data.get("text", "")
+            if not text.strip():
+                return "*Reasoning not shown by the provider.*\n\n"
+            return f"<details><summary>Thinking</summary>\n\n{text.rstrip()}\n\n</details>\n\n"
+        case Kind.TOOL_CALL:
+            arguments = json.dumps(data.get("arguments") or {}, ensure_ascii=False, indent=2)
+            return (
+                f"**Tool call** {_code(str(data.get('name', '')))}\n\n"
+                + fenced(arguments, "json", limit=MARKDOWN_TOOL_CHARS)
+                + "\n"
+            )
+        case Kind.TOOL_RESULT:
+            name = _code(str(data.get("name", "")))
+            if "result" in data:
+                label = "Error from" if data.get("is_error") else "Result of"
+                body = str(data["result"])
+            else:
+                label, body = "Output so far (no result) of", data.get("shell_output", "")
+            return f"**{label}** {name}\n\n" + fenced(body, "", limit=MARKDOWN_TOOL_CHARS) + "\n"
+        case Kind.ERROR:
+            status = data.get("status_code")
+            prefix = f"Error {status}" if status else "Error"
+            return f"*{prefix}: {_italic(str(data.get('message', '')))}*\n\n"
+        case Kind.SYSTEM:
+            kind = str(data.get("kind", "")).replace("-", " ").capitalize() or "Notice"
+            return f"*{_italic(kind)}: {_italic(str(data.get('text', '')))}*\n\n"
+    return f"*A chunk of unknown type {_italic(chunk.type)}.*\n\n"
+
+
+def fenced(text: str, info: str, *, limit: int | None = None) -> str:
+    """`text` in a code fence longer than any backtick run inside it, cut to `limit`."""
+    note = ""
+    if limit is not None and len(text) > limit:
+        note = (
+            f"\n*… {len(text) - limit:,} more characters not shown "
+            "(the JSONL export has everything).*\n"
+        )
+        text = text[:limit]
+    fence = "`" * max(3, _longest_backtick_run(text) + 1)
+    body = text if text.endswith("\n") or not text else text + "\n"
+    return f"{fence}{info}\n{body}{fence}\n{note}"
+
+
+def _longest_backtick_run(text: str) -> int:
+    longest = run = 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    return longest
+
+
+def _code(text: str) -> str:
+    """Inline code that holds any backticks in `text`."""
+    text = _one_line(text)
+    ticks = "`" * (_longest_backtick_run(text) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _italic(text: str) -> str:
+    # Escaped so that a star or underscore in a notice cannot end the italics.
+    out = _one_line(text)
+    for ch in "\\*_`[]<>":
+        out = out.replace(ch, "\\" + ch)
+    return out
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --- Import --------------------------------------------------------------------------
+
+
+def _lines(stream: IO[bytes], max_bytes: int) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line; refuses the file once it passes `max_bytes`.
+
+    readline with a bound: one enormous line is not read past the limit either.
+    """
+    read = 0
+    number = 0
+    while True:
+        raw = stream.readline(max_bytes - read + 1)
+        if not raw:
+            return
+        read += len(raw)
+        if read > max_bytes:
+            raise ImportTooLarge(max_bytes)
+        number += 1
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ImportRefused(
+                number,
+                f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+            ) from None
+        yield number, text
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"the key {key!r} appears twice in one object")
+        result[key] = value
+    return result
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json(number: int, text: str) -> Any:
+    if not text.strip():
+        raise ImportRefused(number, "an empty line; every line must be one JSON object")
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise ImportRefused(number, f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except ValueError as exc:  # from the hooks above
+        raise ImportRefused(number, f"not valid JSON: {exc}") from None
+
+
+def _object(number: int, value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ImportRefused(number, f"{what} must be a JSON object, not {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    match value:
+        case None:
+            return "null"
+        case bool():
+            return "a boolean"
+        case int() | float():
+            return "a number"
+        case str():
+            return "a string"
+        case list():
+            return "an array"
+        case dict():
+            return "an object"
+    return type(value).__name__
+
+
+def _typed(number: int, value: Any, expected: type, where: str) -> None:
+    # bool is an int in Python; JSON tells them apart, so does this check.
+    ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+    if not ok:
+        name = {str: "a string", bool: "a boolean", int: "an integer", dict: "an object"}
+        raise ImportRefused(number, f"{where} must be {name[expected]}, not {_kind(value)}")
+
+
+def _check_keys(number: int, value: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ImportRefused(number, f"unknown field(s) in {where}: {', '.join(unknown)}")
+
+
+def _check_header(number: int, value: Any) -> dict[str, Any]:
+    head = _object(number, value, "the header")
+    if "seq" in head and "format" not in head:
+        raise ImportRefused(
+            number,
+            f'no header: this line is a chunk, and an export starts with a "{FORMAT}" header',
+        )
+    if head.get("format") != FORMAT:
+        raise ImportRefused(
+            number,
+            f'the first line must be the header {{"format": "{FORMAT}", ...}}; '
+            f"this file's first line has format {json.dumps(head.get('format'))}",
+        )
+    version = head.get("version")
+    if version != VERSION or isinstance(version, bool):
+        raise ImportRefused(
+            number,
+            f"version {json.dumps(version)} of the format is not known here "
+            f"(this version of Dispatch reads version {VERSION})",
+        )
+    _check_keys(number, head, HEADER_FIELDS, "the header")
+    for key in ("title", "model", "system_prompt", "chunks"):
+        if key not in head:
+            raise ImportRefused(number, f"the header has no {key!r}")
+    for key in ("title", "model", "system_prompt"):
+        _typed(number, head[key], str, f"the header's {key!r}")
+    _typed(number, head["chunks"], int, "the header's 'chunks'")
+    if len(head["title"]) > TITLE_MAX:
+        raise ImportRefused(number, f"the title is longer than {TITLE_MAX} characters")
+    if len(head["model"]) > MODEL_MAX:
+        raise ImportRefused(number, f"the model name is longer than {MODEL_MAX} characters")
+    return head
+
+
+def _uuid(number: int, value: Any, where: str) -> uuid.UUID:
+    _typed(number, value, str, where)
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ImportRefused(number, f"{where} is not a UUID: {value[:60]!r}") from None
+
+
+def _base64(number: int, value: str, where: str) -> None:
+    """Signatures and redacted reasoning are base64: a cut one usually is not.
+
+    A cut at a multiple of four characters still decodes; only the provider can
+    tell (it refuses the request), since the signature is its own secret.
+    """
+    try:
+        ok = bool(value) and base64.b64decode(value, validate=True) is not None
+    except (binascii.Error, ValueError):
+        ok = False
+    if not ok:
+        raise ImportRefused(
+            number,
+            f"{where} is not valid base64 (a truncated or edited signature?); "
+            "the provider would refuse every later request of this tab",
+        )
+
+
+def _check_data(number: int, role: str, kind: str, data: dict[str, Any]) -> None:
+    shape = SHAPES[(role, kind)]
+    where = f"the data of this {kind} chunk ({role})"
+    if (role, kind) not in OPEN_SHAPES:
+        _check_keys(number, data, set(shape), where)
+    for key, (expected, required) in shape.items():
+        if key not in data:
+            if required:
+                raise ImportRefused(number, f"{where} has no {key!r}")
+            continue
+        _typed(number, data[key], expected, f"{where}: {key!r}")
+    if kind == Kind.THINKING:
+        for key in ("signature", "redacted_data"):
+            if key in data:
+                _base64(number, data[key], f"the thinking {key}")
+    if kind == Kind.TOOL_CALL and not data["name"]:
+        raise ImportRefused(number, "a tool call without a tool name")
+    if "duration_ms" in data and data["duration_ms"] < 0:
+        raise ImportRefused(number, "duration_ms is negative")
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _check_chunk(number: int, value: Any, seq: int, text: str) -> Block:
+    """The chunk on line `number`, expected to have seq `seq`, as a Block with a new id."""
+    fields = _object(number, value, "a chunk line")
+    if fields.get("format") == FORMAT:
+        raise ImportRefused(number, "a second header: a file holds one tab")
+    _check_keys(number, fields, set(CHUNK_FIELDS), "a chunk line")
+    for key in CHUNK_FIELDS:
+        if key not in fields:
+            raise ImportRefused(number, f"the chunk has no {key!r}")
+    _typed(number, fields["seq"], int, "seq")
+    if fields["seq"] != seq:
+        raise ImportRefused(
+            number,
+            f"seq {fields['seq']} where {seq} was expected: seqs must run 1, 2, 3, … "
+            "with no gap or repeat",
+        )
+    _uuid(number, fields["id"], "id")
+    turn_id = None
+    if fields["turn_id"] is not None:
+        turn_id = _uuid(number, fields["turn_id"], "turn_id")
+    _typed(number, fields["step"], int, "step")
+    if not 0 <= fields["step"] <= STEP_MAX:
+        raise ImportRefused(number, f"step {fields['step']} is out of range")
+    role, kind = fields["role"], fields["type"]
+    _typed(number, role, str, "role")
+    _typed(number, kind, str, "type")
+    if role not in ROLES:
+        raise ImportRefused(number, f"unknown role {role!r} (known: {', '.join(sorted(ROLES))})")
+    if kind not in TYPES:
+        raise ImportRefused(number, f"unknown type {kind!r} (known: {', '.join(sorted(TYPES))})")
+    if (role, kind) not in SHAPES:
+        raise ImportRefused(number, f"a {role} chunk cannot be of type {kind!r}")
+    if fields["created_at"] is not None:
+        _typed(number, fields["created_at"], str, "created_at")
+        try:
+            datetime.fromisoformat(fields["created_at"])
+        except ValueError:
+            raise ImportRefused(number, "created_at is not an ISO 8601 date and time") from None
+    data = _object(number, fields["data"], "data")
+    _check_data(number, role, kind, data)
+    # PostgreSQL's jsonb cannot hold U+0000; the raw line shows whether to look.
+    if "\\u0000" in text and connection.vendor == "postgresql" and _has_nul(data):
+        raise ImportRefused(number, "the data holds a NUL character (\\u0000)")
+    return Block(uuid.uuid4(), turn_id, fields["step"], role, kind, data, seq=seq)
+
+
+def import_jsonl(
+    owner: Any,
+    stream: IO[bytes],
+    *,
+    max_bytes: int | None = None,
+) -> Tab:
+    """A new tab of `owner` holding the exported tab in `stream` (binary, JSONL).
+
+    Raises ImportRefused (with the line number) for anything that is not a
+    whole, valid export; nothing is written then.
+    """
+    limit = IMPORT_MAX_BYTES if max_bytes is None else max_bytes
+    lines = _lines(stream, limit)
+    first = next(lines, None)
+    if first is None:
+        raise ImportRefused(1, f'the file is empty; an export starts with a "{FORMAT}" header')
+    # A byte order mark, as some Windows editors write, is not part of the JSON.
+    head = _check_header(first[0], _json(first[0], first[1].removeprefix("\ufeff")))
+    builder = history.History()
+    number = first[0]
+    seq = 0
+    with transaction.atomic():
+        tab = Tab.objects.create(
+            owner=owner,
+            title=head["title"],
+            model=head["model"],
+            system_prompt=head["system_prompt"],
+        )
+        batch: list[Block] = []
+        for number, text in lines:
+            seq += 1
+            block = _check_chunk(number, _json(number, text), seq, text)
+            try:
+                builder.add(block)
+            except ValueError as exc:
+                raise ImportRefused(
+                    number, f"the request builder refuses this chunk: {exc}"
+                ) from None
+            batch.append(block)
+            if len(batch) >= WRITE_BATCH:
+                log.append(tab.pk, batch)
+                batch = []
+        log.append(tab.pk, batch)
+        if head["chunks"] != seq:
+            raise ImportRefused(
+                number,
+                f"the header says {head['chunks']} chunks and the file holds {seq}: "
+                "is the file cut short?",
+            )
+        tab.refresh_from_db()
+    return tab
