@@ -16,21 +16,25 @@ from __future__ import annotations
 
 import functools
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django import forms
 from django.contrib.auth.signals import user_login_failed
 from django.db.models import OuterRef, Subquery
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
-from django.urls import path
+from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import throttle
-from chat.models import ApiToken, RunningTurn, Tab
+from chat import lease, log, preferences, throttle, turns
+from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
+from chat.models import ApiToken, Chunk, RunningTurn, Tab
+from chat.stream import Kind
 
 # A request body is a message or a small command; the largest, a message of
 # forms.MAX_MESSAGE_CHARS characters, is at most ~1.2 MB as JSON even with every
@@ -42,6 +46,15 @@ TOKEN_TOUCH_INTERVAL = timedelta(minutes=1)
 # Tabs per page of GET /tabs: a sidebar's worth; max keeps one response small.
 TABS_LIMIT_DEFAULT = 50
 TABS_LIMIT_MAX = 200
+# Chunks per page: the tab page's default; the max keeps one response a few MB
+# at most (a tool result is capped, so a chunk is a few KB).
+CHUNKS_LIMIT_DEFAULT = 200
+CHUNKS_LIMIT_MAX = 1000
+# Tab.title's column.
+TITLE_MAX_CHARS = 200
+# A page wholly below the last seq never changes (rows are immutable, seqs dense):
+# a client may keep it for a year.
+IMMUTABLE_CACHE_CONTROL = "private, max-age=31536000, immutable"
 
 JsonDict = dict[str, Any]
 
@@ -219,7 +232,8 @@ def read_json(request: HttpRequest, fields: dict[str, Field]) -> JsonDict:
             raise ApiError(400, "invalid_json", "The request body is empty: send a JSON object.")
         return {}
     try:
-        data = json.loads(body)
+        # Decoded here: json.loads would take a UTF-16 or UTF-32 byte order mark.
+        data = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise ApiError(400, "invalid_json", "The request body is not UTF-8.") from None
     except json.JSONDecodeError as exc:
@@ -281,11 +295,99 @@ def _tab_summary(tab: Tab, state: str | None) -> JsonDict:
     }
 
 
+def _chunk(chunk: Chunk) -> JsonDict:
+    return {
+        "id": str(chunk.id),
+        "seq": chunk.seq,
+        "turn_id": str(chunk.turn_id) if chunk.turn_id else None,
+        "step": chunk.step,
+        "role": chunk.role,
+        "type": chunk.type,
+        "data": chunk.data,
+        "created_at": chunk.created_at.isoformat(),
+    }
+
+
+def waiting_call(tab_id: uuid.UUID, turn_id: uuid.UUID) -> JsonDict | None:
+    """The call a waiting turn asks approval for: its first call without a result.
+
+    Calls run in the order they were made, each sealed in the log before any
+    runs, so the first unanswered one is the one waiting. Servers may repeat a
+    call id, hence counting calls and results per id rather than matching sets.
+    """
+    rows = (
+        Chunk.objects.filter(
+            tab_id=tab_id, turn_id=turn_id, type__in=[Kind.TOOL_CALL, Kind.TOOL_RESULT]
+        )
+        .order_by("seq")
+        .values_list("type", "data")
+    )
+    calls: list[JsonDict] = []
+    answered: dict[str, int] = {}
+    for kind, data in rows:
+        if kind == Kind.TOOL_CALL:
+            calls.append(data)
+        else:
+            call_id = str(data.get("call_id", ""))
+            answered[call_id] = answered.get(call_id, 0) + 1
+    for data in calls:
+        call_id = str(data.get("call_id", ""))
+        if answered.get(call_id, 0) > 0:
+            answered[call_id] -= 1
+            continue
+        return {
+            "call_id": call_id,
+            "name": data.get("name", ""),
+            "arguments": data.get("arguments", {}),
+        }
+    return None
+
+
+def _status(tab: Tab) -> JsonDict:
+    running = RunningTurn.objects.filter(tab_id=tab.id).first()
+    queued = list(tab.queued.values_list("id", flat=True))
+    if running is None:
+        return {"state": "idle", "queued": queued}
+    status: JsonDict = {
+        "state": running.status,
+        "turn_id": str(running.turn_id),
+        "step": running.step,
+        "started_at": running.started_at.isoformat(),
+        "usage": lease.turn_usage(running.turn_id),
+        "queued": queued,
+    }
+    if running.status == RunningTurn.Status.WAITING:
+        status["call"] = waiting_call(tab.id, running.turn_id)
+    return status
+
+
+def _tab_detail(tab: Tab) -> JsonDict:
+    detail = _tab_summary(tab, None)
+    status = _status(tab)
+    detail["state"] = status["state"]
+    detail["system_prompt"] = tab.system_prompt
+    detail["status"] = status
+    return detail
+
+
+def _get_tab(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
+    tab = Tab.objects.filter(pk=tab_id, owner=request.user).first()
+    if tab is None:
+        raise ApiError(404, "not_found", f"No tab {tab_id} (or it is not yours).")
+    return tab
+
+
 # --- Tabs ---------------------------------------------------------------------------------
 
 
-@api_view("GET")
+@api_view("GET", "POST")
 def tabs(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        return _tab_create(request)
+    return _tab_list(request)
+
+
+def _tab_list(request: HttpRequest) -> HttpResponse:
     """The user's tabs, most recently active first."""
     limit = limit_param(request, default=TABS_LIMIT_DEFAULT, maximum=TABS_LIMIT_MAX)
     offset = int_param(request, "offset", minimum=0) or 0
@@ -306,8 +408,181 @@ def tabs(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _tab_create(request: HttpRequest) -> HttpResponse:
+    """A new tab; what is not given comes from the Settings page, as for a new tab there."""
+    if request.api_token is not None and request.api_token.read_only:
+        raise ApiError(403, "read_only_token", "This token is read-only: it cannot create tabs.")
+    data = read_json(
+        request,
+        {"title": Field(str), "model": Field(str), "system_prompt": Field(str)},
+    )
+    title = data.get("title", "").strip()
+    if len(title) > TITLE_MAX_CHARS:
+        raise ApiError(422, "invalid_value", f"A title has at most {TITLE_MAX_CHARS} characters.")
+    model = ""
+    if data.get("model", "").strip():
+        try:
+            model = validate_model_id(data["model"])
+        except forms.ValidationError as exc:
+            raise ApiError(422, "invalid_model", " ".join(exc.messages)) from None
+    prefs = preferences.load()
+    system_prompt = data.get("system_prompt", prefs.new_tab_system_prompt)
+    if len(system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
+        raise ApiError(
+            422,
+            "invalid_value",
+            f"A system prompt has at most {MAX_SYSTEM_PROMPT_CHARS} characters.",
+        )
+    tab = Tab.objects.create(
+        owner=request.user,
+        title=title,
+        model=model or prefs.new_tab_model,
+        system_prompt=system_prompt,
+    )
+    response = JsonResponse(_tab_detail(tab), status=201)
+    response["Location"] = reverse("api_tab", args=[tab.id])
+    return response
+
+
+@api_view("GET")
+def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    return JsonResponse(_tab_detail(_get_tab(request, tab_id)))
+
+
+@api_view("GET")
+def chunks(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """A page of the log by seq: the last `limit` before `before` (default: the
+    newest), or the first `limit` after `after`.
+
+    Seqs are dense from 1 and rows never change, so a page that ends below the
+    last seq is known from its bounds alone: its ETag is those bounds, and a
+    matching If-None-Match is answered without reading a chunk.
+    """
+    tab = _get_tab(request, tab_id)
+    limit = limit_param(request, default=CHUNKS_LIMIT_DEFAULT, maximum=CHUNKS_LIMIT_MAX)
+    before = int_param(request, "before", minimum=1)
+    after = int_param(request, "after", minimum=0)
+    if before is not None and after is not None:
+        raise ApiError(400, "invalid_parameter", "Send ?before= or ?after=, not both.")
+    total = tab.last_seq
+    if after is not None:
+        low, high = after + 1, min(after + limit, total)
+    else:
+        high = total if before is None else min(before - 1, total)
+        low = max(1, high - limit + 1)
+    immutable = low <= high < total
+    etag = f'"v1-{tab.id}-{low}-{high}"'
+    if immutable and etag in _etags(request.META.get("HTTP_IF_NONE_MATCH", "")):
+        response = HttpResponse(status=304)
+        response["ETag"] = etag
+        response["Cache-Control"] = IMMUTABLE_CACHE_CONTROL
+        return response
+    rows = (
+        log.tail(tab.id, after=after, limit=limit)
+        if after is not None
+        else log.page(tab.id, before=before, limit=limit)
+    )
+    first = rows[0].seq if rows else None
+    last = rows[-1].seq if rows else None
+    if after is not None:
+        has_more = last is not None and last < total
+    else:
+        has_more = first is not None and first > 1
+    response = JsonResponse(
+        {
+            "chunks": [_chunk(row) for row in rows],
+            "total": total,
+            "has_more": has_more,
+            "next_before": first if first is not None and first > 1 else None,
+            "next_after": last if last is not None and last < total else None,
+        }
+    )
+    if immutable:
+        response["ETag"] = etag
+        response["Cache-Control"] = IMMUTABLE_CACHE_CONTROL
+    else:
+        # The newest page grows as the turn runs: always ask again.
+        response["Cache-Control"] = "private, no-cache"
+    return response
+
+
+def _etags(header: str) -> set[str]:
+    return {part.strip().removeprefix("W/") for part in header.split(",") if part.strip()}
+
+
+# --- Turns --------------------------------------------------------------------------------
+
+
+@api_view("POST", write=True)
+def messages(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Send a message: queued at once, taken by the running turn at its next step or by
+    a new turn. 202: accepted, not answered."""
+    tab = _get_tab(request, tab_id)
+    data = read_json(request, {"text": Field(str, required=True)})
+    text = data["text"]
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise ApiError(
+            422,
+            "invalid_value",
+            f"The message is too long (at most {MAX_MESSAGE_CHARS} characters).",
+        )
+    try:
+        queued = turns.submit(tab, text)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_value", str(exc)) from None
+    return JsonResponse({"id": queued.pk}, status=202)
+
+
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ApiError(422, "invalid_value", f"{what} must be a UUID, not {value!r}.") from None
+
+
+@api_view("POST", write=True)
+def stop(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Stop the running turn: `turn_id` (what the client last saw) guards against
+    stopping the turn after it; null or missing stops whichever runs."""
+    tab = _get_tab(request, tab_id)
+    data = read_json(request, {"turn_id": Field((str, type(None)), label="a UUID string or null")})
+    turn_id = _uuid(data["turn_id"], "turn_id") if data.get("turn_id") is not None else None
+    if not turns.cancel(tab.id, turn_id):
+        message = (
+            f"Turn {turn_id} is not running on this tab."
+            if turn_id
+            else "No turn is running on this tab."
+        )
+        raise ApiError(409, "not_running", message)
+    return JsonResponse({"stopping": True}, status=202)
+
+
+@api_view("POST", write=True)
+def approval(request: HttpRequest, tab_id: uuid.UUID, call_id: str) -> HttpResponse:
+    """Approve or deny the tool call the running turn waits on."""
+    tab = _get_tab(request, tab_id)
+    data = read_json(request, {"approve": Field(bool, required=True)})
+    running = RunningTurn.objects.filter(tab_id=tab.id).first()
+    waiting = (
+        waiting_call(tab.id, running.turn_id)
+        if running is not None and running.status == RunningTurn.Status.WAITING
+        else None
+    )
+    if waiting is None or waiting["call_id"] != call_id:
+        raise ApiError(
+            409, "not_waiting", f"No turn on this tab waits for approval of {call_id!r}."
+        )
+    turns.approve(tab.id, call_id, data["approve"])
+    return JsonResponse({"call_id": call_id, "approve": data["approve"]}, status=202)
+
+
 # Mounted at /api/v1/ by chat/urls.py. Other modules' API routes go here too, so
 # the whole API is one list next to the decorator it shares.
 urlpatterns = [
     path("tabs", tabs, name="api_tabs"),
+    path("tabs/<uuid:tab_id>", tab, name="api_tab"),
+    path("tabs/<uuid:tab_id>/chunks", chunks, name="api_chunks"),
+    path("tabs/<uuid:tab_id>/messages", messages, name="api_messages"),
+    path("tabs/<uuid:tab_id>/stop", stop, name="api_stop"),
+    path("tabs/<uuid:tab_id>/approvals/<str:call_id>", approval, name="api_approval"),
 ]
