@@ -3,8 +3,10 @@
 Rows are appended sealed and never updated. `append` allocates seqs under the
 tab row's lock (SELECT ... FOR UPDATE on PostgreSQL; on SQLite the IMMEDIATE
 transaction already serialises writers), and the (tab, seq) unique constraint
-is the last line of defence. All functions here are synchronous ORM code: call
-them from async code through `database_sync_to_async`.
+is the last line of defence. The search index (chat.search) is written in
+the same transaction as the chunks it indexes. All functions here are
+synchronous ORM code: call them from async code through
+`database_sync_to_async`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from chat import search
 from chat.models import Chunk, RunningTurn, Tab
 from chat.stream import Block
 
@@ -23,7 +26,7 @@ from chat.stream import Block
 def append(
     tab_id: uuid.UUID, blocks: Sequence[Block], *, clear_checkpoint: bool = False
 ) -> list[Chunk]:
-    """Append sealed blocks in order; sets each block's seq. One transaction.
+    """Append sealed blocks in order, and index them; sets each block's seq. One transaction.
 
     `clear_checkpoint` drops the running turn's checkpoint in the same
     transaction, so sealing the open block is one write, not two.
@@ -53,6 +56,7 @@ def append(
                 )
             )
         Chunk.objects.bulk_create(rows)
+        search.index(tab_id, rows)
         Tab.objects.filter(pk=tab_id).update(
             last_seq=F("last_seq") + len(rows), updated_at=timezone.now()
         )

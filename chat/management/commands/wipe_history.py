@@ -1,6 +1,7 @@
 """`manage.py wipe_history`: delete all chat history, keep everything else.
 
-History is Chunk, QueuedMessage, RunningTurn and Tab. Everything else stays:
+History is Chunk, QueuedMessage, RunningTurn and Tab, and the search index
+over the chunks (chat.search: tables, not models). Everything else stays:
 users, sessions, Setting, ApiKey, ProviderEndpoint, UsageRecord and any table
 another app adds. The command prints what it deletes and what it keeps, asks
 (unless --yes), refuses while a turn runs (unless --force, which cancels those
@@ -20,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import Model
 
-from chat import lease, turns
+from chat import lease, search, turns
 from chat.management.commands.dispatch_status import database_size, human_size
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 
@@ -88,7 +89,8 @@ def _rows(n: int) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Delete all chat history (tabs, chunks, running turns, queued messages) and keep "
+        "Delete all chat history (tabs, chunks, running turns, queued messages, the search "
+        "index) and keep "
         "everything else (users, settings, API keys, endpoints, usage)."
     )
     # call_command(..., stdin=...) lets tests answer the question.
@@ -126,6 +128,7 @@ class Command(BaseCommand):
         self.stdout.write("Deletes (chat history):")
         for table in history_tables():
             self.stdout.write(f"  {table}: {_rows(_count(using, table))}")
+        self.stdout.write(f"  {search.TABLE} (search index): {_rows(_count(using, search.TABLE))}")
         self.stdout.write("Keeps:")
         for model in kept:
             table = model._meta.db_table
@@ -162,11 +165,12 @@ class Command(BaseCommand):
 
         size_before = database_size(using)
         started = time.monotonic()
-        deleted = self._delete(using)
+        deleted, indexed = self._delete(using)
         elapsed = time.monotonic() - started
         self.stdout.write(
             f"Deleted {_rows(sum(deleted.values()))} in {elapsed:.1f} s: "
             + ", ".join(f"{table} {n}" for table, n in deleted.items())
+            + f"; search index: {_rows(indexed)}"
         )
         self._vacuum(using, size_before)
 
@@ -207,8 +211,9 @@ class Command(BaseCommand):
                 )
             time.sleep(CANCEL_POLL_SECONDS)
 
-    def _delete(self, using: str) -> dict[str, int]:
-        """One DELETE per history table, children first, in one transaction.
+    def _delete(self, using: str) -> tuple[dict[str, int], int]:
+        """One DELETE per history table, children first, and the search index's rows,
+        in one transaction. The rows deleted per table, and the index's.
 
         Django's delete() would load every row to run its cascade collector,
         which takes minutes on a large log; no signal or on_delete of these
@@ -230,10 +235,11 @@ class Command(BaseCommand):
                     "nothing was deleted."
                 )
             with connection.cursor() as cursor:
+                indexed = search.clear(cursor)
                 for table in history_tables():
                     cursor.execute(f"DELETE FROM {connection.ops.quote_name(table)}")
                     deleted[table] = cursor.rowcount
-        return deleted
+        return deleted, indexed
 
     def _vacuum(self, using: str, size_before: Any) -> None:
         connection = connections[using]
@@ -250,9 +256,10 @@ class Command(BaseCommand):
                     cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                     done = "VACUUM"
                 elif connection.vendor == "postgresql":
-                    for table in history_tables():
+                    tables = [*history_tables(), search.TABLE]
+                    for table in tables:
                         cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(table)}")
-                    done = f"VACUUM ANALYZE {', '.join(history_tables())}"
+                    done = f"VACUUM ANALYZE {', '.join(tables)}"
                 else:
                     self.stdout.write(f"No VACUUM step for {connection.vendor}.")
                     return
