@@ -31,7 +31,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import lease, log, preferences, throttle, turns
+from chat import lease, log, preferences, search, throttle, turns
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
 from chat.stream import Kind
@@ -578,6 +578,51 @@ def approval(request: HttpRequest, tab_id: uuid.UUID, call_id: str) -> HttpRespo
 
 # Mounted at /api/v1/ by chat/urls.py. Other modules' API routes go here too, so
 # the whole API is one list next to the decorator it shares.
+# --- Search -------------------------------------------------------------------------------
+
+
+def _hit(hit: search.Hit) -> JsonDict:
+    return {
+        "tab_id": str(hit.tab_id),
+        "tab_title": hit.title,
+        "seq": hit.seq,
+        "chunk_id": str(hit.chunk_id),
+        "role": hit.role,
+        "type": hit.type,
+        "snippet": str(hit.snippet),
+        "url": reverse("tab", args=[hit.tab_id]) + f"?seq={hit.seq}",
+    }
+
+
+@api_view("GET")
+def search_hits(request: HttpRequest) -> HttpResponse:
+    """Chunks of the user's tabs matching every word of ?q=, newest first."""
+    q = request.GET.get("q")
+    if q is None:
+        raise ApiError(400, "missing_parameter", "?q= is required: the words to search for.")
+    tab_id = None
+    if raw := request.GET.get("tab"):
+        try:
+            tab_id = _get_tab(request, uuid.UUID(raw)).id
+        except ValueError:
+            raise ApiError(
+                400, "invalid_parameter", f"?tab= must be a tab id (a UUID), not {raw!r}."
+            ) from None
+    limit = limit_param(request, default=search.DEFAULT_LIMIT, maximum=search.MAX_LIMIT)
+    try:
+        hits = search.search(
+            request.user,
+            q,
+            tab=tab_id,
+            role=request.GET.get("role"),
+            type=request.GET.get("type"),
+            limit=limit,
+        )
+    except search.SearchError as exc:
+        raise ApiError(400, "invalid_query", str(exc)) from None
+    return JsonResponse({"hits": [_hit(h) for h in hits]})
+
+
 urlpatterns = [
     path("tabs", tabs, name="api_tabs"),
     path("tabs/<uuid:tab_id>", tab, name="api_tab"),
@@ -585,4 +630,5 @@ urlpatterns = [
     path("tabs/<uuid:tab_id>/messages", messages, name="api_messages"),
     path("tabs/<uuid:tab_id>/stop", stop, name="api_stop"),
     path("tabs/<uuid:tab_id>/approvals/<str:call_id>", approval, name="api_approval"),
+    path("search", search_hits, name="api_search"),
 ]

@@ -102,17 +102,6 @@ class Hit:
     # Escaped text with the matched words in <mark>: safe to put into HTML.
     snippet: SafeString
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "tab": str(self.tab_id),
-            "title": self.title,
-            "chunk": str(self.chunk_id),
-            "seq": self.seq,
-            "role": self.role,
-            "type": self.type,
-            "snippet": str(self.snippet),
-        }
-
 
 # --- What goes into the index --------------------------------------------------------
 

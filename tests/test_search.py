@@ -174,15 +174,15 @@ def test_hits_come_newest_first_up_to_the_limit(tab, alice):
 def test_a_hit_carries_the_chunk_and_its_tab(tab, alice):
     [chunk] = log.append(tab.pk, [text("find me")])
     [hit] = search.search(alice, "find")
-    assert hit.to_dict() == {
-        "tab": str(tab.pk),
-        "title": "Alice's tab",
-        "chunk": str(chunk.id),
-        "seq": 1,
-        "role": "user",
-        "type": "text",
-        "snippet": "<mark>find</mark> me",
-    }
+    assert hit == search.Hit(
+        tab_id=tab.pk,
+        title="Alice's tab",
+        chunk_id=chunk.id,
+        seq=1,
+        role="user",
+        type="text",
+        snippet="<mark>find</mark> me",
+    )
 
 
 def test_the_snippet_is_escaped_and_highlighted(tab, alice):
