@@ -31,6 +31,7 @@ from pygments.lexers import JsonLexer
 from chat.lease import is_stale, turn_usage
 from chat.models import (
     ApiKey,
+    ApiToken,
     Chunk,
     ChunkType,
     ProviderEndpoint,
@@ -534,3 +535,19 @@ class ApiKeyAdmin(admin.ModelAdmin):
     @admin.display(description="stored key")
     def masked_key(self, api_key: ApiKey) -> str:
         return api_key.masked if api_key.last4 else "-"
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are issued on the Settings page or by create_api_token, which show the plain
+    token once; here they can be seen, renamed, made read-only, and revoked (deleted)."""
+
+    list_display = ["prefix", "name", "user", "read_only", "created_at", "last_used_at"]
+    list_filter = ["read_only"]
+    list_select_related = ["user"]
+    search_fields = ["name", "prefix", "user__username"]
+    fields = ["user", "name", "prefix", "read_only", "created_at", "last_used_at", "token_hash"]
+    readonly_fields = ["user", "prefix", "created_at", "last_used_at", "token_hash"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

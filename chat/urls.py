@@ -11,6 +11,7 @@ urlpatterns = [
     path("logout/", views.logout_view, name="logout"),
     path("settings/", views.settings_view, name="settings"),
     path("settings/keys/<str:provider>/delete/", views.apikey_delete, name="apikey_delete"),
+    path("settings/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
     path(
         "settings/endpoints/<str:provider>/delete/",
         views.endpoint_delete,
@@ -25,5 +26,7 @@ urlpatterns = [
     path("t/<uuid:tab_id>/send/", views.tab_send, name="tab_send"),
     path("t/<uuid:tab_id>/stop/", views.tab_stop, name="tab_stop"),
     path("t/<uuid:tab_id>/approve/", views.tab_approve, name="tab_approve"),
+    path("t/<uuid:tab_id>/export/", views.tab_export, name="tab_export"),
+    path("t/import/", views.tab_import, name="tab_import"),
     path("api/v1/", include(api.urlpatterns)),
 ]

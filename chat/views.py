@@ -23,9 +23,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from chat import lease, log, preferences, turns
+from chat import lease, log, preferences, transfer, turns
 from chat import render as chat_render
 from chat.forms import (
     MAX_MESSAGE_CHARS,
@@ -43,6 +44,7 @@ from chat.forms import (
 )
 from chat.models import (
     ApiKey,
+    ApiToken,
     Chunk,
     ProviderEndpoint,
     RunningTurn,
@@ -57,6 +59,8 @@ from chat.tools import sandbox
 SIDEBAR_TABS = 100
 # The row whose lock makes "no user yet, create the owner" one step across processes.
 SETUP_LOCK_KEY = "owner_setup"
+# ApiToken.name's column.
+API_TOKEN_NAME_MAX_CHARS = 100
 
 
 def _get_tab_for_user(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
@@ -336,6 +340,60 @@ def tab_approve(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     return HttpResponse(status=204)
 
 
+# --- Export and import -------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def tab_export(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """The tab as a download: ?format=jsonl (lossless, importable) or markdown."""
+    tab = _get_tab_for_user(request, tab_id)
+    fmt = request.GET.get("format", "jsonl")
+    if fmt not in transfer.FORMATS:
+        return HttpResponseBadRequest(f"Unknown export format {fmt!r}: use jsonl or markdown.")
+    return transfer.export_response(tab, fmt)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+@csrf_exempt
+def tab_import(request: HttpRequest) -> HttpResponse:
+    """Upload a JSONL export as a new tab.
+
+    The size is checked before anything reads the body, which is why the CSRF
+    check (it parses the upload) comes after, in _tab_import.
+    """
+    if request.method == "POST" and transfer.declared_too_large(request, multipart=True):
+        error = transfer.ImportTooLarge(transfer.IMPORT_MAX_BYTES)
+        return _import_page(request, f"Not imported: {error}.", status=413)
+    return _tab_import(request)
+
+
+@csrf_protect
+def _tab_import(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _import_page(request, "")
+    upload = request.FILES.get("file")
+    if upload is None:
+        return _import_page(request, "Choose a .jsonl file exported from Dispatch.", status=400)
+    try:
+        tab = transfer.import_jsonl(request.user, upload)
+    except transfer.ImportRefused as exc:
+        status = 413 if isinstance(exc, transfer.ImportTooLarge) else 400
+        return _import_page(request, f"Not imported: {exc}.", status=status)
+    messages.success(request, f"Imported {upload.name} as a new tab.")
+    return redirect("tab", tab_id=tab.id)
+
+
+def _import_page(request: HttpRequest, error: str, status: int = 200) -> HttpResponse:
+    context = {
+        "tabs": _sidebar_tabs(request),
+        "error": error,
+        "max_mb": transfer.IMPORT_MAX_BYTES // (1024 * 1024),
+    }
+    return render(request, "chat/tab_import.html", context, status=status)
+
+
 # --- Settings ----------------------------------------------------------------------------
 
 
@@ -348,6 +406,7 @@ def settings_view(request: HttpRequest) -> HttpResponse:
     key_form = ApiKeyForm()
     endpoint_form = EndpointForm()
     status = 200
+    new_token = token_error = ""
     if request.method == "POST":
         action = request.POST.get("action")
         if action == "settings":
@@ -375,9 +434,19 @@ def settings_view(request: HttpRequest) -> HttpResponse:
                 )
                 messages.success(request, f"Saved the {provider} endpoint.")
                 return redirect("settings")
+        elif action == "token":
+            name = request.POST.get("name", "").strip()
+            if len(name) > API_TOKEN_NAME_MAX_CHARS:
+                token_error = f"A token's name has at most {API_TOKEN_NAME_MAX_CHARS} characters."
+            else:
+                read_only = request.POST.get("read_only") == "on"
+                # Rendered, not redirected: the plain token must not pass through
+                # the messages cookie or the session, and is shown this once.
+                _, new_token = ApiToken.issue(request.user, name=name, read_only=read_only)
         else:
             return HttpResponseBadRequest("Unknown settings action.")
-        status = 422
+        if not new_token:
+            status = 422
     labels = dict(key_providers())
     stored = set(ApiKey.objects.values_list("provider", flat=True))
     return render(
@@ -399,6 +468,9 @@ def settings_view(request: HttpRequest) -> HttpResponse:
             "providers": _provider_status(stored),
             "offline_model": OFFLINE_MODEL,
             "sandbox": sandbox.state(sandbox.policy_from(settings)),
+            "api_tokens": ApiToken.objects.filter(user=request.user),
+            "new_token": new_token,
+            "token_error": token_error,
         },
         status=status,
     )
@@ -431,6 +503,16 @@ def apikey_delete(request: HttpRequest, provider: str) -> HttpResponse:
         messages.success(request, f"Deleted the {provider} key.")
     else:
         messages.error(request, f"There is no stored {provider} key.")
+    return redirect(reverse("settings"))
+
+
+@login_required
+@require_POST
+def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    """Revoke one of the user's own API tokens: the row goes, and the token with it."""
+    token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
+    token.delete()
+    messages.success(request, f"Revoked the API token {token.prefix}….")
     return redirect(reverse("settings"))
 
 
