@@ -29,12 +29,15 @@ import base64
 import binascii
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import IO, Any
 
+from asgiref.sync import sync_to_async
 from django.db import connection, transaction
+from django.http import HttpRequest, StreamingHttpResponse
 from django.utils import timezone
+from django.utils.text import slugify
 
 from chat import history, log
 from chat.models import Chunk, Tab
@@ -55,6 +58,10 @@ IMPORT_MAX_BYTES = 64 * 1024 * 1024
 # A tool call's arguments or a result in the Markdown export: people read the
 # start, and the JSONL export keeps everything.
 MARKDOWN_TOOL_CHARS = 4000
+# A multipart upload carries the file and a few small fields and boundaries.
+MULTIPART_SLACK = 64 * 1024
+# The slug of a title in an export's file name: enough to recognise the tab.
+FILENAME_TITLE_CHARS = 60
 # Tab.title's and Tab.model's max_length.
 TITLE_MAX = 200
 MODEL_MAX = 200
@@ -302,6 +309,46 @@ def _italic(text: str) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+# format -> (writer, content type, file extension)
+FORMATS = {
+    "jsonl": (export_jsonl, "application/x-ndjson; charset=utf-8", "jsonl"),
+    "markdown": (export_markdown, "text/markdown; charset=utf-8", "md"),
+}
+
+
+async def _async(parts: Iterator[str]) -> AsyncIterator[str]:
+    """A sync generator that reads the database, served a part at a time under ASGI.
+
+    Django serves a sync iterator under ASGI by reading it into a list first,
+    which would hold the whole export in memory.
+    """
+    step = sync_to_async(next, thread_sensitive=True)
+    while (part := await step(parts, None)) is not None:
+        yield part
+
+
+def export_response(tab: Tab, fmt: str) -> StreamingHttpResponse:
+    """The export as a download; `fmt` is a key of FORMATS."""
+    writer, content_type, extension = FORMATS[fmt]
+    name = slugify(str(tab))[:FILENAME_TITLE_CHARS].strip("-") or "tab"
+    day = timezone.localdate().isoformat()
+    response = StreamingHttpResponse(_async(writer(tab)), content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{name}-{day}.{extension}"'
+    return response
+
+
+def declared_too_large(request: HttpRequest, *, multipart: bool) -> bool:
+    """The request says (Content-Length) that its body is past the import limit.
+
+    Checked before the body is parsed: such a file is refused unread.
+    """
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return False  # the server refuses such a request before it gets here
+    return length > IMPORT_MAX_BYTES + (MULTIPART_SLACK if multipart else 0)
 
 
 # --- Import --------------------------------------------------------------------------
