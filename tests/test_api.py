@@ -653,3 +653,14 @@ def test_token_failures_are_rate_limited_like_sign_ins(alice, token):
     assert int(locked["Retry-After"]) > 0
     elsewhere = ApiClient(token=token, address="198.51.100.1").get("/api/v1/tabs")
     assert elsewhere.status_code == 200
+
+
+def test_a_json_body_counts_whatever_its_content_type(api, tab):
+    """curl -d sends form encoding's content type: the body is read as JSON all the same."""
+    response = api.post(
+        f"/api/v1/tabs/{tab.id}/messages",
+        raw=b'{"text": "hi"}',
+        content_type="application/x-www-form-urlencoded",
+    )
+    assert response.status_code == 202
+    assert QueuedMessage.objects.get().text == "hi"
