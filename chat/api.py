@@ -576,8 +576,6 @@ def approval(request: HttpRequest, tab_id: uuid.UUID, call_id: str) -> HttpRespo
     return JsonResponse({"call_id": call_id, "approve": data["approve"]}, status=202)
 
 
-# Mounted at /api/v1/ by chat/urls.py. Other modules' API routes go here too, so
-# the whole API is one list next to the decorator it shares.
 # --- Search -------------------------------------------------------------------------------
 
 
@@ -623,6 +621,8 @@ def search_hits(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"hits": [_hit(h) for h in hits]})
 
 
+# Mounted at /api/v1/ by chat/urls.py. Other modules' API routes go here too, so
+# the whole API is one list next to the decorator it shares.
 urlpatterns = [
     path("tabs", tabs, name="api_tabs"),
     path("tabs/<uuid:tab_id>", tab, name="api_tab"),
