@@ -31,7 +31,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import lease, log, preferences, search, throttle, turns
+from chat import lease, log, preferences, search, throttle, transfer, turns
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
 from chat.stream import Kind
@@ -576,6 +576,52 @@ def approval(request: HttpRequest, tab_id: uuid.UUID, call_id: str) -> HttpRespo
     return JsonResponse({"call_id": call_id, "approve": data["approve"]}, status=202)
 
 
+# --- Export and import --------------------------------------------------------------------
+
+
+@api_view("GET")
+def tab_export(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """The tab streamed in constant memory: ?format=jsonl (default; lossless, what
+    POST /tabs/import takes) or ?format=markdown (for people)."""
+    tab = _get_tab(request, tab_id)
+    fmt = request.GET.get("format", "jsonl")
+    if fmt not in transfer.FORMATS:
+        raise ApiError(
+            400, "invalid_parameter", f"?format= must be jsonl or markdown, not {fmt!r}."
+        )
+    return transfer.export_response(tab, fmt)
+
+
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+@api_view("POST", write=True)
+def tab_import(request: HttpRequest) -> HttpResponse:
+    """The body, a JSONL export, becomes a new tab.
+
+    The size is checked on Content-Length before the body is read; the body is
+    then read a line at a time, never whole.
+    """
+    if request.content_type in FORM_TYPES:
+        # A form's body is parsed (and used up) by the CSRF check of a session.
+        raise ApiError(
+            400,
+            "unsupported_body",
+            "Send the export itself as the request body (Content-Type: application/x-ndjson),"
+            " not as a form.",
+        )
+    if transfer.declared_too_large(request, multipart=False):
+        too_large = transfer.ImportTooLarge(transfer.IMPORT_MAX_BYTES)
+        raise ApiError(413, "import_too_large", f"Not imported: {too_large}.")
+    try:
+        tab = transfer.import_jsonl(request.user, request)
+    except transfer.ImportTooLarge as exc:
+        raise ApiError(413, "import_too_large", f"Not imported: {exc}.") from None
+    except transfer.ImportRefused as exc:
+        raise ApiError(422, "invalid_import", f"Not imported: {exc}.") from None
+    return JsonResponse(_tab_summary(tab, None), status=201)
+
+
 # --- Search -------------------------------------------------------------------------------
 
 
@@ -625,6 +671,8 @@ def search_hits(request: HttpRequest) -> HttpResponse:
 # the whole API is one list next to the decorator it shares.
 urlpatterns = [
     path("tabs", tabs, name="api_tabs"),
+    path("tabs/import", tab_import, name="api_tab_import"),
+    path("tabs/<uuid:tab_id>/export", tab_export, name="api_tab_export"),
     path("tabs/<uuid:tab_id>", tab, name="api_tab"),
     path("tabs/<uuid:tab_id>/chunks", chunks, name="api_chunks"),
     path("tabs/<uuid:tab_id>/messages", messages, name="api_messages"),
