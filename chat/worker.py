@@ -38,12 +38,15 @@ class TurnWorker(AsyncConsumer):
 
     async def __call__(self, scope, receive, send):
         self.tasks: set[asyncio.Task] = set()
+        # This consumer's runners (a test may run two workers in one process).
+        self.runners: set[TurnRunner] = set()
         try:
             await super().__call__(scope, receive, send)
         finally:
             # The consumer is going away (shutdown, or the channel layer failed):
             # its turns are interrupted, not cancelled by anyone.
-            interrupt_turns()
+            for runner in list(self.runners):
+                runner.cancel(stopping=True)
             if self.tasks:
                 # Let interrupted turns write their notice and release their lease.
                 await asyncio.wait(list(self.tasks), timeout=INTERRUPT_WAIT_SECONDS)
@@ -99,6 +102,10 @@ class TurnWorker(AsyncConsumer):
             return False
         runner = TurnRunner(tab_id, turn_id, publish, auto_approve=auto_approve)
         RUNNING[tab_id] = runner
+        self.runners.add(runner)
+        # With no await since it was registered: a stop that began while the
+        # control group was being joined (a Redis round trip) is not missed.
+        runner.draining = not accepting_turns
         task = asyncio.create_task(self._run(runner))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -116,6 +123,7 @@ class TurnWorker(AsyncConsumer):
         finally:
             # After run(): the lease is released (or recovered by someone else).
             lease.unclaim(runner.tab_id)
+            self.runners.discard(runner)
             if RUNNING.get(runner.tab_id) is runner:
                 del RUNNING[runner.tab_id]
                 await self.channel_layer.group_discard(

@@ -221,3 +221,32 @@ async def test_a_runner_that_cannot_join_its_control_group_gives_the_lease_up(an
 
 async def _lease_given_up(tab) -> bool:
     return tab.pk not in lease._claims and not await RunningTurn.objects.aexists()
+
+
+async def test_a_stop_that_comes_while_a_turn_joins_its_control_group_still_drains_it(monkeypatch):
+    """Joining the control group is a Redis round trip: a stop landing then must still
+    mark the new runner draining, or it would run the next queued turn instead of
+    handing it to a worker that stays."""
+
+    class Layer:
+        async def group_add(self, group, channel):
+            worker._stop_accepting()
+
+        async def group_discard(self, group, channel):
+            pass
+
+    async def run(self):
+        return None
+
+    monkeypatch.setattr(worker, "accepting_turns", True)
+    monkeypatch.setattr(agent.TurnRunner, "run", run)
+    consumer = worker.TurnWorker()
+    consumer.channel_layer, consumer.channel_name = Layer(), "worker-channel"
+    consumer.tasks, consumer.runners = set(), set()
+    tab_id = uuid.uuid4()
+    lease.claim(tab_id)
+    assert await consumer._start(tab_id, uuid.uuid4(), False)
+    runner = worker.RUNNING[tab_id]
+    assert runner.draining
+    await asyncio.gather(*consumer.tasks)
+    assert tab_id not in worker.RUNNING and tab_id not in lease._claims

@@ -17,7 +17,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.utils.timezone import now
 
-from chat import consumers, log, render
+from chat import follow, log, render
 from chat.models import QueuedMessage, RunningTurn, Tab, set_setting
 from chat.stream import Block
 from harness.login import browser_cookie, session_for
@@ -496,7 +496,7 @@ async def test_it_shows_a_clear_error_for_a_blank_message(browser, live_server):
 
 
 async def test_a_page_far_behind_gets_its_log_replaced_by_the_latest_page(browser, live_server):
-    """The socket's answer to a page more than a page behind (chat.consumers.catch_up) is a
+    """The socket's answer to a page more than a page behind (chat.follow.catch_up) is a
     new log: the latest page with its "older" trigger, even on a page scrolled back so far
     that it had stopped following, shown from its newest message as after a page load."""
     tab, turn, blocks, session = await sync_to_async(_make_tab)(30, page_size=20, dom_window=20)
@@ -508,7 +508,7 @@ async def test_a_page_far_behind_gets_its_log_replaced_by_the_latest_page(browse
 
     later = [block("text", {"text": f"later {i}"}, turn_id=turn) for i in range(50)]
     await sync_to_async(log.append)(tab.id, later)
-    plan = await sync_to_async(consumers.catch_up)(tab.id, hello["last_seq"])
+    plan = await sync_to_async(follow.catch_up)(tab.id, hello["last_seq"])
     assert plan.replaced and len(plan.frames) == 1
     socket.send(*plan.frames)
     await page.wait_for_selector(f"#chunk-{later[-1].id}")

@@ -15,7 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from chat import agent, bus, consumers, log, render
+from chat import agent, bus, consumers, follow, log, render
 from chat.models import RunningTurn, set_setting
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
@@ -190,7 +190,7 @@ async def test_hello_on_an_idle_tab_sends_what_the_page_lacks_and_the_status(scr
     socket = await open_socket(tab.pk, owner)
     await socket.send_to(text_data=json.dumps({"type": "hello", "last_seq": 1}))
     catch_up = await socket.receive_from(FRAME_TIMEOUT)
-    assert [catch_up] == render.catch_up_frames(rows[1:], consumers.CATCH_UP_FRAME_CHARS)
+    assert [catch_up] == render.catch_up_frames(rows[1:], follow.CATCH_UP_FRAME_CHARS)
     status = await socket.receive_from(FRAME_TIMEOUT)
     assert 'id="status"' in status
     assert await socket.receive_nothing(0.2)
@@ -324,7 +324,7 @@ async def test_a_connect_landing_mid_chunk_gets_exactly_the_text(script, plain_f
 
 async def test_a_dead_worker_falls_back_to_the_checkpoint(plain_frames, monkeypatch):
     """No runner answers the snapshot: the checkpoint in the database is sent after a timeout."""
-    monkeypatch.setattr(consumers, "SNAPSHOT_TIMEOUT", 0.2)
+    monkeypatch.setattr(follow, "SNAPSHOT_TIMEOUT", 0.2)
     from django.utils import timezone
 
     tab = await make_tab()
@@ -365,7 +365,7 @@ async def test_malformed_hello_is_ignored(plain_frames):
 
 
 async def test_a_page_that_never_says_hello_is_closed_before_its_buffer_grows(monkeypatch):
-    monkeypatch.setattr(consumers, "MAX_BUFFERED_OPS", 3)
+    monkeypatch.setattr(follow, "MAX_BUFFERED_OPS", 3)
     tab = await make_tab()
     owner = await database_sync_to_async(lambda: tab.owner)()
     socket = await open_socket(tab.pk, owner)
@@ -423,7 +423,7 @@ async def test_a_hello_far_behind_gets_the_latest_page_in_one_bounded_frame():
     socket = await open_socket(tab.pk, owner)
     await socket.send_to(text_data=json.dumps({"type": "hello", "last_seq": 0}))
     first = await socket.receive_from(FRAME_TIMEOUT)
-    assert len(first) <= consumers.CATCH_UP_FRAME_CHARS
+    assert len(first) <= follow.CATCH_UP_FRAME_CHARS
     status = await socket.receive_from(FRAME_TIMEOUT)
     assert 'id="status"' in status
     assert await socket.receive_nothing(0.2)
@@ -456,7 +456,7 @@ async def test_a_page_one_page_behind_gets_inserts_in_bounded_frames():
         frames.append(frame)
     await socket.disconnect()
     assert len(frames) > 1
-    assert all(len(f) <= consumers.CATCH_UP_FRAME_CHARS for f in frames)
+    assert all(len(f) <= follow.CATCH_UP_FRAME_CHARS for f in frames)
     seqs = []
     for frame in frames:
         for wrapper in top(frame):
@@ -528,7 +528,7 @@ async def test_lost_stream_text_is_noticed_and_resent_from_the_snapshot(
 ):
     """A delta past the end of the page's text, or one for a chunk the page never got opened,
     means ops were dropped: the socket resyncs, and the page's text is the open block's."""
-    monkeypatch.setattr(consumers, "SNAPSHOT_TIMEOUT", 0.2)
+    monkeypatch.setattr(follow, "SNAPSHOT_TIMEOUT", 0.2)
     tab = await make_tab()
     block = Block(uuid.uuid4(), uuid.uuid4(), 1, "assistant", "text", {"text": ""})
     words = [f"word{n} " for n in range(12)]
