@@ -25,6 +25,7 @@ BENCHMARKS = [
     "streaming",
     "paced",
     "browser",
+    "export",
     "wipe",
 ]
 

@@ -109,6 +109,19 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                 "100%",
             )
         )
+    if e := r.get("export"):
+        sizes = e["by_size"]
+        for fmt, ratio in (("jsonl", "jsonl_peak_ratio"), ("markdown", "markdown_peak_ratio")):
+            rows.append(
+                (
+                    f"Export ({'JSONL' if fmt == 'jsonl' else 'Markdown'}), 10k / 100k chunks",
+                    " / ".join(f"{sizes[n][fmt]['seconds']:.2f} s" for n in sizes)
+                    + "; peak memory "
+                    + " / ".join(f"{sizes[n][fmt]['peak_mb']:.1f} MB" for n in sizes)
+                    + f" ({e[ratio]:.2f}×)",
+                    "peak memory flat",
+                )
+            )
     if (w := r.get("wipe")) and "skipped" not in w:
         rows.append(
             (
