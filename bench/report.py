@@ -130,6 +130,24 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                 "seconds",
             )
         )
+    if (s := r.get("search")) and "skipped" not in s:
+        q, w = s["query"]["all"], s["write"]
+        rows.append(
+            (
+                f"Search over {s['chunks']:,} indexed chunks (SQLite FTS5)",
+                f"p50 {q['p50_ms']:.1f} ms, p99 {q['p99_ms']:.1f} ms "
+                f"({q['runs']} queries: common, middling, rare, two words, none, one tab)",
+                "p50 ≤ 50 ms",
+            )
+        )
+        rows.append(
+            (
+                "Search index cost per sealed chunk (log.append, 150 words)",
+                f"+{w['added_share'] * 100:.0f}% ({w['with_index_ms']:.2f} ms with, "
+                f"{w['without_index_ms']:.2f} ms without)",
+                "≤ 20%",
+            )
+        )
     return rows
 
 

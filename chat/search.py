@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
-from django.db.models import UUIDField
 from django.db.models.signals import pre_delete
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
@@ -142,8 +141,9 @@ def fold(text: str) -> str:
 
 
 def _db_uuid(value: uuid.UUID | str) -> Any:
-    # Django keeps UUIDs as 32 hex characters on SQLite and as uuid on PostgreSQL.
-    return UUIDField().get_db_prep_value(value, connection, prepared=False)
+    # As Django's UUIDField keeps them: 32 hex characters on SQLite, uuid on PostgreSQL.
+    value = value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+    return value if connection.vendor == "postgresql" else value.hex
 
 
 def index(tab_id: uuid.UUID, chunks: Iterable[Any]) -> int:
