@@ -237,6 +237,8 @@ class Item:
     # own, or (live) sent to its card's slot.
     orphan: bool = False
     pending_approval: bool = False
+    # The chunk a search result opened the page at: highlighted, scrolled to.
+    hit: bool = False
 
     @classmethod
     def of(cls, chunk: Any, *, open: bool = False) -> Item:
@@ -282,6 +284,8 @@ class Item:
             names.append("open")
         if self.turn_start:
             names.append("turn-start")
+        if self.hit:
+            names.append("hit")
         if self.type == Kind.TOOL_RESULT:
             if self.has_result:
                 names.append("has-result")
@@ -499,6 +503,15 @@ def page_items(
     if approval:
         _mark_pending(items, str(approval.get("call_id") or ""))
     return items, status_context(status)
+
+
+def mark_hit(items: Sequence[Item], seq: int) -> None:
+    """Highlight the chunk of this seq, at the top level or as a result in its card."""
+    for item in items:
+        for candidate in (item, *item.results):
+            if candidate.seq == seq:
+                candidate.hit = True
+                return
 
 
 def _mark_pending(items: Sequence[Item], call_id: str) -> None:

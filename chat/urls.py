@@ -17,6 +17,7 @@ urlpatterns = [
         views.endpoint_delete,
         name="endpoint_delete",
     ),
+    path("search/", views.search_view, name="search"),
     path("t/new/", views.tab_new, name="tab_new"),
     path("t/<uuid:tab_id>/", views.tab, name="tab"),
     path("t/<uuid:tab_id>/older/", views.tab_older, name="tab_older"),

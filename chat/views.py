@@ -26,7 +26,7 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from chat import lease, log, preferences, transfer, turns
+from chat import lease, log, preferences, search, transfer, turns
 from chat import render as chat_render
 from chat.forms import (
     MAX_MESSAGE_CHARS,
@@ -141,11 +141,30 @@ def tab_new(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """The tab's latest page; with ?seq=N (a search result) the page around that chunk.
+
+    A window that ends before the live end is detached, as after scrolling far
+    back: the "newer" link instead of live chunks, and `live_seq` for the
+    socket's hello, so it sends what came since and never replaces the window.
+    """
     tab = _get_tab_for_user(request, tab_id)
     conf = preferences.load()
-    chunks = log.page(tab.id, limit=conf.page_size)
+    hit = None
+    if "seq" in request.GET:
+        try:
+            hit = int(request.GET["seq"])
+        except ValueError:
+            return HttpResponseBadRequest("?seq= must be a chunk seq (a whole number).")
+        if hit < 1:
+            return HttpResponseBadRequest("?seq= must be at least 1.")
+    # Half a page after the hit, the rest before it.
+    end = hit + conf.page_size // 2 if hit is not None else None
+    detached = end is not None and end < tab.last_seq
+    chunks = log.page(tab.id, before=end + 1 if detached else None, limit=conf.page_size)
     has_more, continues = log.page_bounds(tab.id, chunks)
     items, status = chat_render.page_items(chunks, lease.status(tab.id), continues=continues)
+    if hit is not None:
+        chat_render.mark_hit(items, hit)
     return render(
         request,
         "chat/tab.html",
@@ -159,6 +178,8 @@ def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
             "expand_thinking": conf.expand_thinking,
             "dom_window": conf.dom_window,
             "has_more": has_more,
+            "detached": detached,
+            "live_seq": tab.last_seq,
             "tab_id": tab.id,
             "before": chunks[0].seq if chunks else 0,
             "model_choices": model_choices(tab.model),
@@ -167,6 +188,25 @@ def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
             "max_message": MAX_MESSAGE_CHARS,
         },
     )
+
+
+@login_required
+@require_GET
+def search_view(request: HttpRequest) -> HttpResponse:
+    """The sidebar's search: hits as a fragment (htmx), or the page with them in its sidebar."""
+    q = request.GET.get("q", "")
+    context: dict[str, Any] = {"q": q, "hits": [], "search_error": "", "searched": bool(q.strip())}
+    status = 200
+    if context["searched"]:
+        try:
+            context["hits"] = search.search(request.user, q)
+        except search.SearchError as exc:
+            context["search_error"] = str(exc)
+            status = 422
+    if getattr(request, "htmx", False):
+        return render(request, "chat/app.html#search_results", context, status=status)
+    context["tabs"] = _sidebar_tabs(request)
+    return render(request, "chat/app.html", context, status=status)
 
 
 def _results_shown_alone(

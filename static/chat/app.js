@@ -75,6 +75,7 @@
     // A whole new log (the socket's catch-up of a page far behind) is the live end.
     var wholeLog = frag.firstElementChild && frag.firstElementChild.id === 'log';
     if (detached() && d.target && d.target.id === 'log' && !wholeLog) {
+      skipped(frag);
       d.shouldSwap = false;
       return;
     }
@@ -95,9 +96,24 @@
     var content = evt.detail.content;
     var fallback = content && content.getAttribute && content.getAttribute('data-fallback');
     var target = fallback && document.querySelector(fallback);
+    if (detached() && content) skipped(content);
     if (!target || detached()) return;
     Array.prototype.slice.call(content.children).forEach(function (el) { upsert(el, target); });
   });
+
+  // A search result's window (data-live-seq, from the server) is detached on purpose:
+  // chunks the socket sends past it are left out but counted as held, so a reconnect's
+  // hello does not make the server replace the window with the latest page.
+  function skipped(frag) {
+    var log = $('log');
+    if (!log || !log.hasAttribute('data-live-seq')) return;
+    var live = parseInt(log.getAttribute('data-live-seq'), 10) || 0;
+    all(frag, '[data-seq]').forEach(function (el) {
+      var n = parseInt(el.getAttribute('data-seq'), 10);
+      if (n > live) live = n;
+    });
+    log.setAttribute('data-live-seq', String(live));
+  }
 
   // --- Reconnect: say what the page holds now -----------------------------------------
 
@@ -109,6 +125,8 @@
       var n = parseInt(el.getAttribute('data-seq'), 10);
       if (n > last) last = n;
     });
+    var live = parseInt(log.getAttribute('data-live-seq') || '0', 10);
+    if (detached() && live > last) last = live;
     var open = all(log, '.chunk.open').pop();
     var id = open ? open.id.slice('chunk-'.length) : '';
     var body = id ? $('body-' + id) : null;
@@ -282,6 +300,25 @@
 
   document.addEventListener('keydown', function (e) {
     var t = e.target;
+    // Search: "/" where it would type nothing, Ctrl+K (Cmd+K) anywhere; Esc clears it.
+    var typing = t && (/^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName) || t.isContentEditable);
+    var box = $('search-q');
+    if (box && ((e.key === '/' && !typing && !e.ctrlKey && !e.metaKey && !e.altKey) ||
+                (e.key.toLowerCase() === 'k' && (e.ctrlKey || e.metaKey) && !e.altKey))) {
+      e.preventDefault();
+      var nav = $('nav-toggle');
+      if (nav) nav.checked = true;
+      box.focus();
+      box.select();
+      return;
+    }
+    if (t && t.id === 'search-q' && e.key === 'Escape') {
+      e.preventDefault();
+      t.value = '';
+      $('search-results').textContent = '';
+      t.blur();
+      return;
+    }
     // On touch keyboards Enter is the only way to start a new line: Send is a tap away.
     if (t && t.id === 'composer-text' && e.key === 'Enter' && !e.shiftKey && !e.isComposing && !touch) {
       e.preventDefault();
@@ -352,6 +389,13 @@
     });
   }, 1000);
 
-  // The deferred script runs once the page is parsed: start at the newest message.
-  if ($('log')) toBottom();
+  // The deferred script runs once the page is parsed: start at the newest message, or
+  // at the chunk a search result opened the page at.
+  var hit = document.querySelector('#log .chunk.hit');
+  if (hit) {
+    follow = false;
+    hit.scrollIntoView({ block: 'center' });
+  } else if ($('log')) {
+    toBottom();
+  }
 })();
