@@ -25,13 +25,13 @@ from typing import Any
 from django import forms
 from django.contrib.auth.signals import user_login_failed
 from django.db.models import OuterRef, Subquery
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import lease, log, preferences, search, throttle, transfer, turns
+from chat import follow, lease, log, preferences, search, throttle, transfer, turns
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
 from chat.stream import Kind
@@ -576,6 +576,29 @@ def approval(request: HttpRequest, tab_id: uuid.UUID, call_id: str) -> HttpRespo
     return JsonResponse({"call_id": call_id, "approve": data["approve"]}, status=202)
 
 
+# --- Live events ----------------------------------------------------------------------------
+
+
+@api_view("GET")
+def events(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """The tab's log as server-sent events from a position on: `Last-Event-ID` (a
+    reconnect) or `?after=<seq>`, else the beginning. The WebSocket's sync behind
+    another transport (chat.follow): no gap, no duplicate across reconnects."""
+    tab = _get_tab(request, tab_id)
+    position = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
+    try:
+        hello = follow.parse_position(position)
+    except ValueError as exc:
+        raise ApiError(400, "bad_position", str(exc)) from None
+    response = StreamingHttpResponse(
+        follow.sse_events(tab.id, hello), content_type="text/event-stream"
+    )
+    response["Cache-Control"] = "no-cache"
+    # nginx would otherwise buffer the stream and deliver it in lumps.
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
 # --- Export and import --------------------------------------------------------------------
 
 
@@ -678,5 +701,6 @@ urlpatterns = [
     path("tabs/<uuid:tab_id>/messages", messages, name="api_messages"),
     path("tabs/<uuid:tab_id>/stop", stop, name="api_stop"),
     path("tabs/<uuid:tab_id>/approvals/<str:call_id>", approval, name="api_approval"),
+    path("tabs/<uuid:tab_id>/events", events, name="api_events"),
     path("search", search_hits, name="api_search"),
 ]
