@@ -453,7 +453,8 @@ CHUNK_CASES = [
     (
         2,
         {"data": {"text": "t", "duration_ms": True}},
-        "the data of this thinking chunk (assistant): 'duration_ms' must be an integer, not a boolean",
+        "the data of this thinking chunk (assistant): 'duration_ms' must be an integer, "
+        "not a boolean",
     ),
 ]
 
