@@ -62,7 +62,9 @@ def test_the_fragment_lists_hits_that_open_the_tab_at_their_chunk(client, tab):
     assert response.status_code == 200
     html = response.content.decode()
     assert f'href="/t/{tab.pk}/?seq=10"' in html
-    assert "<mark>needle</mark> &lt;b&gt;here&lt;/b&gt;" in html
+    snippet = html.split('class="hit-snippet">', 1)[1].split("</span>", 1)[0]
+    # SQLite's snippet escapes the markup; PostgreSQL's headline leaves it out.
+    assert snippet.startswith("<mark>needle</mark>") and "<b>" not in snippet
     assert "Haystack" in html and "<aside" not in html
 
 
