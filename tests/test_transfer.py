@@ -594,3 +594,17 @@ def test_a_chunk_history_cannot_send_is_refused_with_its_line(alice, monkeypatch
     monkeypatch.setattr(History, "add", refuse)
     error = refused(alice, to_bytes(lines))
     assert str(error) == "line 2: the request builder refuses this chunk: not today"
+
+
+def test_a_nul_character_is_refused_where_the_database_cannot_hold_it(alice):
+    """PostgreSQL's jsonb refuses U+0000 (a database error, after the lines before were
+    written); SQLite keeps it, so there the chunk goes in as it is."""
+    lines = good_lines(alice)
+    lines[1]["data"]["text"] = "nul \x00 here"
+    data = to_bytes(lines)
+    if connection.vendor == "postgresql":
+        error = refused(alice, data)
+        assert str(error) == "line 2: the data holds a NUL character (\\u0000)"
+    else:
+        copy = import_bytes(alice, data)
+        assert log.tail(copy.pk, limit=1)[0].data["text"] == "nul \x00 here"
