@@ -64,6 +64,8 @@ class _Gap(Exception):
 class CatchUp:
     frames: list[str]
     chunks: list[Chunk]
+    # The turn of the last chunk the client then holds (the page groups by it).
+    last_turn: uuid.UUID | None = None
     # The client's log was replaced: it holds `chunks` and nothing else.
     replaced: bool = False
     # More sealed chunks follow these: the follower catches up again from them.
@@ -82,7 +84,12 @@ def catch_up(tab_id: uuid.UUID, last_seq: int) -> CatchUp:
     conf = preferences.load()
     chunks = log.tail(tab_id, after=last_seq, limit=conf.page_size + 1)
     if len(chunks) <= conf.page_size:
-        return CatchUp(render.catch_up_frames(chunks, CATCH_UP_FRAME_CHARS), chunks)
+        held = log.turn_at(tab_id, last_seq) if last_seq else None
+        if not chunks:
+            return CatchUp([], chunks, last_turn=held)
+        continues = held is not None and chunks[0].turn_id == held
+        frames = render.catch_up_frames(chunks, CATCH_UP_FRAME_CHARS, continues=continues)
+        return CatchUp(frames, chunks, last_turn=chunks[-1].turn_id)
     limit = conf.page_size
     while True:
         chunks = log.page(tab_id, limit=limit)
@@ -96,27 +103,53 @@ def catch_up(tab_id: uuid.UUID, last_seq: int) -> CatchUp:
             expand_thinking=conf.expand_thinking,
         )
         if len(frame) <= CATCH_UP_FRAME_CHARS or limit == 1:
-            return CatchUp([frame], chunks, replaced=True)
+            last_turn = chunks[-1].turn_id if chunks else None
+            return CatchUp([frame], chunks, replaced=True, last_turn=last_turn)
         limit = max(1, limit // 2)
 
 
 class HtmlRenderer:
-    """Ops as htmx out-of-band fragments, for the tab page."""
+    """Ops as htmx out-of-band fragments, for the tab page.
+
+    A chunk starts a bubble when the chunk before it on the page is another
+    turn's, as a page render groups them: it keeps the turn of the last chunk it
+    sent, so a turn that opens without a user message (a recovery notice, a crash
+    before the messages were taken) starts its own bubble live, as after a reload.
+    """
+
+    def __init__(self) -> None:
+        self.last_turn: uuid.UUID | None = None
+        # The open chunk's id and whether it started a bubble: its seal keeps that.
+        self.opened: tuple[uuid.UUID, bool] | None = None
 
     def bind(self, follower: Follower) -> None:
         pass
 
     def catch_up(self, tab_id: uuid.UUID, last_seq: int) -> CatchUp:
-        return catch_up(tab_id, last_seq)
+        plan = catch_up(tab_id, last_seq)
+        self.last_turn = plan.last_turn
+        return plan
+
+    def _starts(self, block: Block) -> bool:
+        starts = block.turn_id != self.last_turn
+        self.last_turn = block.turn_id
+        return starts
 
     def open(self, block: Block) -> str:
-        return render.fragment_open(block)
+        starts = self._starts(block)
+        self.opened = (block.id, starts)
+        return render.fragment_open(block, turn_start=starts)
 
     def delta(self, chunk_id: str, offset: int, text: str) -> str:
         return render.fragment_delta(uuid.UUID(chunk_id), text)
 
     def seal(self, block: Block) -> str:
-        return render.fragment_seal(block)
+        if self.opened is not None and self.opened[0] == block.id:
+            starts, self.opened = self.opened[1], None
+            self.last_turn = block.turn_id
+        else:
+            starts = self._starts(block)
+        return render.fragment_seal(block, turn_start=starts)
 
     def status(self, status: dict[str, Any]) -> str:
         return render.fragment_status(status)

@@ -98,6 +98,11 @@ def count(tab_id: uuid.UUID) -> int:
     return Chunk.objects.filter(tab_id=tab_id).count()
 
 
+def turn_at(tab_id: uuid.UUID, seq: int) -> uuid.UUID | None:
+    """The turn of the chunk at `seq` (None for no turn, or no such chunk)."""
+    return Chunk.objects.filter(tab_id=tab_id, seq=seq).values_list("turn_id", flat=True).first()
+
+
 def last_seq(tab_id: uuid.UUID) -> int:
     return Tab.objects.filter(pk=tab_id).values_list("last_seq", flat=True).get()
 

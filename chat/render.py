@@ -636,13 +636,16 @@ def _insert(items: list[Item]) -> str:
     return _render("insert", {"items": items, "target": target, "fallback": fallback})
 
 
-def fragment_open(block: Block) -> str:
+def fragment_open(block: Block, *, turn_start: bool = False) -> str:
     """Insert an open chunk (seq None; body empty or the block's text so far).
 
     Also the snapshot of the open block on (re)connect: if the page already has
-    that chunk, the page's JS replaces it in place.
+    that chunk, the page's JS replaces it in place. `turn_start`: the chunk before
+    it on the page is another turn's (the sender knows; see follow.HtmlRenderer).
     """
-    return _insert([Item.of(block, open=True)])
+    item = Item.of(block, open=True)
+    item.turn_start = turn_start
+    return _insert([item])
 
 
 def fragment_delta(chunk_id: uuid.UUID, text: str) -> str:
@@ -657,9 +660,11 @@ def fragment_delta(chunk_id: uuid.UUID, text: str) -> str:
     )
 
 
-def fragment_seal(block: Block) -> str:
+def fragment_seal(block: Block, *, turn_start: bool = False) -> str:
     """The chunk's final rendering: replaces the open element by id, else is inserted."""
-    return _insert([Item.of(block)])
+    item = Item.of(block)
+    item.turn_start = turn_start
+    return _insert([item])
 
 
 def fragment_chunks(chunks: Iterable[Any]) -> str:
@@ -682,18 +687,19 @@ def fragment_chunks(chunks: Iterable[Any]) -> str:
     return "".join(frames)
 
 
-def catch_up_frames(chunks: Iterable[Any], max_chars: int) -> list[str]:
+def catch_up_frames(chunks: Iterable[Any], max_chars: int, *, continues: bool = True) -> list[str]:
     """Sealed chunks the page lacks, as insert frames of at most `max_chars` each.
 
     Results nest in cards of the same batch. Each top-level item is its own
     insert, so frames split anywhere between items; a frame holds at least one,
     so only a single item larger than `max_chars` makes a larger frame. The first
-    joins what the page shows before it, as every live chunk does.
+    joins what the page shows before it when `continues` (the page's last chunk is
+    of the same turn).
     """
     frames: list[str] = []
     parts: list[str] = []
     size = 0
-    for item in group(chunks, continues=True):
+    for item in group(chunks, continues=continues):
         html = _insert([item])
         if parts and size + len(html) > max_chars:
             frames.append("".join(parts))

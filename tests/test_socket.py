@@ -215,7 +215,8 @@ async def test_live_ops_become_open_delta_and_seal_fragments(script):
         await socket.disconnect()
     rows = await chunks(tab.pk)
     text = rows[-1]
-    sealed_user = render.fragment_seal(Block.from_dict(_fields(rows[0])))
+    # The turn's first chunk starts a bubble; its answer joins it.
+    sealed_user = render.fragment_seal(Block.from_dict(_fields(rows[0])), turn_start=True)
     assert sealed_user in frames
     assert render.fragment_seal(Block.from_dict(_fields(text))) in frames
     deltas = [f for f in frames if f.startswith(render.fragment_delta(text.id, "")[:30])]
@@ -243,7 +244,7 @@ def _fields(chunk) -> dict:
 def plain_frames(monkeypatch):
     """Frames as JSON facts instead of HTML, to reconstruct the page's text exactly."""
     monkeypatch.setattr(
-        render, "fragment_open", lambda b: json.dumps({"open": str(b.id), "text": b.text})
+        render, "fragment_open", lambda b, **kw: json.dumps({"open": str(b.id), "text": b.text})
     )
     monkeypatch.setattr(
         render, "fragment_delta", lambda i, t: json.dumps({"delta": str(i), "text": t})
@@ -251,12 +252,12 @@ def plain_frames(monkeypatch):
     monkeypatch.setattr(
         render,
         "fragment_seal",
-        lambda b: json.dumps({"seal": str(b.id), "seq": b.seq, "text": b.text}),
+        lambda b, **kw: json.dumps({"seal": str(b.id), "seq": b.seq, "text": b.text}),
     )
     monkeypatch.setattr(
         render,
         "catch_up_frames",
-        lambda cs, max_chars: (
+        lambda cs, max_chars, **kw: (
             [json.dumps({"chunks": [{"seal": str(c.id), "seq": c.seq} for c in cs]})] if cs else []
         ),
     )
@@ -570,3 +571,28 @@ async def test_lost_stream_text_is_noticed_and_resent_from_the_snapshot(
     await socket.receive_from(FRAME_TIMEOUT)  # the resync's status
     assert await socket.receive_nothing(0.3)
     await socket.disconnect()
+
+
+async def test_a_live_chunk_of_a_turn_without_a_user_message_starts_its_own_bubble():
+    """A recovery notice (or a crash's error) opens a turn with no user chunk: live, as
+    after a reload, it starts a bubble instead of joining the previous turn's answer."""
+    tab = await make_tab()
+    first, second = uuid.uuid4(), uuid.uuid4()
+    held = [
+        Block(uuid.uuid4(), first, 0, "user", "text", {"text": "hi"}),
+        Block(uuid.uuid4(), first, 1, "assistant", "text", {"text": "hello"}),
+    ]
+    await database_sync_to_async(log.append)(tab.pk, held)
+    renderer = follow.HtmlRenderer()
+    plan = await database_sync_to_async(renderer.catch_up)(tab.pk, 2)
+    assert plan.frames == [] and plan.last_turn == first
+    notice = Block(uuid.uuid4(), second, 0, "system", "system", {"kind": "interrupted"}, 3)
+    error = Block(uuid.uuid4(), second, 0, "assistant", "error", {"message": "x"}, 4)
+
+    def classes(frame: str) -> set[str]:
+        return top(frame)[0].children[0].classes
+
+    assert "turn-start" in classes(renderer.seal(notice))
+    assert "turn-start" not in classes(renderer.seal(error))
+    page = render.group([*held, notice, error])
+    assert [item.turn_start for item in page] == [True, False, True, False]
