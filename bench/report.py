@@ -82,6 +82,17 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                 "100k ≤ 1.5× 1k",
             )
         )
+        if "api_newest_ratio_100k_to_1k" in p:
+            rows.append(
+                (
+                    "API chunk page (200), newest / mid-tab, 1k / 10k / 100k chunks",
+                    " / ".join(_ms(sizes[n]["api_newest"]["median"]) for n in sizes)
+                    + f" ({p['api_newest_ratio_100k_to_1k']:.2f}×); "
+                    + " / ".join(_ms(sizes[n]["api_middle"]["median"]) for n in sizes)
+                    + f" ({p['api_middle_ratio_100k_to_1k']:.2f}×)",
+                    "100k ≤ 1.5× 1k",
+                )
+            )
     if b := r.get("request_build"):
         sizes = b["by_size"]
         rows.append(
