@@ -539,7 +539,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    """Tokens are issued on the Settings page or by create_api_token, which show the plain
+    """Tokens are issued on the API tokens page or by create_api_token, which show the plain
     token once; here they can be seen, renamed, made read-only, and revoked (deleted)."""
 
     list_display = ["prefix", "name", "user", "read_only", "created_at", "last_used_at"]

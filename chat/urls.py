@@ -11,7 +11,8 @@ urlpatterns = [
     path("logout/", views.logout_view, name="logout"),
     path("settings/", views.settings_view, name="settings"),
     path("settings/keys/<str:provider>/delete/", views.apikey_delete, name="apikey_delete"),
-    path("settings/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
+    path("account/tokens/", views.api_tokens_view, name="api_tokens"),
+    path("account/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
     path(
         "settings/endpoints/<str:provider>/delete/",
         views.endpoint_delete,

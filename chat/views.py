@@ -446,7 +446,6 @@ def settings_view(request: HttpRequest) -> HttpResponse:
     key_form = ApiKeyForm()
     endpoint_form = EndpointForm()
     status = 200
-    new_token = token_error = ""
     if request.method == "POST":
         action = request.POST.get("action")
         if action == "settings":
@@ -474,19 +473,9 @@ def settings_view(request: HttpRequest) -> HttpResponse:
                 )
                 messages.success(request, f"Saved the {provider} endpoint.")
                 return redirect("settings")
-        elif action == "token":
-            name = request.POST.get("name", "").strip()
-            if len(name) > API_TOKEN_NAME_MAX_CHARS:
-                token_error = f"A token's name has at most {API_TOKEN_NAME_MAX_CHARS} characters."
-            else:
-                read_only = request.POST.get("read_only") == "on"
-                # Rendered, not redirected: the plain token must not pass through
-                # the messages cookie or the session, and is shown this once.
-                _, new_token = ApiToken.issue(request.user, name=name, read_only=read_only)
         else:
             return HttpResponseBadRequest("Unknown settings action.")
-        if not new_token:
-            status = 422
+        status = 422
     labels = dict(key_providers())
     stored = set(ApiKey.objects.values_list("provider", flat=True))
     return render(
@@ -508,9 +497,6 @@ def settings_view(request: HttpRequest) -> HttpResponse:
             "providers": _provider_status(stored),
             "offline_model": OFFLINE_MODEL,
             "sandbox": sandbox.state(sandbox.policy_from(settings)),
-            "api_tokens": ApiToken.objects.filter(user=request.user),
-            "new_token": new_token,
-            "token_error": token_error,
         },
         status=status,
     )
@@ -546,14 +532,57 @@ def apikey_delete(request: HttpRequest, provider: str) -> HttpResponse:
     return redirect(reverse("settings"))
 
 
+# --- API tokens ---------------------------------------------------------------------------
+# Every signed-in user's own page, not a Settings section: Settings is staff-only, and a
+# token only ever acts as the user who made it.
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def api_tokens_view(request: HttpRequest) -> HttpResponse:
+    """List, and create, the user's own API tokens."""
+    if request.method != "POST":
+        return _api_tokens_page(request)
+    name = request.POST.get("name", "").strip()
+    if not name:
+        error = "Give the token a name, so you can tell it apart when you revoke it."
+        return _api_tokens_page(request, error=error, status=422)
+    if len(name) > API_TOKEN_NAME_MAX_CHARS:
+        error = f"A token's name has at most {API_TOKEN_NAME_MAX_CHARS} characters."
+        return _api_tokens_page(request, error=error, name=name, status=422)
+    read_only = request.POST.get("read_only") == "on"
+    # Rendered, not redirected: the plain token must not pass through the messages
+    # cookie or the session, and is shown this once.
+    _, new_token = ApiToken.issue(request.user, name=name, read_only=read_only)
+    return _api_tokens_page(request, new_token=new_token)
+
+
 @login_required
 @require_POST
 def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     """Revoke one of the user's own API tokens: the row goes, and the token with it."""
-    token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
+    token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
+    if token is None:
+        # Another user's token looks exactly like one that never existed.
+        error = "There is no such API token of yours; it may already have been revoked."
+        return _api_tokens_page(request, error=error, status=404)
     token.delete()
     messages.success(request, f"Revoked the API token {token.prefix}….")
-    return redirect(reverse("settings"))
+    return redirect(reverse("api_tokens"))
+
+
+def _api_tokens_page(
+    request: HttpRequest, *, new_token: str = "", error: str = "", name: str = "", status: int = 200
+) -> HttpResponse:
+    context = {
+        "tabs": _sidebar_tabs(request),
+        "api_tokens": ApiToken.objects.filter(user=request.user),
+        "new_token": new_token,
+        "token_error": error,
+        "name": name,
+        "name_max": API_TOKEN_NAME_MAX_CHARS,
+    }
+    return render(request, "chat/api_tokens.html", context, status=status)
 
 
 @login_required

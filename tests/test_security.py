@@ -143,6 +143,7 @@ def _logged_in_pages(owner) -> list[str]:
         reverse("tab", args=[tab.id]),
         reverse("tab_delete", args=[tab.id]),
         reverse("settings"),
+        reverse("api_tokens"),
         reverse("admin:index"),
         reverse("admin:chat_chunk_changelist"),
         reverse("admin:chat_chunk_change", args=[chunk.pk]),

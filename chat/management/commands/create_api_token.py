@@ -2,7 +2,7 @@
 
 Prints the token once, on stdout alone (so `TOKEN=$(manage.py create_api_token me)`
 works); only its hash is stored, so it cannot be shown again. Revoke it on the
-Settings page or in the admin.
+user's API tokens page or in the admin.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("username")
-        parser.add_argument("--name", default="", help="What the token is for, shown in Settings.")
+        parser.add_argument("--name", default="", help="What the token is for (a label).")
         parser.add_argument(
             "--read-only",
             action="store_true",
