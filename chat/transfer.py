@@ -14,8 +14,11 @@ then one line per chunk, `{"id", "seq", "turn_id", "step", "role", "type",
 "data", "created_at"}`, with `data` exactly as stored (signatures, redacted
 reasoning, call ids, everything the request builder reads).
 
-An import is checked line by line and written in one transaction, so a bad
-file writes nothing. It creates a new tab with new chunk ids: a chunk id is a
+An import is checked whole first (every line, spooled to a temporary file),
+so a bad file writes nothing; then it is written a batch per transaction into
+a tab that belongs to no one until the last batch is in: on SQLite one long
+transaction would hold the database's write lock for seconds (13 s for 100,000
+chunks) and stall every running turn. It creates a new tab with new chunk ids: a chunk id is a
 primary key across all tabs, and importing a file next to the tab it came from
 (the common case) must neither fail nor overwrite. Seqs, turn ids, steps,
 roles, types and data are kept, so the next request is byte for byte the one
@@ -28,13 +31,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import IO, Any
 
 from asgiref.sync import sync_to_async
-from django.db import connection, transaction
+from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
 from django.utils import timezone
 from django.utils.text import slugify
@@ -602,14 +606,8 @@ def import_jsonl(
     builder = history.History()
     number = first[0]
     seq = 0
-    with transaction.atomic():
-        tab = Tab.objects.create(
-            owner=owner,
-            title=head["title"],
-            model=head["model"],
-            system_prompt=head["system_prompt"],
-        )
-        batch: list[Block] = []
+    # Checked lines wait on disk, not in memory: an export may be 64 MB.
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as checked:
         for number, text in lines:
             seq += 1
             block = _check_chunk(number, _json(number, text), seq, text)
@@ -619,16 +617,47 @@ def import_jsonl(
                 raise ImportRefused(
                     number, f"the request builder refuses this chunk: {exc}"
                 ) from None
-            batch.append(block)
-            if len(batch) >= WRITE_BATCH:
-                log.append(tab.pk, batch)
-                batch = []
-        log.append(tab.pk, batch)
+            checked.write(text.rstrip("\r\n") + "\n")
         if head["chunks"] != seq:
             raise ImportRefused(
                 number,
                 f"the header says {head['chunks']} chunks and the file holds {seq}: "
                 "is the file cut short?",
             )
-        tab.refresh_from_db()
+        checked.seek(0)
+        return _write(owner, head, checked)
+
+
+def _write(owner: Any, head: dict[str, Any], checked: IO[str]) -> Tab:
+    """Write checked chunk lines as a new tab of `owner`: a batch per transaction, the
+    tab owned by no one (so shown to no one) until the last batch is in; removed if
+    any batch fails."""
+    tab = Tab.objects.create(
+        owner=None, title=head["title"], model=head["model"], system_prompt=head["system_prompt"]
+    )
+    try:
+        batch: list[Block] = []
+        for seq, text in enumerate(checked, start=1):
+            fields = json.loads(text)
+            turn_id = uuid.UUID(fields["turn_id"]) if fields["turn_id"] is not None else None
+            batch.append(
+                Block(
+                    uuid.uuid4(),
+                    turn_id,
+                    fields["step"],
+                    fields["role"],
+                    fields["type"],
+                    fields["data"],
+                    seq=seq,
+                )
+            )
+            if len(batch) >= WRITE_BATCH:
+                log.append(tab.pk, batch)
+                batch = []
+        log.append(tab.pk, batch)
+        Tab.objects.filter(pk=tab.pk).update(owner=owner)
+    except BaseException:
+        tab.delete()
+        raise
+    tab.refresh_from_db()
     return tab

@@ -321,6 +321,53 @@ def test_import_writes_in_batches(alice, monkeypatch):
     assert request_json(copy) == request_json(original)
 
 
+def test_import_writes_each_batch_in_its_own_transaction_into_a_tab_no_one_sees_yet(
+    alice, monkeypatch
+):
+    """One long transaction held SQLite's write lock for the whole import (13 s for
+    100,000 chunks), stalling every running turn: batches commit one by one, into a
+    tab owned by no one until the last is in."""
+    monkeypatch.setattr(transfer, "WRITE_BATCH", 4)
+    original = make_tab(alice, rich_log())
+    data = export_bytes(original)
+    depth = len(connection.atomic_blocks)  # the test's own transaction
+    seen = []
+    real_append = log.append
+
+    def append(tab_id, blocks, **kw):
+        seen.append((len(connection.atomic_blocks), Tab.objects.get(pk=tab_id).owner_id))
+        return real_append(tab_id, blocks, **kw)
+
+    monkeypatch.setattr(log, "append", append)
+    copy = import_bytes(alice, data)
+    assert len(seen) > 2
+    assert seen == [(depth, None)] * len(seen), "no outer transaction; no owner yet"
+    assert copy.owner_id == alice.pk
+    assert request_json(copy) == request_json(original)
+
+
+def test_an_import_whose_write_fails_leaves_no_tab_behind(alice, monkeypatch):
+    monkeypatch.setattr(transfer, "WRITE_BATCH", 4)
+    original = make_tab(alice, rich_log(), title="half written")
+    data = export_bytes(original)
+    calls = []
+    real_append = log.append
+
+    def append(tab_id, blocks, **kw):
+        calls.append(tab_id)
+        if len(calls) == 2:
+            raise RuntimeError("the disk is full")
+        return real_append(tab_id, blocks, **kw)
+
+    monkeypatch.setattr(log, "append", append)
+    with pytest.raises(RuntimeError, match="disk is full"):
+        import_bytes(alice, data)
+    assert list(Tab.objects.filter(title="half written").values_list("pk", flat=True)) == [
+        original.pk
+    ]
+    assert not Chunk.objects.filter(tab_id=calls[0]).exists()
+
+
 # --- Bad files ------------------------------------------------------------------------
 
 
