@@ -295,19 +295,6 @@ def _tab_summary(tab: Tab, state: str | None) -> JsonDict:
     }
 
 
-def _chunk(chunk: Chunk) -> JsonDict:
-    return {
-        "id": str(chunk.id),
-        "seq": chunk.seq,
-        "turn_id": str(chunk.turn_id) if chunk.turn_id else None,
-        "step": chunk.step,
-        "role": chunk.role,
-        "type": chunk.type,
-        "data": chunk.data,
-        "created_at": chunk.created_at.isoformat(),
-    }
-
-
 def waiting_call(tab_id: uuid.UUID, turn_id: uuid.UUID) -> JsonDict | None:
     """The call a waiting turn asks approval for: its first call without a result.
 
@@ -490,7 +477,7 @@ def chunks(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
         has_more = first is not None and first > 1
     response = JsonResponse(
         {
-            "chunks": [_chunk(row) for row in rows],
+            "chunks": [log.as_json(row) for row in rows],
             "total": total,
             "has_more": has_more,
             "next_before": first if first is not None and first > 1 else None,

@@ -186,7 +186,7 @@ class SseRenderer:
         chunks = chunks[:page_size]
         frames = []
         for chunk in chunks:
-            body = json.dumps(_chunk_fields(chunk), ensure_ascii=False, separators=(",", ":"))
+            body = json.dumps(log.as_json(chunk), ensure_ascii=False, separators=(",", ":"))
             frames.append(f"id: {chunk.seq}\nevent: chunk-seal\ndata: {body}\n\n")
         return CatchUp(frames, chunks, more=more)
 
@@ -215,7 +215,7 @@ class SseRenderer:
         return self._event("chunk-delta", {"id": chunk_id, "offset": offset, "text": text})
 
     def seal(self, block: Block) -> str:
-        return self._event("chunk-seal", _chunk_fields(block))
+        return self._event("chunk-seal", log.as_json(block))
 
     def status(self, status: dict[str, Any]) -> str:
         frame = self._event("status", status)
@@ -232,18 +232,6 @@ class SseRenderer:
 
     def taken(self, ids: list[int]) -> str:
         return self._event("taken", {"ids": list(ids)})
-
-
-def _chunk_fields(chunk: Chunk | Block) -> dict[str, Any]:
-    return {
-        "id": str(chunk.id),
-        "seq": chunk.seq,
-        "turn_id": str(chunk.turn_id) if chunk.turn_id else None,
-        "step": chunk.step,
-        "role": chunk.role,
-        "type": chunk.type,
-        "data": chunk.data,
-    }
 
 
 Renderer = HtmlRenderer | SseRenderer

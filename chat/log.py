@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F
@@ -96,6 +97,22 @@ def tail(tab_id: uuid.UUID, *, after: int = 0, limit: int | None = None) -> list
 
 def count(tab_id: uuid.UUID) -> int:
     return Chunk.objects.filter(tab_id=tab_id).count()
+
+
+def as_json(chunk: Chunk | Block) -> dict[str, Any]:
+    """A chunk (a row, or a sealed Block) as the API, its events and exports write it."""
+    fields: dict[str, Any] = {
+        "id": str(chunk.id),
+        "seq": chunk.seq,
+        "turn_id": str(chunk.turn_id) if chunk.turn_id else None,
+        "step": chunk.step,
+        "role": chunk.role,
+        "type": chunk.type,
+        "data": chunk.data,
+    }
+    if (created := getattr(chunk, "created_at", None)) is not None:
+        fields["created_at"] = created.isoformat()
+    return fields
 
 
 def turn_at(tab_id: uuid.UUID, seq: int) -> uuid.UUID | None:

@@ -182,25 +182,12 @@ def header(tab: Tab, end: int) -> dict[str, Any]:
     }
 
 
-def chunk_fields(chunk: Chunk) -> dict[str, Any]:
-    return {
-        "id": str(chunk.id),
-        "seq": chunk.seq,
-        "turn_id": str(chunk.turn_id) if chunk.turn_id else None,
-        "step": chunk.step,
-        "role": chunk.role,
-        "type": chunk.type,
-        "data": chunk.data,
-        "created_at": _iso(chunk.created_at),
-    }
-
-
 def export_jsonl(tab: Tab) -> Iterator[str]:
     """The tab as JSONL: the header line, then one line per chunk in seq order."""
     end = log.last_seq(tab.pk)
     yield _line(header(tab, end))
     for chunks in _pages(tab, end):
-        yield "".join(_line(chunk_fields(c)) for c in chunks)
+        yield "".join(_line(log.as_json(c)) for c in chunks)
 
 
 def export_markdown(tab: Tab) -> Iterator[str]:
