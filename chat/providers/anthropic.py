@@ -47,10 +47,10 @@ from chat.providers.common import (
     SSEError,
     canonical,
     default_timeout,
-    drain,
     endpoint_key,
     json_loads,
     parse_arguments,
+    read_body,
 )
 from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
 
@@ -114,25 +114,15 @@ class AnthropicProvider:
             except Exception as exc:
                 raise classify(exc) from exc
             await errors.check_event_stream(NAME, response.http_response)
-            pieces = await stack.enter_async_context(
-                contextlib.aclosing(response.http_response.aiter_bytes())
-            )
             reader = Reader()
-            while not reader.translator.stopped:
-                try:
-                    piece = await anext(pieces)
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:
-                    raise classify(exc) from exc
-                # Bytes are life, pings included (see base.Provider).
+
+            def seen() -> None:
                 self.alive_at = loop.time()
-                for event in reader.feed(piece):
+
+            events = read_body(response.http_response, reader, classify, seen)
+            async with contextlib.aclosing(events):
+                async for event in events:
                     yield event
-            if reader.translator.stopped:
-                # The message is complete at message_stop: a body the server keeps
-                # open after it must not hold the answer back (nor the turn).
-                await drain(pieces)
             yield reader.end()
 
 
@@ -143,6 +133,12 @@ class Reader:
     def __init__(self) -> None:
         self.sse = SSEDecoder()
         self.translator = Translator()
+
+    @property
+    def done(self) -> bool:
+        """The message is complete at message_stop: a body the server keeps open
+        after it must not hold the answer back (nor the turn)."""
+        return self.translator.stopped
 
     def feed(self, piece: bytes) -> Iterator[Event]:
         try:

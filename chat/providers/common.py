@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import httpx2
@@ -140,6 +140,32 @@ async def drain(pieces: AsyncIterator[bytes]) -> None:
         async with asyncio.timeout(DRAIN_SECONDS):
             async for _ in pieces:
                 pass
+
+
+async def read_body(
+    body: Any,
+    reader: Any,
+    classify: Callable[[BaseException], Exception],
+    seen: Callable[[], None],
+) -> AsyncIterator[Any]:
+    """The events of a streaming response `body` (an httpx2 response), piece by piece
+    through the adapter's `reader` (feed(piece) -> events; `done` once the answer is
+    complete). `seen()` on every piece: bytes are life, events or not (see
+    base.Provider). A transport failure becomes the adapter's `classify`d error; what
+    follows the end is read for the connection's reuse, for a moment at most."""
+    async with contextlib.aclosing(body.aiter_bytes()) as pieces:
+        while not reader.done:
+            try:
+                piece = await anext(pieces)
+            except StopAsyncIteration:
+                break
+            except Exception as exc:
+                raise classify(exc) from exc
+            seen()
+            for event in reader.feed(piece):
+                yield event
+        if reader.done:
+            await drain(pieces)
 
 
 def endpoint_key(

@@ -52,10 +52,10 @@ from chat.providers.common import (
     arguments_json,
     canonical,
     default_timeout,
-    drain,
     endpoint_key,
     json_loads,
     parse_arguments,
+    read_body,
 )
 from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
 
@@ -126,23 +126,15 @@ class OpenAIProvider:
             except Exception as exc:
                 raise classify(exc) from exc
             await errors.check_event_stream(NAME, response.http_response)
-            pieces = await stack.enter_async_context(
-                contextlib.aclosing(response.http_response.aiter_bytes())
-            )
             reader = Reader()
-            while not reader.done:
-                try:
-                    piece = await anext(pieces)
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:
-                    raise classify(exc) from exc
-                # Bytes are life, events or not (see base.Provider).
+
+            def seen() -> None:
                 self.alive_at = loop.time()
-                for event in reader.feed(piece):
+
+            events = read_body(response.http_response, reader, classify, seen)
+            async with contextlib.aclosing(events):
+                async for event in events:
                     yield event
-            if reader.done:
-                await drain(pieces)
             for event in reader.end():
                 yield event
 
