@@ -21,7 +21,7 @@ def run() -> dict:
     from channels.db import database_sync_to_async
     from django.db import connection
 
-    from chat import agent
+    from chat import agent, search
     from chat.models import Tab
     from chat.providers.base import Finish, ReasoningDelta, ReasoningEnd, TextDelta
     from chat.providers.replay import ScriptedProvider
@@ -40,6 +40,18 @@ def run() -> dict:
 
     original, agent.provider_for = agent.provider_for, provider_for
     writes: Counter = Counter()
+    real_index = search.index
+
+    def index(tab_id, chunks):
+        # On SQLite the index writes on the driver's connection, which Django's
+        # execute wrappers (the counter below) do not see: counted here instead.
+        rows = real_index(tab_id, chunks)
+        if connection.vendor == "sqlite":
+            writes[("INSERT", search.TABLE)] += rows
+            writes[("INSERT", search.FTS_TABLE)] += rows * (search.SQLITE_STATEMENTS_PER_ROW - 1)
+        return rows
+
+    search.index = index
 
     def counter(execute, sql, params, many, context):
         if m := WRITE.match(sql):
@@ -59,6 +71,7 @@ def run() -> dict:
         elapsed, frames, chunks = asyncio.run(main())
     finally:
         agent.provider_for = original
+        search.index = real_index
     by_kind = {f"{verb} {table}": n for (verb, table), n in sorted(writes.items())}
     total = sum(writes.values())
     checkpoints = writes[("UPDATE", "chat_runningturn")]
