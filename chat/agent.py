@@ -759,15 +759,17 @@ class TurnRunner:
         for op in ops:
             match op:
                 case Delta():
-                    self._queue_delta(op)
-                    self._checkpoint_soon()
+                    # One clock read per delta, for both the coalescer and the debouncer.
+                    now = asyncio.get_running_loop().time()
+                    self._queue_delta(op, now)
+                    self._checkpoint_soon(now)
                 case Open(block=block):
                     await self._flush_deltas()
                     if block.type == Kind.THINKING:
                         self._thinking_since = time.monotonic()
                     await self.publish({"op": "open", "block": block.to_dict()})
                     self._shown = block.id
-                    self._checkpoint_soon()
+                    self._checkpoint_soon(asyncio.get_running_loop().time())
                 case Seal(block=block):
                     await self._flush_deltas()
                     await self._seal(block)
@@ -802,12 +804,13 @@ class TurnRunner:
 
     # Delta coalescing (chat.pacing) -------------------------------------------
 
-    def _queue_delta(self, op: Delta) -> None:
-        loop = asyncio.get_running_loop()
-        for message in self._coalescer.add(op.chunk_id, op.offset, op.text, loop.time()):
+    def _queue_delta(self, op: Delta, now: float) -> None:
+        for message in self._coalescer.add(op.chunk_id, op.offset, op.text, now):
             self._send_delta(message)
         if self._coalescer.due_at is not None and self._delta_timer is None:
-            self._delta_timer = loop.call_at(self._coalescer.due_at, self._deltas_due)
+            self._delta_timer = asyncio.get_running_loop().call_at(
+                self._coalescer.due_at, self._deltas_due
+            )
 
     def _deltas_due(self) -> None:
         self._delta_timer = None
@@ -844,11 +847,10 @@ class TurnRunner:
 
     # Checkpoints (chat.pacing) ----------------------------------------------------
 
-    def _checkpoint_soon(self) -> None:
-        loop = asyncio.get_running_loop()
-        check_at = self._debouncer.touch(loop.time())
+    def _checkpoint_soon(self, now: float) -> None:
+        check_at = self._debouncer.touch(now)
         if check_at is not None:
-            self._cp_timer = loop.call_at(check_at, self._checkpoint_due)
+            self._cp_timer = asyncio.get_running_loop().call_at(check_at, self._checkpoint_due)
 
     def _checkpoint_due(self) -> None:
         loop = asyncio.get_running_loop()

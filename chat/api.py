@@ -331,20 +331,13 @@ def waiting_call(tab_id: uuid.UUID, turn_id: uuid.UUID) -> JsonDict | None:
 
 
 def _status(tab: Tab) -> JsonDict:
-    running = RunningTurn.objects.filter(tab_id=tab.id).first()
-    queued = list(tab.queued.values_list("id", flat=True))
-    if running is None:
-        return {"state": "idle", "queued": queued}
-    status: JsonDict = {
-        "state": running.status,
-        "turn_id": str(running.turn_id),
-        "step": running.step,
-        "started_at": running.started_at.isoformat(),
-        "usage": lease.turn_usage(running.turn_id),
-        "queued": queued,
-    }
-    if running.status == RunningTurn.Status.WAITING:
-        status["call"] = waiting_call(tab.id, running.turn_id)
+    """The page's status (lease.status), as the API says it: queued message ids, and
+    the call a waiting turn asks about."""
+    status = lease.status(tab.id)
+    status.pop("stale", None)
+    status["queued"] = [queued["id"] for queued in status["queued"]]
+    if status["state"] == RunningTurn.Status.WAITING:
+        status["call"] = waiting_call(tab.id, uuid.UUID(status["turn_id"]))
     return status
 
 

@@ -381,9 +381,9 @@ class Follower:
                     offset, self.open_len = self.open_len, len(block.text)
                     frames.append(self.renderer.delta(str(block.id), offset, rest))
             else:
+                # Set before rendering: an SSE event's id is the position after it.
                 self.open_id, self.open_len = str(block.id), len(block.text)
                 frames.append(self.renderer.open(block))
-            self.open_id, self.open_len = str(block.id), len(block.text)
         elif self.open_id is not None and (chunks or snapshot is None):
             # The chunk the client had open was sealed meanwhile (its seal is in
             # `chunks`) or the turn is gone: nothing is open any more.

@@ -86,6 +86,17 @@ def text_of(events: list[dict], chunk_id: str) -> str:
     return text
 
 
+async def cut_after_the_first_delta(tab) -> tuple[Reader, str]:
+    """A client that sends a message, reads up to the answer's first delta and goes
+    away: its reader and the last event id it saw."""
+    first = Reader(tab.pk)
+    await first.until(lambda e: e["event"] == "status")
+    await submit(tab, "go")
+    await first.until(lambda e: e["event"] == "chunk-delta")
+    await first.close()
+    return first, first.events[-1]["id"]
+
+
 @pytest.mark.asyncio
 async def test_a_turn_streams_as_chunk_events_and_ends_with_turn_done(script):
     script([TextDelta("Hel"), TextDelta("lo "), TextDelta("there."), Finish()])
@@ -119,12 +130,7 @@ async def test_a_client_that_reconnects_mid_chunk_with_its_last_event_id_misses_
     script([TextDelta("first half, "), gate, TextDelta("second half."), Finish()])
     tab = await make_tab()
     async with running_worker():
-        first = Reader(tab.pk)
-        await first.until(lambda e: e["event"] == "status")
-        await submit(tab, "go")
-        await first.until(lambda e: e["event"] == "chunk-delta")
-        last_id = first.events[-1]["id"]
-        await first.close()
+        first, last_id = await cut_after_the_first_delta(tab)
         assert last_id.count(":") == 2, "an id inside the open chunk"
         second = Reader(tab.pk, last_id)
         try:
@@ -147,12 +153,7 @@ async def test_a_chunk_sealed_while_the_client_was_away_comes_back_whole_and_onc
     script([TextDelta("first half, "), gate, TextDelta("second half."), Finish()])
     tab = await make_tab()
     async with running_worker():
-        first = Reader(tab.pk)
-        await first.until(lambda e: e["event"] == "status")
-        await submit(tab, "go")
-        await first.until(lambda e: e["event"] == "chunk-delta")
-        last_id = first.events[-1]["id"]
-        await first.close()
+        first, last_id = await cut_after_the_first_delta(tab)
         gate.set()
         while (await chunks(tab.pk))[-1].role != "assistant":
             await asyncio.sleep(0.01)
