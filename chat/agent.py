@@ -383,7 +383,7 @@ class TurnRunner:
             self._check_cancel()
             if step >= config.max_steps:
                 await self._system(
-                    "notice", f"Stopped after {config.max_steps} steps (the step limit)."
+                    "step-limit", f"Stopped after {config.max_steps} steps (the step limit)."
                 )
                 return
             step += 1
@@ -446,7 +446,7 @@ class TurnRunner:
                             f", on each of {attempt + 1} attempts: the provider seems stalled. "
                             "Try again later or pick another model."
                         )
-                    await self._answer_pending("Not run: the response was cut off by an error.")
+                    await self._interrupt("Not run: the response was cut off by an error.")
                     await self._apply(self.reducer.feed(ErrorEvent(message, exc.status_code)))
                     return None
                 # The cut-off attempt stays in the log; the retry notice tells
@@ -476,8 +476,7 @@ class TurnRunner:
             except (ValueError, LookupError) as exc:
                 # A misconfigured model (unknown provider, missing key), or a
                 # response that could not be read.
-                await self._answer_pending("Not run: the response could not be read.")
-                await self._apply(self.reducer.seal())
+                await self._interrupt("Not run: the response could not be read.")
                 await self._apply(self.reducer.feed(ErrorEvent(str(exc))))
                 return None
 
@@ -663,15 +662,13 @@ class TurnRunner:
         # The running call's open result (live shell output) is the first
         # pending call: answering it seals that block with its output kept.
         if self.stopping:
-            await self._answer_pending("Interrupted: the worker running this turn shut down.")
-            await self._apply(self.reducer.seal())
+            await self._interrupt("Interrupted: the worker running this turn shut down.")
             await self._system(
                 "interrupted",
                 "The server shut down in the middle of this turn. Send a message to go on.",
             )
             return
-        await self._answer_pending("Cancelled by the user.")
-        await self._apply(self.reducer.seal())
+        await self._interrupt("Cancelled by the user.")
         await self._system("cancelled", "Stopped by the user.")
 
     async def _end_with_crash(self, exc: BaseException) -> None:
@@ -708,9 +705,12 @@ class TurnRunner:
 
         def close(reducer: Reducer) -> list[Op]:
             ops: list[Op] = []
+            if (block := reducer.open) is not None and block.type != Kind.TOOL_RESULT:
+                ops += reducer.seal(interrupted=True)
             for call_id, name in list(reducer.pending_calls):
                 ops += reducer.feed(ToolResultEvent(call_id, name, NOT_RUN_CRASHED, True))
-            ops += reducer.seal()
+                ops[-1].block.data["interrupted"] = True
+            ops += reducer.seal(interrupted=True)
             return ops + reducer.feed(ErrorEvent(message))
 
         try:
@@ -749,9 +749,20 @@ class TurnRunner:
         self._coalescer.discard()
         self._flushing = None
 
-    async def _answer_pending(self, why: str) -> None:
+    async def _interrupt(self, why: str) -> None:
+        """Close a step cut short: the open block sealed as it is and marked
+        `interrupted` (history does not send unsigned thinking cut off so; Continue
+        says where it stopped), unless it is the running call's output, which its
+        result completes; every call without a result answered with `why`, marked
+        too. An interrupted call is never run again by itself."""
+        block = self.reducer.open
+        if block is not None and block.type != Kind.TOOL_RESULT:
+            await self._apply(self.reducer.seal(interrupted=True))
         for call_id, name in list(self.reducer.pending_calls):
-            await self._apply(self.reducer.feed(ToolResultEvent(call_id, name, why, True)))
+            ops = self.reducer.feed(ToolResultEvent(call_id, name, why, True))
+            ops[-1].block.data["interrupted"] = True
+            await self._apply(ops)
+        await self._apply(self.reducer.seal(interrupted=True))
 
     # --- applying ops -----------------------------------------------------------
 
@@ -901,9 +912,11 @@ class TurnRunner:
             queued = list(QueuedMessage.objects.select_for_update().filter(tab_id=self.tab_id))
             if not queued:
                 return [], []
+            # A rerun row (a regenerated branch) starts the turn and adds nothing.
             blocks = [
                 Block(uuid.uuid4(), self.turn_id, 0, Role.USER, Kind.TEXT, {"text": q.text})
                 for q in queued
+                if not q.rerun
             ]
             log.append(self.tab_id, blocks)
             QueuedMessage.objects.filter(pk__in=[q.pk for q in queued]).delete()

@@ -11,7 +11,9 @@ thinking signatures depend on that).
 Normalisations, each deterministic so that rebuilding gives the same bytes:
 - system and error chunks are never sent; empty text is dropped;
 - thinking is kept as it is, even with empty text when it carries a signature
-  or redacted data; a thinking chunk with neither and no text is dropped;
+  or redacted data; a thinking chunk with neither and no text is dropped, and
+  so is one marked `interrupted` without either (cut off before it was signed);
+- interrupted text is sent as the user saw it;
 - tool arguments are re-ordered with sorted keys (PostgreSQL's jsonb re-orders
   keys on its own, which would otherwise change the bytes after a reload);
 - call ids are made safe (`[a-zA-Z0-9_-]`) and unique in the request;
@@ -153,8 +155,10 @@ class History:
             case Role.ASSISTANT, Kind.THINKING:
                 signature = data.get("signature")
                 redacted = data.get("redacted_data")
-                # Replayed unmodified: a signature binds the exact text.
-                if data.get("text") or signature or redacted:
+                # Replayed unmodified: a signature binds the exact text. Thinking
+                # cut off before its signature (a stop, a crash, an error) is
+                # not sent: Anthropic rejects it, and it is half a thought.
+                if signature or redacted or (data.get("text") and not data.get("interrupted")):
                     part = ThinkingPart(data.get("text", ""), signature, redacted)
                     self._assistant(chunk).parts.append(part)
             case Role.ASSISTANT, Kind.TOOL_CALL:

@@ -53,7 +53,7 @@ def turn_usage(turn_id: uuid.UUID) -> dict[str, int]:
 def status(tab_id: uuid.UUID) -> dict[str, Any]:
     """The tab's turn status as the UI shows it, read from the database."""
     running = RunningTurn.objects.filter(tab_id=tab_id).first()
-    queued = list(QueuedMessage.objects.filter(tab_id=tab_id).values("id", "text"))
+    queued = list(QueuedMessage.objects.filter(tab_id=tab_id, rerun=False).values("id", "text"))
     if running is None:
         return {"state": "idle", "queued": queued}
     return {
@@ -258,6 +258,7 @@ def _recover(running: RunningTurn) -> list[Block]:
                     "name": name,
                     "is_error": True,
                     "result": "Not run to completion: the server stopped during this call.",
+                    "interrupted": True,
                 },
             )
         )

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -64,6 +64,30 @@ def append(
         if clear_checkpoint:
             RunningTurn.objects.filter(tab_id=tab_id).update(open_chunk=None, checkpointed_at=None)
     return rows
+
+
+def copy(source: uuid.UUID, target: uuid.UUID, *, through: int) -> int:
+    """Copy `source`'s chunks with seq <= `through` into `target`, verbatim (seq,
+    turn, step, role, type, data, time; new ids), with their index rows; returns
+    how many. One INSERT ... SELECT: the database copies a 100,000-chunk log
+    without a row passing through Python. The caller's transaction holds
+    `target`'s last_seq, which it sets to `through`.
+    """
+    columns = "seq, turn_id, step, role, type, data, created_at"
+    new_id = (
+        "gen_random_uuid()" if connection.vendor == "postgresql" else "lower(hex(randomblob(16)))"
+    )
+    table = Chunk._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (id, tab_id, {columns}) "
+            f"SELECT {new_id}, %s, {columns} FROM {table} "
+            "WHERE tab_id = %s AND seq <= %s ORDER BY seq",
+            [search.db_uuid(target), search.db_uuid(source), through],
+        )
+        copied = cursor.rowcount
+    search.copy(source, target, through=through)
+    return copied
 
 
 def page(tab_id: uuid.UUID, *, before: int | None = None, limit: int) -> list[Chunk]:

@@ -29,6 +29,14 @@ class Tab(models.Model):
     system_prompt = models.TextField(blank=True)
     # The last seq handed out; the tab row is the lock for allocating the next.
     last_seq = models.BigIntegerField(default=0)
+    # A branch: the tab it was copied from, and the last seq it copied. The
+    # copy is the branch's own (deleting the parent leaves it whole).
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="branches"
+    )
+    fork_seq = models.BigIntegerField(null=True, blank=True)
+    # Text waiting in the composer: the old message of an edit, until it is sent.
+    draft = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
 
@@ -108,10 +116,16 @@ class RunningTurn(models.Model):
 
 
 class QueuedMessage(models.Model):
-    """A user message sent while a turn runs, kept until the log takes it."""
+    """A user message sent while a turn runs, kept until the log takes it.
+
+    A `rerun` row carries no message: it asks for a turn that answers the log as
+    it stands (a regenerated or retried branch). It goes through this table so
+    that the request survives a restart exactly as a message does.
+    """
 
     tab = models.ForeignKey(Tab, on_delete=models.CASCADE, related_name="queued")
-    text = models.TextField()
+    text = models.TextField(blank=True)
+    rerun = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

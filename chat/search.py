@@ -142,7 +142,7 @@ def fold(text: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
 
 
-def _db_uuid(value: uuid.UUID | str) -> Any:
+def db_uuid(value: uuid.UUID | str) -> Any:
     # As Django's UUIDField keeps them: 32 hex characters on SQLite, uuid on PostgreSQL.
     value = value if isinstance(value, uuid.UUID) else uuid.UUID(value)
     return value if connection.vendor == "postgresql" else value.hex
@@ -151,7 +151,7 @@ def _db_uuid(value: uuid.UUID | str) -> Any:
 def index(tab_id: uuid.UUID, chunks: Iterable[Any]) -> int:
     """Index sealed chunks; the caller's transaction is the chunks' own. Rows indexed."""
     rows = [
-        (_db_uuid(c.id), _db_uuid(tab_id), c.seq, c.role, c.type, body)
+        (db_uuid(c.id), db_uuid(tab_id), c.seq, c.role, c.type, body)
         for c in chunks
         if (body := document(c.type, c.data or {}))
     ]
@@ -179,12 +179,33 @@ def index(tab_id: uuid.UUID, chunks: Iterable[Any]) -> int:
     return len(rows)
 
 
+def copy(source: uuid.UUID, target: uuid.UUID, *, through: int) -> None:
+    """Index `target`'s copies of `source`'s chunks with seq <= `through` (chat.log.copy
+    made them, in this transaction): the entries copied, each naming its copy."""
+    fields = "e.seq, e.role, e.type, e.body"
+    extra = ", document" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} (chunk_id, tab_id, seq, role, type, body{extra}) "
+            f"SELECT c.id, c.tab_id, {fields}{extra.replace(', ', ', e.')} FROM {TABLE} e "
+            "JOIN chat_chunk c ON c.tab_id = %s AND c.seq = e.seq "
+            "WHERE e.tab_id = %s AND e.seq <= %s ORDER BY e.id",
+            [db_uuid(target), db_uuid(source), through],
+        )
+        if connection.vendor == "sqlite":
+            cursor.execute(
+                f"INSERT INTO {FTS_TABLE} (rowid, body) SELECT id, body FROM {TABLE} "
+                "WHERE tab_id = %s ORDER BY id",
+                [db_uuid(target)],
+            )
+
+
 def forget(tab_ids: Sequence[uuid.UUID]) -> None:
     """Remove the tabs' rows from the index."""
     if not tab_ids:
         return
     marks = ", ".join(["%s"] * len(tab_ids))
-    ids = [_db_uuid(t) for t in tab_ids]
+    ids = [db_uuid(t) for t in tab_ids]
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
             # An external-content FTS5 table forgets a row by being told its old text.
@@ -273,7 +294,7 @@ def search(
     params: list[Any] = [user.pk]
     if tab is not None:
         filters.append("e.tab_id = %s")
-        params.append(_db_uuid(tab))
+        params.append(db_uuid(tab))
     if role is not None:
         filters.append("e.role = %s")
         params.append(role)

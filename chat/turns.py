@@ -1,4 +1,5 @@
-"""What pages, commands and the API do to a tab's turns: submit, cancel, approve, notice.
+"""What pages, commands and the API do to a tab's turns: submit, cancel, approve,
+notice; branch (and edit, regenerate, retry, which are branches) and continue.
 
 Every user message goes through the QueuedMessage table first: it survives a
 refresh or a restart the moment it is accepted, and the turn that holds the
@@ -15,11 +16,16 @@ from __future__ import annotations
 import logging
 import unicodedata
 import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
-from chat import bus, lease, log
-from chat.models import QueuedMessage, RunningTurn, Tab
+from chat import bus, cuts, lease, log, resume
+from chat.cuts import CutError
+from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block, Kind, Role
 
 logger = logging.getLogger(__name__)
@@ -49,6 +55,8 @@ def submit(tab: Tab, text: str, *, auto_approve: bool = False) -> QueuedMessage:
     with transaction.atomic():
         Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
         queued = QueuedMessage.objects.create(tab=tab, text=text)
+        # A draft (an edit's old text) is sent or replaced by what was sent.
+        Tab.objects.filter(pk=tab.pk).exclude(draft="").update(draft="")
         if not tab.title:
             tab.title = _title_from(text)
             Tab.objects.filter(pk=tab.pk).update(title=tab.title)
@@ -103,3 +111,208 @@ def approve(tab_id: uuid.UUID, call_id: str, approved: bool) -> None:
         bus.control_group(tab_id),
         {"type": "turn.approve", "tab_id": str(tab_id), "call_id": call_id, "approved": approved},
     )
+
+
+# --- Branches and continue (DESIGN §11) ----------------------------------------------
+
+# The same branch asked for again within this long (a double click, a client
+# retrying a request) is the branch made the first time, not a second one.
+REPEAT_WINDOW = timedelta(seconds=10)
+
+
+class Action:
+    """Why a branch was made: what its `forked` chunk says, and what a repeat must match."""
+
+    BRANCH = "branch"
+    EDIT = "edit"
+    REGENERATE = "regenerate"
+    RETRY = "retry"
+
+
+FORKED_TEXT = {
+    Action.BRANCH: "Branched from {title}.",
+    Action.EDIT: "Branched from {title} to edit a message.",
+    Action.REGENERATE: "Branched from {title} to answer again.",
+    Action.RETRY: "Branched from {title} to try again after an error.",
+}
+
+
+@dataclass(frozen=True)
+class Branched:
+    tab: Tab
+    # False: the same branch was asked for within REPEAT_WINDOW; this is that one.
+    created: bool
+
+
+def branch(
+    tab: Tab, at_seq: int, *, action: str = Action.BRANCH, run: bool = False, draft: str = ""
+) -> Branched:
+    """A new tab holding a verbatim copy of `tab`'s chunks up to `at_seq`, and a
+    `forked` system chunk (never sent). It keeps `tab`'s owner, frozen system
+    prompt and model, so its first request shares `tab`'s bytes up to the cut
+    (and its prompt cache). `run` starts a turn that answers the copy as it
+    stands; `draft` goes into its composer. Raises CutError for a cut that
+    cannot be made. Nothing in `tab` changes.
+    """
+    with transaction.atomic():
+        Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
+        _check_cut(tab.pk, at_seq)
+        if run:
+            _check_answerable(tab.pk, at_seq)
+        repeat = _recent_branch(tab, at_seq, action)
+        if repeat is not None:
+            return Branched(repeat, created=False)
+        child = Tab.objects.create(
+            owner_id=tab.owner_id,
+            title=tab.title,
+            model=tab.model,
+            system_prompt=tab.system_prompt,
+            parent=tab,
+            fork_seq=at_seq,
+            last_seq=at_seq,
+            draft=draft,
+        )
+        log.copy(tab.pk, child.pk, through=at_seq)
+        text = FORKED_TEXT[action].format(title=f"“{tab}”", seq=at_seq, next=at_seq + 1)
+        forked = Block(
+            uuid.uuid4(),
+            None,
+            0,
+            Role.SYSTEM,
+            Kind.SYSTEM,
+            {
+                "kind": "forked",
+                "text": text,
+                "from_tab": str(tab.pk),
+                "at_seq": at_seq,
+                "action": action,
+            },
+        )
+        log.append(child.pk, [forked])
+        if run:
+            QueuedMessage.objects.create(tab=child, rerun=True)
+    if run:
+        bus.request_run(child.pk)
+    child.refresh_from_db()
+    return Branched(child, created=True)
+
+
+def edit(tab: Tab, seq: int) -> Branched:
+    """Edit one of the user's messages: a branch right before it, its text in the composer."""
+    chunk = _chunk(tab.pk, seq)
+    if chunk.role != Role.USER or chunk.type != Kind.TEXT:
+        raise CutError("Only your own messages can be edited.")
+    return branch(tab, seq - 1, action=Action.EDIT, draft=chunk.data.get("text") or "")
+
+
+def regenerate(tab: Tab, seq: int) -> Branched:
+    """Answer again the question of the turn that chunk `seq` is in: a branch right
+    after the user's messages that start that turn, run at once."""
+    turn = _turn_of(tab.pk, _chunk(tab.pk, seq))
+    return branch(tab, cuts.regenerate_at(turn), action=Action.REGENERATE, run=True)
+
+
+def retry(tab: Tab, seq: int) -> Branched:
+    """Try again after the error chunk at `seq`: a branch at the end of the last
+    step that finished before it (its tool work kept, not run again), run at once."""
+    chunk = _chunk(tab.pk, seq)
+    if chunk.type != Kind.ERROR:
+        raise CutError("Only an error can be retried.")
+    turn = _turn_of(tab.pk, chunk)
+    return branch(tab, cuts.retry_at(turn, seq), action=Action.RETRY, run=True)
+
+
+def continue_turn(tab: Tab) -> QueuedMessage:
+    """Continue the tab's last turn, which was cut short: a new turn whose message
+    says what was interrupted and where. ValueError (for the user) when a turn
+    runs or waits to start, or when the last turn finished normally."""
+    with transaction.atomic():
+        Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
+        if RunningTurn.objects.filter(tab_id=tab.pk).exists():
+            raise ValueError("A turn is running: wait for it to end, or stop it, first.")
+        if QueuedMessage.objects.filter(tab_id=tab.pk).exists():
+            raise ValueError("A message is already waiting to start the next turn.")
+        last = (
+            Chunk.objects.filter(tab_id=tab.pk, turn_id__isnull=False)
+            .order_by("-seq")
+            .values_list("turn_id", flat=True)
+            .first()
+        )
+        turn = (
+            list(Chunk.objects.filter(tab_id=tab.pk, turn_id=last).order_by("seq")) if last else []
+        )
+        text = resume.message(turn)
+    return submit(tab, text)
+
+
+def valid_cuts(tab_id: uuid.UUID, chunks: list[Any]) -> set[int]:
+    """The seqs among `chunks` (a page of the log, in seq order) a branch may be cut at."""
+    running = RunningTurn.objects.filter(tab_id=tab_id).values_list("turn_id", flat=True).first()
+    return cuts.valid_cuts(chunks, running_turn=running)
+
+
+def _check_cut(tab_id: uuid.UUID, at_seq: int) -> None:
+    at = _chunk(tab_id, at_seq) if at_seq > 0 else None
+    after = Chunk.objects.filter(tab_id=tab_id, seq__gt=at_seq).order_by("seq").first()
+    turn = (
+        list(
+            Chunk.objects.filter(tab_id=tab_id, turn_id=at.turn_id, seq__lte=at_seq).order_by("seq")
+        )
+        if at is not None and at.turn_id is not None
+        else []
+    )
+    running = RunningTurn.objects.filter(tab_id=tab_id).values_list("turn_id", flat=True).first()
+    cuts.check(at_seq, at, after, turn, running_turn=running)
+
+
+NOTHING_TO_ANSWER = (
+    "There is nothing there to answer: a branch can run from right after one of your "
+    "messages, or after a step's tool results."
+)
+
+
+def _check_answerable(tab_id: uuid.UUID, at_seq: int) -> None:
+    """A branch that runs at once must end with the user's side (a message or tool
+    results): after an answer, the model would only be asked the same again."""
+    last = (
+        Chunk.objects.filter(tab_id=tab_id, seq__lte=at_seq)
+        .exclude(type__in=(Kind.SYSTEM, Kind.ERROR))
+        .order_by("-seq")
+        .values_list("role", "type")
+        .first()
+    )
+    if last not in ((Role.USER, Kind.TEXT), (Role.TOOL, Kind.TOOL_RESULT)):
+        raise CutError(NOTHING_TO_ANSWER)
+
+
+def _chunk(tab_id: uuid.UUID, seq: int) -> Chunk:
+    chunk = Chunk.objects.filter(tab_id=tab_id, seq=seq).first()
+    if chunk is None:
+        raise CutError(cuts.NO_SUCH_CHUNK.format(seq=seq))
+    return chunk
+
+
+def _turn_of(tab_id: uuid.UUID, chunk: Chunk) -> list[Chunk]:
+    if chunk.turn_id is None:
+        raise CutError("That message is not part of an answer.")
+    running = RunningTurn.objects.filter(tab_id=tab_id).values_list("turn_id", flat=True).first()
+    if running == chunk.turn_id:
+        raise CutError(cuts.RUNNING)
+    return list(Chunk.objects.filter(tab_id=tab_id, turn_id=chunk.turn_id).order_by("seq"))
+
+
+def _recent_branch(tab: Tab, at_seq: int, action: str) -> Tab | None:
+    forked = (
+        Chunk.objects.filter(
+            tab__parent=tab,
+            tab__fork_seq=at_seq,
+            tab__created_at__gte=timezone.now() - REPEAT_WINDOW,
+            seq=at_seq + 1,
+            type=Kind.SYSTEM,
+            data__action=action,
+        )
+        .select_related("tab")
+        .order_by("-tab__created_at")
+        .first()
+    )
+    return forked.tab if forked is not None else None
