@@ -37,21 +37,20 @@ CALL_CHARS = 120
 # The argument that says what a call does, in order of preference.
 CALL_KEYS = ("command", "cmd", "path", "file", "query", "url", "pattern", "name")
 
-# What each way of ending says, and what to do next. {where} is filled in below.
+# What each way of ending says.
 ENDINGS = {
-    "interrupted": "The server restarted in the middle of your previous reply{where}.",
-    "cancelled": "I stopped your previous reply{where}.",
-    "output-limit": "Your previous reply was cut off at the output limit{where}.",
+    "interrupted": "The server restarted in the middle of your previous reply.",
+    "cancelled": "I stopped your previous reply.",
+    "output-limit": "Your previous reply was cut off at the output limit.",
     "context-limit": (
-        "Your previous reply stopped because the conversation filled your context window{where}."
+        "Your previous reply stopped because the conversation filled your context window."
     ),
-    "step-limit": "Your previous reply stopped at the step limit{where}.",
-    "error": "Your previous reply stopped on an error{where}: {message}",
+    "step-limit": "Your previous reply stopped at the step limit.",
+    "error": "Your previous reply stopped on an error: {message}",
 }
-GO_ON = (
-    "Continue the task from where it stopped. Do not repeat what you already wrote, and "
-    "do not run an interrupted command again unless you know it is safe to."
-)
+GO_ON = "Continue the task from where it stopped, without repeating what you already wrote."
+# Said when a call was cut short: its effects are unknown, so it is not re-run blindly.
+NOT_AGAIN = "Do not run an interrupted call again unless you know it is safe to."
 
 
 def interruption(turn: Sequence[ChunkLike]) -> str | None:
@@ -77,17 +76,18 @@ def message(turn: Sequence[ChunkLike]) -> str:
     kind = interruption(turn)
     if kind is None:
         raise ValueError(NOTHING)
-    where = _where(turn)
     error = next((c for c in reversed(turn) if c.type == Kind.ERROR), None)
-    text = ENDINGS[kind].format(
-        where=where, message=(error.data.get("message") or "").strip() if error else ""
+    ending = ENDINGS[kind].format(
+        message=(error.data.get("message") or "").strip().rstrip(".") + "." if error else ""
     )
-    return f"{text}\n\n{GO_ON}"
+    where, calls_cut = _where(turn)
+    advice = f"{GO_ON} {NOT_AGAIN}" if calls_cut else GO_ON
+    return " ".join(filter(None, [ending, where])) + "\n\n" + advice
 
 
-def _where(turn: Sequence[ChunkLike]) -> str:
-    """What was going on when the turn stopped: the call that was running, or
-    the end of the text being written. "" when neither can be told."""
+def _where(turn: Sequence[ChunkLike]) -> tuple[str, bool]:
+    """What was going on when the turn stopped (the calls that were cut short, or
+    the end of the text being written), and whether a call was cut short."""
     last = None
     for chunk in reversed(turn):
         if chunk.type in (Kind.SYSTEM, Kind.ERROR):
@@ -95,19 +95,17 @@ def _where(turn: Sequence[ChunkLike]) -> str:
         last = chunk
         break
     if last is None or last.role == Role.USER:
-        return ", before you had written anything"
+        return "You had not written anything yet.", False
     if last.type == Kind.TOOL_RESULT:
         calls = _interrupted_calls(turn)
-        if calls:
-            return calls
-        return ", after the tool results above"
+        return (calls, True) if calls else ("Its last tool results are above.", False)
     if last.type == Kind.TEXT:
-        return f", while you were writing. It ends with: “{_tail(last.data.get('text', ''))}”"
+        return f"You were writing; your text ends with: “{_tail(last.data.get('text', ''))}”", False
     if last.type == Kind.THINKING:
-        return ", while you were thinking (that thinking is lost)"
+        return "You were thinking (that thinking is lost).", False
     if last.type == Kind.TOOL_CALL:
-        return f", right after you called {_call(last.data)}"
-    return ""
+        return f"It stopped right after you called {_call(last.data)}.", True
+    return "", False
 
 
 def _interrupted_calls(turn: Sequence[ChunkLike]) -> str:
@@ -119,22 +117,18 @@ def _interrupted_calls(turn: Sequence[ChunkLike]) -> str:
         for c in turn
         if c.type == Kind.TOOL_RESULT and c.step == step and c.data.get("interrupted")
     ]
-    if not results:
-        return ""
     calls = {c.data.get("call_id"): c.data for c in turn if c.type == Kind.TOOL_CALL}
-    ran = [r for r in results if "shell_output" in r.data]
-    never = [r for r in results if "shell_output" not in r.data]
-    parts = []
-    for result in ran:
-        call = calls.get(result.data.get("call_id"), result.data)
-        parts.append(
-            f" while {_call(call)} was running: its exit status is unknown, "
-            "and its output so far is in its result"
-        )
-    if never:
-        names = ", ".join(_call(calls.get(r.data.get("call_id"), r.data)) for r in never)
-        parts.append(f" before {names} ran (not run)")
-    return ",".join(parts)
+    sentences = []
+    for result in results:
+        call = _call(calls.get(result.data.get("call_id"), result.data))
+        if "shell_output" in result.data:
+            sentences.append(
+                f"{call} was running: its exit status is unknown, and its output so far "
+                "is in its result."
+            )
+        else:
+            sentences.append(f"{call} was not run.")
+    return " ".join(sentences)
 
 
 def _call(data: dict[str, Any]) -> str:

@@ -35,12 +35,15 @@ def U(text, turn=T1):
     return (turn, 0, Role.USER, Kind.TEXT, {"text": text})
 
 
-def A(text, step=0, turn=T1):
-    return (turn, step, Role.ASSISTANT, Kind.TEXT, {"text": text})
+def A(text, step=0, turn=T1, interrupted=False):
+    data = {"text": text, "interrupted": True} if interrupted else {"text": text}
+    return (turn, step, Role.ASSISTANT, Kind.TEXT, data)
 
 
-def TH(text="", signature=None, redacted=None, step=0, turn=T1):
+def TH(text="", signature=None, redacted=None, step=0, turn=T1, interrupted=False):
     data = {"text": text}
+    if interrupted:
+        data["interrupted"] = True
     if signature is not None:
         data["signature"] = signature
     if redacted is not None:
@@ -53,8 +56,10 @@ def C(call_id, name="read", arguments=None, step=0, turn=T1):
     return (turn, step, Role.ASSISTANT, Kind.TOOL_CALL, data)
 
 
-def R(call_id, result="ok", is_error=False, name="read", step=0, turn=T1):
+def R(call_id, result="ok", is_error=False, name="read", step=0, turn=T1, interrupted=False):
     data = {"call_id": call_id, "name": name, "result": result, "is_error": is_error}
+    if interrupted:
+        data["interrupted"] = True
     return (turn, step, Role.TOOL, Kind.TOOL_RESULT, data)
 
 
@@ -131,6 +136,32 @@ NORMALISATIONS = {
     "unsigned thinking with text kept unmodified": (
         [U("q"), TH(" why\n"), C("c1"), R("c1")],
         [user("q"), asst(ThinkingPart(" why\n"), call("c1")), user(result("c1"))],
+    ),
+    # Cut off before its signature (a Stop, a crash, an error): half a thought,
+    # and Anthropic rejects unsigned thinking. What came after it is still sent.
+    "interrupted unsigned thinking dropped": (
+        [U("q"), TH("half a", interrupted=True), U("go on")],
+        [user("q", "go on")],
+    ),
+    "interrupted signed thinking kept": (
+        [U("q"), TH("all", signature="sig", interrupted=True), U("more")],
+        [user("q"), asst(ThinkingPart("all", "sig")), user("more")],
+    ),
+    "interrupted thinking before interrupted text: the text is sent as seen": (
+        [U("q"), TH("plan", interrupted=True), A("I will wr", interrupted=True), U("continue")],
+        [user("q"), asst("I will wr"), user("continue")],
+    ),
+    "interrupted call answered by its is_error result": (
+        [
+            U("q"),
+            C("c1", "shell"),
+            R("c1", "Cancelled by the user.", True, "shell", interrupted=True),
+        ],
+        [
+            user("q"),
+            asst(call("c1", "shell")),
+            user(result("c1", "Cancelled by the user.", True, "shell")),
+        ],
     ),
     "call ids made safe": (
         [U("q"), C("toolu.01/é x"), R("toolu.01/é x")],
