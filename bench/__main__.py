@@ -28,6 +28,7 @@ BENCHMARKS = [
     "paced",
     "browser",
     "export",
+    "branch",
     "wipe",
     "search",
 ]

@@ -71,13 +71,18 @@ def fill_tab(tab_id: uuid.UUID, n: int, *, batch: int = 5000) -> None:
         (
             "assistant",
             "tool_call",
-            lambda i: {"call_id": f"c{i}", "name": "list_files", "arguments": {"path": "."}},
+            lambda i: {
+                "call_id": f"c{(i - 1) // 5}",
+                "name": "list_files",
+                "arguments": {"path": "."},
+            },
         ),
         (
             "tool",
             "tool_result",
             lambda i: {
-                "call_id": f"c{i}",
+                # The call's id: a result answers the call of its turn.
+                "call_id": f"c{(i - 1) // 5}",
                 "name": "list_files",
                 "result": "file  12  notes.txt",
                 "is_error": False,

@@ -133,6 +133,19 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                     "peak memory flat",
                 )
             )
+    if b := r.get("branch"):
+        sizes = b["by_size"]
+        rows.append(
+            (
+                "Branch of a 10k / 100k-chunk tab",
+                " / ".join(f"{sizes[n]['seconds']:.2f} s" for n in sizes)
+                + "; statements "
+                + " / ".join(str(sizes[n]["statements"]) for n in sizes)
+                + "; peak memory "
+                + " / ".join(f"{sizes[n]['peak_mb']:.2f} MB" for n in sizes),
+                "one copy in the database: statements and memory flat",
+            )
+        )
     if (w := r.get("wipe")) and "skipped" not in w:
         rows.append(
             (
