@@ -175,7 +175,7 @@ async def test_it_stops_at_the_step_limit(script, workspace):
         await run_one(tab, "loop")
     rows = await chunks(tab.pk)
     assert len(provider.requests) == 3
-    assert rows[-1].type == "system" and rows[-1].data["kind"] == "notice"
+    assert rows[-1].type == "system" and rows[-1].data["kind"] == "step-limit"
     assert "3 steps" in rows[-1].data["text"]
 
 
