@@ -31,7 +31,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import follow, lease, log, preferences, search, throttle, transfer, turns
+from chat import cuts, follow, lease, log, preferences, search, throttle, transfer, turns
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
 from chat.stream import Kind
@@ -290,9 +290,33 @@ def _tab_summary(tab: Tab, state: str | None) -> JsonDict:
         "model": tab.model,
         "state": state or "idle",
         "total": tab.last_seq,
+        "parent": _parent(tab),
         "created_at": tab.created_at.isoformat(),
         "updated_at": tab.updated_at.isoformat(),
     }
+
+
+def _parent(tab: Tab) -> JsonDict | None:
+    """Where a branch was cut: None for a tab that is not a branch. The parent's id is
+    None once the parent is deleted (the branch holds its own copy and stays whole);
+    fork_seq, the last seq copied, outlives it."""
+    if tab.fork_seq is None:
+        return None
+    return {"id": str(tab.parent_id) if tab.parent_id else None, "at_seq": tab.fork_seq}
+
+
+def _branches(tab: Tab) -> list[JsonDict]:
+    """The tab's branches by where they were cut, then by age: one query, read by
+    GET /tabs/<id> only (a list of tabs would need one per tab)."""
+    rows = (
+        Tab.objects.filter(parent=tab, owner_id=tab.owner_id)
+        .order_by("fork_seq", "created_at", "id")
+        .values_list("id", "title", "fork_seq", "created_at")
+    )
+    return [
+        {"id": str(pk), "title": title, "at_seq": at_seq, "created_at": created.isoformat()}
+        for pk, title, at_seq, created in rows
+    ]
 
 
 def waiting_call(tab_id: uuid.UUID, turn_id: uuid.UUID) -> JsonDict | None:
@@ -347,6 +371,7 @@ def _tab_detail(tab: Tab) -> JsonDict:
     detail["state"] = status["state"]
     detail["system_prompt"] = tab.system_prompt
     detail["status"] = status
+    detail["branches"] = _branches(tab)
     return detail
 
 
@@ -556,6 +581,48 @@ def approval(request: HttpRequest, tab_id: uuid.UUID, call_id: str) -> HttpRespo
     return JsonResponse({"call_id": call_id, "approve": data["approve"]}, status=202)
 
 
+@api_view("POST", write=True)
+def continue_turn(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Continue the tab's last turn, which was cut short (a server restart, Stop, a
+    limit, an error): a new turn whose message says what was interrupted and where.
+    202 with that message, queued like any other; 409 when there is nothing to
+    continue or a turn runs."""
+    tab = _get_tab(request, tab_id)
+    read_json(request, {})
+    try:
+        queued = turns.continue_turn(tab)
+    except ValueError as exc:
+        raise ApiError(409, "cannot_continue", str(exc)) from None
+    return JsonResponse({"id": queued.pk, "text": queued.text}, status=202)
+
+
+@api_view("POST", write=True)
+def branch(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """A new tab holding a copy of this one's log up to `at_seq` (turns.branch); with
+    `run`, a turn starts at once answering the copy as it stands. 201 with the new
+    tab; 200 with the same tab when the same branch was made within
+    turns.REPEAT_WINDOW (a double click, a client's retry)."""
+    tab = _get_tab(request, tab_id)
+    data = read_json(request, {"at_seq": Field(int, required=True), "run": Field(bool)})
+    at_seq = data["at_seq"]
+    if at_seq < 0:
+        raise ApiError(
+            422, "invalid_value", "at_seq must be at least 0 (0: before the first chunk)."
+        )
+    try:
+        branched = turns.branch(tab, at_seq, run=data.get("run", False))
+    except cuts.CutError as exc:
+        # One exception for every refused cut; only "inside the running turn" is
+        # a state that passes (a conflict), the rest are the cut itself.
+        if str(exc) == cuts.RUNNING:
+            raise ApiError(409, "turn_running", str(exc)) from None
+        raise ApiError(422, "invalid_cut", str(exc)) from None
+    response = JsonResponse(_tab_detail(branched.tab), status=201 if branched.created else 200)
+    if branched.created:
+        response["Location"] = reverse("api_tab", args=[branched.tab.id])
+    return response
+
+
 # --- Live events ----------------------------------------------------------------------------
 
 
@@ -681,6 +748,8 @@ urlpatterns = [
     path("tabs/<uuid:tab_id>/messages", messages, name="api_messages"),
     path("tabs/<uuid:tab_id>/stop", stop, name="api_stop"),
     path("tabs/<uuid:tab_id>/approvals/<str:call_id>", approval, name="api_approval"),
+    path("tabs/<uuid:tab_id>/continue", continue_turn, name="api_continue"),
+    path("tabs/<uuid:tab_id>/branch", branch, name="api_branch"),
     path("tabs/<uuid:tab_id>/events", events, name="api_events"),
     path("search", search_hits, name="api_search"),
 ]
