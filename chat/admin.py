@@ -145,11 +145,14 @@ class TabAdmin(admin.ModelAdmin):
     ]
     list_select_related = ["owner", "runningturn"]
     search_fields = ["title"]
+    list_filter = [("parent", admin.EmptyFieldListFilter)]
     fields = [
         "title",
         "owner",
         "model",
         "system_prompt",
+        "parent",
+        "fork_seq",
         "created_at",
         "updated_at",
         "chunk_count",
@@ -161,6 +164,8 @@ class TabAdmin(admin.ModelAdmin):
     readonly_fields = [
         "model",
         "system_prompt",
+        "parent",
+        "fork_seq",
         "created_at",
         "updated_at",
         "chunk_count",

@@ -12,9 +12,10 @@ from django.test import override_settings
 from django.urls import path, reverse
 from django.utils.http import urlencode
 
-from chat import log
+from chat import log, turns
 from chat.admin import CHUNK_COUNT_CAP, HIGHLIGHT_MAX_CHARS, payload_preview
 from chat.models import ApiKey, Chunk, Setting, Tab
+from chat.stream import Block
 from tests import opsdata
 
 pytestmark = pytest.mark.django_db
@@ -518,3 +519,23 @@ def _row_of(html: str, title: str) -> str:
         if f">{title}<" in row:
             return row
     raise AssertionError(f"no row for {title!r}")
+
+
+def test_it_shows_a_branchs_parent_and_filters_branches(client, staff):
+    """A branch names its parent and cut, read-only; the list filters branched tabs."""
+    parent = Tab.objects.create(owner=staff, title="Parent")
+    log.append(parent.pk, [Block(uuid.uuid4(), uuid.uuid4(), 0, "user", "text", {"text": "hi"})])
+    branch = turns.branch(parent, 1).tab
+
+    page = client.get(reverse("admin:chat_tab_change", args=[branch.pk])).content.decode()
+    assert reverse("admin:chat_tab_change", args=[parent.pk]) in page
+    assert "Fork seq" in page
+    branched = client.get(reverse("admin:chat_tab_changelist") + "?parent__isempty=0")
+    assert [t.pk for t in branched.context["cl"].result_list] == [branch.pk]
+    # Read-only: a post cannot move a branch to another parent.
+    client.post(
+        reverse("admin:chat_tab_change", args=[branch.pk]),
+        {"title": "B", "owner": "", "parent": "", "fork_seq": "0"},
+    )
+    branch.refresh_from_db()
+    assert (branch.parent_id, branch.fork_seq) == (parent.pk, 1)
