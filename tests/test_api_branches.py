@@ -423,23 +423,17 @@ def cut_short(tab: Tab, kind: str = "output-limit") -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "kind, opening",
-    [
-        ("output-limit", "Your previous reply was cut off at the output limit"),
-        ("cancelled", "I stopped your previous reply"),
-        ("interrupted", "The server restarted in the middle of your previous reply"),
-    ],
-)
-def test_it_continues_a_turn_that_was_cut_short(api, tab, kind, opening):
-    """202 with the queued message, which says what was cut and where; the workers are
-    asked to run it."""
+@pytest.mark.parametrize("kind", ["output-limit", "cancelled", "interrupted", "step-limit"])
+def test_it_continues_a_turn_that_was_cut_short(api, tab, kind):
+    """202 with the queued message, resume's account of what was cut and where; the
+    workers are asked to run it."""
     cut_short(tab, kind)
+    last_turn = list(Chunk.objects.filter(tab=tab, seq__gt=6).order_by("seq"))
     response = api.post(f"/api/v1/tabs/{tab.id}/continue")
     assert response.status_code == 202
     queued = QueuedMessage.objects.get()
     assert response.json() == {"id": queued.pk, "text": queued.text}
-    assert queued.text.startswith(opening)
+    assert queued.text == resume.message(last_turn)
     assert "Once upon a time" in queued.text
     assert (queued.tab_id, queued.rerun) == (tab.id, False)
     assert worker_channel_messages() == [{"type": "turn.start", "tab_id": str(tab.id)}]
