@@ -222,7 +222,7 @@ def retry(tab: Tab, seq: int) -> Branched:
     return branch(tab, cuts.retry_at(turn, seq), action=Action.RETRY, run=True)
 
 
-def continue_turn(tab: Tab) -> QueuedMessage:
+def continue_turn(tab: Tab, *, auto_approve: bool = False) -> QueuedMessage:
     """Continue the tab's last turn, which was cut short: a new turn whose message
     says what was interrupted and where. ValueError (for the user) when a turn
     runs or waits to start, or when the last turn finished normally."""
@@ -242,7 +242,7 @@ def continue_turn(tab: Tab) -> QueuedMessage:
             list(Chunk.objects.filter(tab_id=tab.pk, turn_id=last).order_by("seq")) if last else []
         )
         text = resume.message(turn)
-    return submit(tab, text)
+    return submit(tab, text, auto_approve=auto_approve)
 
 
 def valid_cuts(tab_id: uuid.UUID, chunks: list[Any]) -> set[int]:

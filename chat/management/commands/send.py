@@ -4,17 +4,24 @@ It goes through the same path as the web page: the message is queued, a turn
 worker runs it (in this process unless REDIS_URL points at shared workers),
 and the ops come back through the tab's channel-layer group.
 
+`--continue --tab <id>` sends no message of its own: it continues the tab's
+last turn, which was cut short (turns.continue_turn: a message saying what was
+interrupted and where), and follows that turn the same way.
+
 The exit status is 0 when the turn ended normally, and 1 with one line on
 stderr saying why when it ended in an error (a provider's or a crash of the
-runner), was interrupted (the worker shut down) or was stopped.
+runner), was interrupted (the worker shut down) or was stopped, or when there
+was nothing to send or continue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -23,8 +30,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from chat import bus, startup, turns
-from chat.models import Tab
+from chat import bus, lease, startup, turns
+from chat.models import QueuedMessage, Tab
 from chat.preferences import new_tab
 from chat.worker import run_worker
 
@@ -43,9 +50,16 @@ class Command(BaseCommand):
             "--yes-to-tools", action="store_true", help="run tools without asking for approval"
         )
         parser.add_argument("--json", action="store_true", help="print one JSON object per op")
-        parser.add_argument("message")
+        parser.add_argument(
+            "--continue",
+            action="store_true",
+            dest="continue_turn",
+            help="continue the tab's last turn, which was cut short (with --tab, no message)",
+        )
+        parser.add_argument("message", nargs="?")
 
     def handle(self, *args, **options):
+        _check_arguments(options)
         startup.check()
         tab = self._tab(options)
         printer = (
@@ -53,7 +67,14 @@ class Command(BaseCommand):
         )
         if not options["json"]:
             self.stderr.write(f"tab {tab.pk} · model {tab.model}")
-        failure = asyncio.run(self._run(tab, options["message"], options["yes_to_tools"], printer))
+        auto_approve = options["yes_to_tools"]
+        if options["continue_turn"]:
+            start = functools.partial(_continue, tab, auto_approve=auto_approve)
+        else:
+            start = functools.partial(
+                turns.submit, tab, options["message"], auto_approve=auto_approve
+            )
+        failure = asyncio.run(self._run(tab, start, printer, echo=options["continue_turn"]))
         if failure is not None:
             raise CommandError(failure)
 
@@ -71,7 +92,11 @@ class Command(BaseCommand):
             tab.save(update_fields=["model"])
         return tab
 
-    async def _run(self, tab: Tab, text: str, auto_approve: bool, printer) -> str | None:
+    async def _run(
+        self, tab: Tab, start: Callable[[], QueuedMessage], printer, *, echo: bool = False
+    ) -> str | None:
+        """Queue the message `start` makes and follow its turn; `echo` prints the
+        message first (one the user did not type: a continue)."""
         layer = get_channel_layer()
         channel = await layer.new_channel()
         await layer.group_add(bus.tab_group(tab.pk), channel)
@@ -80,11 +105,11 @@ class Command(BaseCommand):
             worker = asyncio.create_task(run_worker())
         try:
             try:
-                queued = await database_sync_to_async(turns.submit)(
-                    tab, text, auto_approve=auto_approve
-                )
+                queued = await database_sync_to_async(start)()
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
+            if echo:
+                printer.sent(queued.text)
             return await self._follow(layer, channel, tab, queued.pk, printer)
         finally:
             await layer.group_discard(bus.tab_group(tab.pk), channel)
@@ -120,6 +145,32 @@ class Command(BaseCommand):
                     )
 
 
+def _check_arguments(options: dict[str, Any]) -> None:
+    """What argparse cannot say: --continue goes with --tab and nothing to send."""
+    if not options["continue_turn"]:
+        if options["message"] is None:
+            raise CommandError("a message is required (or --continue --tab <id>)")
+        return
+    if options["new"]:
+        raise CommandError("--continue needs --tab <id>: a new tab has nothing to continue")
+    if options["message"] is not None:
+        raise CommandError(
+            "--continue sends its own message (what was cut short and where): leave the message out"
+        )
+    if options["model"]:
+        # The model would be changed before it is known whether there is
+        # anything to continue; an error must change nothing.
+        raise CommandError("--continue keeps the tab's model: leave --model out")
+
+
+def _continue(tab: Tab, *, auto_approve: bool) -> QueuedMessage:
+    """Continue the tab's last turn. A lease whose worker died (a killed `send`) is
+    recovered first, as the worker's scan would in a moment: until then the tab
+    looks busy and there is nothing to continue yet."""
+    lease.recover_stale()
+    return turns.continue_turn(tab, auto_approve=auto_approve)
+
+
 # What a sealed system chunk of these kinds says about how the turn ended.
 ENDINGS = {"interrupted": "the turn was interrupted", "cancelled": "the turn was stopped"}
 
@@ -146,6 +197,9 @@ class JsonPrinter:
 
     def ask(self, approval: dict[str, Any]) -> bool:
         return False  # --json is for scripts: pass --yes-to-tools to run tools
+
+    def sent(self, text: str) -> None:
+        pass  # one JSON object per op, and a message sent is not an op
 
 
 # Model and tool output goes to a terminal: escape sequences in it could move the
@@ -211,6 +265,9 @@ class TextPrinter:
                 self.err.write(terminal_safe(f"✗ error{code}: {data['message']}"))
             case "system":
                 self.write(f"· {data.get('kind')}: {data.get('text')}\n")
+
+    def sent(self, text: str) -> None:
+        self.write("".join(f"> {line}\n" for line in text.splitlines()))
 
     def ask(self, approval: dict[str, Any]) -> bool:
         args = terminal_safe(json.dumps(approval.get("arguments", {}), ensure_ascii=False))
