@@ -611,11 +611,10 @@ def branch(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
         )
     try:
         branched = turns.branch(tab, at_seq, run=data.get("run", False))
+    except cuts.TurnRunning as exc:
+        # A state that passes (a conflict), not a wrong cut.
+        raise ApiError(409, "turn_running", str(exc)) from None
     except cuts.CutError as exc:
-        # One exception for every refused cut; only "inside the running turn" is
-        # a state that passes (a conflict), the rest are the cut itself.
-        if str(exc) == cuts.RUNNING:
-            raise ApiError(409, "turn_running", str(exc)) from None
         raise ApiError(422, "invalid_cut", str(exc)) from None
     response = JsonResponse(_tab_detail(branched.tab), status=201 if branched.created else 200)
     if branched.created:

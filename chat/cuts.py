@@ -40,6 +40,10 @@ class CutError(ValueError):
     """A cut that cannot be made; the message says why, for the user."""
 
 
+class TurnRunning(CutError):
+    """The cut is in the turn that is running: not wrong, only not yet possible."""
+
+
 NO_SUCH_CHUNK = "There is no message {seq} in this tab."
 EMPTY = "This tab is empty: there is nothing to branch from."
 RUNNING = "That point is in the turn that is running. Stop it or wait for it to end, then branch."
@@ -73,7 +77,7 @@ def check(
             raise CutError(MID_STEP)
         return
     if running_turn is not None and at.turn_id == running_turn:
-        raise CutError(RUNNING)
+        raise TurnRunning(RUNNING)
     if after is not None and _is_user(after):
         return
     if _mid_step(at, after):

@@ -54,16 +54,22 @@ def submit(tab: Tab, text: str, *, auto_approve: bool = False) -> QueuedMessage:
         raise ValueError("The message is empty.")
     with transaction.atomic():
         Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
-        queued = QueuedMessage.objects.create(tab=tab, text=text)
-        # A draft (an edit's old text) is sent or replaced by what was sent.
-        Tab.objects.filter(pk=tab.pk).exclude(draft="").update(draft="")
-        if not tab.title:
-            tab.title = _title_from(text)
-            Tab.objects.filter(pk=tab.pk).update(title=tab.title)
-        # Before the commit: a runner cannot take the row (and send "taken")
-        # until then, so "queued" always reaches the pages first.
-        bus.publish(tab.pk, {"op": "queued", "id": queued.pk, "text": queued.text})
+        queued = _enqueue(tab, text)
     bus.request_run(tab.pk, auto_approve=auto_approve)
+    return queued
+
+
+def _enqueue(tab: Tab, text: str) -> QueuedMessage:
+    """Queue a message; the caller's transaction holds the tab's lock."""
+    queued = QueuedMessage.objects.create(tab=tab, text=text)
+    # A draft (an edit's old text) is sent or replaced by what was sent.
+    Tab.objects.filter(pk=tab.pk).exclude(draft="").update(draft="")
+    if not tab.title:
+        tab.title = _title_from(text)
+        Tab.objects.filter(pk=tab.pk).update(title=tab.title)
+    # Before the commit: a runner cannot take the row (and send "taken")
+    # until then, so "queued" always reaches the pages first.
+    bus.publish(tab.pk, {"op": "queued", "id": queued.pk, "text": queued.text})
     return queued
 
 
@@ -241,8 +247,10 @@ def continue_turn(tab: Tab, *, auto_approve: bool = False) -> QueuedMessage:
         turn = (
             list(Chunk.objects.filter(tab_id=tab.pk, turn_id=last).order_by("seq")) if last else []
         )
-        text = resume.message(turn)
-    return submit(tab, text, auto_approve=auto_approve)
+        # Queued in the transaction that checked: two Continues at once queue one.
+        queued = _enqueue(tab, resume.message(turn))
+    bus.request_run(tab.pk, auto_approve=auto_approve)
+    return queued
 
 
 def valid_cuts(tab_id: uuid.UUID, chunks: list[Any]) -> set[int]:
@@ -297,7 +305,7 @@ def _turn_of(tab_id: uuid.UUID, chunk: Chunk) -> list[Chunk]:
         raise CutError("That message is not part of an answer.")
     running = RunningTurn.objects.filter(tab_id=tab_id).values_list("turn_id", flat=True).first()
     if running == chunk.turn_id:
-        raise CutError(cuts.RUNNING)
+        raise cuts.TurnRunning(cuts.RUNNING)
     return list(Chunk.objects.filter(tab_id=tab_id, turn_id=chunk.turn_id).order_by("seq"))
 
 

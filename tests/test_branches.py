@@ -6,13 +6,15 @@ tests/test_resume.py; the requests a branch sends are tests/test_branch_prefix.p
 
 from __future__ import annotations
 
+import io
+import threading
 import uuid
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -280,5 +282,39 @@ def test_branching_costs_the_same_queries_however_long_the_log(alice):
 
 def test_wipe_history_deletes_branches_with_their_parents(tab):
     turns.branch(tab, 5)
-    call_command("wipe_history", "--yes", stdout=open("/dev/null", "w"))
+    call_command("wipe_history", "--yes", stdout=io.StringIO())
     assert not Tab.objects.exists() and not Chunk.objects.exists()
+
+
+def test_two_continues_at_once_queue_one_message(tab):
+    """The check and the queueing are one transaction under the tab lock."""
+    log.append(
+        tab.pk,
+        [
+            block(T2, 0, Role.USER, Kind.TEXT, text="go"),
+            block(T2, 1, Role.SYSTEM, Kind.SYSTEM, kind="cancelled", text="Stopped."),
+        ],
+    )
+    outcomes: list[str] = []
+    start = threading.Barrier(2)
+
+    def click() -> None:
+        start.wait()
+        try:
+            turns.continue_turn(Tab.objects.get(pk=tab.pk))
+            outcomes.append("queued")
+        except ValueError as exc:
+            outcomes.append(str(exc))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=click) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == [
+        "A message is already waiting to start the next turn.",
+        "queued",
+    ]
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
