@@ -17,7 +17,8 @@ Normalisations, each deterministic so that rebuilding gives the same bytes:
 - tool arguments are re-ordered with sorted keys (PostgreSQL's jsonb re-orders
   keys on its own, which would otherwise change the bytes after a reload);
 - call ids are made safe (`[a-zA-Z0-9_-]`) and unique in the request;
-- an empty tool result is sent as EMPTY_RESULT;
+- an empty tool result is sent as EMPTY_RESULT; the result of a shell call
+  interrupted while it ran is sent after the output it had printed;
 - tool results go first in the user message that follows their call; a call
   without a result (a crash) gets a synthetic error result; a result without a
   call is dropped, and so is a tool_result chunk that holds only live output
@@ -259,6 +260,15 @@ class History:
         user = self._to(Role.USER)
         user.answered.add(call.safe)
         text = str(data["result"]) or EMPTY_RESULT
+        if data.get("interrupted") and data.get("shell_output"):
+            # Cut short while it ran (a Stop, a crash): its result says only why,
+            # and what it printed is all the model can know of what it did, which
+            # Continue tells it to look for in the result. As the shell tool's own
+            # results are: the output, then a status line in brackets.
+            output = str(data["shell_output"])
+            if not output.endswith("\n"):
+                output += "\n"
+            text = f"{output}[{text}]"
         part = ToolResultPart(call.safe, call.name, text, bool(data.get("is_error")))
         user.parts.insert(_results_end(user.parts), part)
 
