@@ -62,6 +62,9 @@ async def run_one(tab: Tab, message: str) -> None:
     async with Watcher(tab.pk) as watcher:
         await submit(tab, message)
         await watcher.until_idle()
+    # Idle goes out just before the lease is released, and a cut in the running
+    # turn is refused.
+    await settled(tab.pk)
 
 
 async def parent_tab(fake_server) -> Tab:
