@@ -68,6 +68,8 @@ STOP_NOTICES = {
         "The model stopped because the conversation filled its context window.",
     ),
 }
+# The tool whose output streams into its result block while it runs.
+SHELL = "shell"
 # The result of calls a crashed turn never ran.
 NOT_RUN_CRASHED = "Not run: the turn stopped on an internal error."
 # The most of an exception's text a crash's error chunk quotes: enough to debug
@@ -610,6 +612,9 @@ class TurnRunner:
             await self._run_tool(call_id, name, call)
 
     async def _run_tool(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
+        if name == SHELL:
+            await self._open_output(call_id)
+
         async def produce(queue: asyncio.Queue) -> None:
             def on_output(text: str) -> None:
                 queue.put_nowait(ShellOutput(call_id, text))
@@ -628,6 +633,19 @@ class TurnRunner:
         async with aclosing(self._produced(produce)) as events:
             async for event in events:
                 await self._apply(self.reducer.feed(event))
+
+    async def _open_output(self, call_id: str) -> None:
+        """Open the shell call's output block before the command starts, and
+        checkpoint it at once. A command that has printed nothing yet is still
+        running: a Stop or a server that dies then must leave a result that says
+        so (its output key, even empty), not one of a call never run, which
+        Continue would tell the model it can run again."""
+        await self._apply(self.reducer.feed(ShellOutput(call_id, "")))
+        block = self.reducer.open
+        snapshot = Block(
+            block.id, block.turn_id, block.step, block.role, block.type, dict(block.data)
+        )
+        await database_sync_to_async(log.checkpoint)(self.tab_id, snapshot)
 
     async def _wait_for_approval(self, call_id: str, name: str, arguments: dict) -> bool:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -756,11 +774,18 @@ class TurnRunner:
         result completes; every call without a result answered with `why`, marked
         too. An interrupted call is never run again by itself."""
         block = self.reducer.open
-        if block is not None and block.type != Kind.TOOL_RESULT:
+        running = None
+        if block is not None and block.type == Kind.TOOL_RESULT:
+            running = block.data.get("call_id")
+        elif block is not None:
             await self._apply(self.reducer.seal(interrupted=True))
         for call_id, name in list(self.reducer.pending_calls):
             ops = self.reducer.feed(ToolResultEvent(call_id, name, why, True))
             ops[-1].block.data["interrupted"] = True
+            if call_id == running:
+                # The reducer drops an empty output; kept, it says the call ran.
+                ops[-1].block.data.setdefault("shell_output", "")
+                running = None  # ids may repeat: only the first such call ran
             await self._apply(ops)
         await self._apply(self.reducer.seal(interrupted=True))
 

@@ -28,6 +28,7 @@ from tests.anthropic_wire import (
     POLL_SECONDS,
     Body,
     reply,
+    settled,
     stream_error,
     text,
     thinking,
@@ -44,6 +45,8 @@ QUESTION = "What is the answer?"
 LONG_COMMAND = "echo ran >> runs.log; echo started; sleep 60"
 # Never runs in these tests (the call before it is interrupted).
 NEXT_COMMAND = "echo ran >> next.log"
+# The same as LONG_COMMAND without printing anything: running all the same.
+SILENT_COMMAND = "echo ran >> runs.log; sleep 60"
 # A worker on another host that stopped beating: its lease is dead once stale.
 DEAD_WORKER = "elsewhere:1:crashed"
 
@@ -63,6 +66,7 @@ async def run_one(tab: Tab, message: str) -> Watcher:
     async with Watcher(tab.pk) as watcher:
         await submit(tab, message)
         await watcher.until_idle()
+    await settled(tab.pk)
     return watcher
 
 
@@ -71,6 +75,7 @@ async def continue_and_run(tab: Tab) -> str:
     async with Watcher(tab.pk) as watcher:
         queued = await database_sync_to_async(turns.continue_turn)(tab)
         await watcher.until_idle()
+    await settled(tab.pk)
     return queued.text
 
 
@@ -92,6 +97,8 @@ def seen(watcher: Watcher, chunk_id: Any = None) -> str:
 async def stop(tab: Tab, watcher: Watcher) -> None:
     assert await database_sync_to_async(turns.cancel)(tab.pk)
     await watcher.until_idle()
+    # Idle goes out just before the lease is released (chat/agent.py).
+    await settled(tab.pk)
 
 
 def messages(fake_server, index: int) -> list[dict[str, Any]]:
@@ -242,13 +249,47 @@ async def test_continue_after_a_stop_during_a_shell_call(fake_server, workspace)
     assert words == [text_part(message)]
 
 
+async def until_exists(path) -> None:
+    async with asyncio.timeout(TURN_TIMEOUT):
+        while not path.exists():
+            await asyncio.sleep(POLL_SECONDS)
+
+
+async def test_continue_after_a_stop_during_a_silent_shell_call(fake_server, workspace):
+    """A command stopped before it printed anything was running all the same: the
+    message must not say it was not run (the model would run it a second time)."""
+    fake_server.add(
+        reply(tool_use("toolu_silent", "shell", command=SILENT_COMMAND), stop="tool_use"),
+        reply(text("It was stopped.")),
+    )
+    async with running_worker():
+        tab = await make_tab(MODEL)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "Run it.")
+            await until_exists(workspace / "runs.log")
+            await stop(tab, watcher)
+        result = (await chunks(tab.pk))[2].data
+        assert result["interrupted"] is True and result["shell_output"] == ""
+        message = await continue_and_run(tab)
+    assert_continues(
+        message,
+        f"I stopped your previous reply. `shell: {SILENT_COMMAND}` was running: its exit "
+        "status is unknown, and its output so far is in its result.",
+        calls_cut=True,
+    )
+    assert (workspace / "runs.log").read_text() == "ran\n"
+    answer = messages(fake_server, 1)[-1]["content"][0]
+    assert answer["tool_use_id"] == "toolu_silent" and answer["is_error"] is True
+    assert answer["content"] == "Cancelled by the user."
+
+
 # --- A server crash -------------------------------------------------------------------
 
 
-async def crash(tab: Tab, saved) -> dict[str, Any]:
-    """Run the tab's queued message in a runner that dies once its checkpoint holds
-    what `saved` wants: no seal, no notice, its lease left behind (stale) with the
-    open block as last checkpointed, as after a SIGKILL. Returns that block."""
+async def crash(tab: Tab, ready) -> dict[str, Any] | None:
+    """Run the tab's queued message in a runner that dies once `ready(checkpoint)` (the
+    open block as last checkpointed, or None): no seal, no notice, its lease left
+    behind (stale) with that checkpoint, as after a SIGKILL. Returns the checkpoint."""
     turn_id = await database_sync_to_async(lease.acquire)(tab.pk, DEAD_WORKER)
 
     async def publish(op: dict[str, Any]) -> None:
@@ -259,7 +300,7 @@ async def crash(tab: Tab, saved) -> dict[str, Any]:
         async with asyncio.timeout(TURN_TIMEOUT):
             while True:
                 running = await RunningTurn.objects.aget(tab_id=tab.pk)
-                if running.open_chunk and saved(running.open_chunk):
+                if ready(running.open_chunk):
                     break
                 await asyncio.sleep(POLL_SECONDS)
     finally:
@@ -297,7 +338,9 @@ async def test_a_crash_during_text_waits_for_the_user_then_goes_on(
     )
     tab = await make_tab(MODEL)
     await submit(tab, QUESTION)
-    saved = await crash(tab, lambda block: block["data"].get("text") == "Half of the answer")
+    saved = await crash(
+        tab, lambda block: block is not None and block["data"]["text"] == "Half of the answer"
+    )
     assert await database_sync_to_async(lease.recover_stale)() == [tab.pk]
     rows = await chunks(tab.pk)
     assert kinds(rows) == ["user/text", "assistant/text", "system/system"]
@@ -339,7 +382,9 @@ async def test_a_crash_during_a_shell_call_is_recovered_by_the_worker_and_never_
     await crash(
         tab,
         lambda block: (
-            block["type"] == "tool_result" and block["data"].get("shell_output") == "started\n"
+            block is not None
+            and block["type"] == "tool_result"
+            and block["data"].get("shell_output") == "started\n"
         ),
     )
     assert (workspace / "runs.log").read_text() == "ran\n"
@@ -375,6 +420,33 @@ async def test_a_crash_during_a_shell_call_is_recovered_by_the_worker_and_never_
     assert answer["is_error"] is True
     assert answer["content"] == "started\n[Interrupted: the server stopped while this call ran.]"
     assert words == text_part(message)
+
+
+async def test_a_crash_during_a_silent_shell_call_says_it_was_running(fake_server, workspace):
+    """The server dies while a command that printed nothing runs: recovery must not
+    report it as never run, since it did run (its exit status is what is unknown)."""
+    fake_server.add(
+        reply(tool_use("toolu_silent", "shell", command=SILENT_COMMAND), stop="tool_use"),
+        reply(text("It was interrupted.")),
+    )
+    tab = await make_tab(MODEL)
+    await submit(tab, "Run it.")
+    await crash(tab, lambda block: (workspace / "runs.log").exists())
+    assert await database_sync_to_async(lease.recover_stale)() == [tab.pk]
+    result = (await chunks(tab.pk))[2].data
+    assert result["result"] == "Interrupted: the server stopped while this call ran."
+    assert result["interrupted"] is True and result["shell_output"] == ""
+    async with running_worker():
+        message = await continue_and_run(tab)
+    assert_continues(
+        message,
+        "The server restarted in the middle of your previous reply. "
+        f"`shell: {SILENT_COMMAND}` was running: its exit status is unknown, and its output "
+        "so far is in its result.",
+        calls_cut=True,
+    )
+    assert (workspace / "runs.log").read_text() == "ran\n"
+    assert len(fake_server.requests) == 2
 
 
 # --- Limits and errors ----------------------------------------------------------------
