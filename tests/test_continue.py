@@ -1,11 +1,12 @@
 """Continue (DESIGN §11) through the real turn runner and the Anthropic SDK against the
 fake server: for each way a turn is cut short (Stop during text, thinking or a shell
-call; a server crash during text or a shell call; the output limit; an error; the step
-limit), the message Continue sends says what was interrupted and where, and the
-continue turn's request follows the rules: interrupted text is sent as the user saw
-it, thinking cut off before its signature is not sent, an interrupted call is
-answered with an is_error result and never run again. A crash-recovered turn waits
-for the user. Continue with nothing to continue is refused and queues nothing.
+call; a server crash during text or a shell call, or a shutdown during one; the output
+or context limit; an error; the step limit), the message Continue sends says what was
+interrupted and where, and the continue turn's request follows the rules: interrupted
+text is sent as the user saw it, thinking cut off before its signature is not sent, an
+interrupted call is answered with an is_error result and never run again. A turn
+recovered after a crash or a shutdown waits for the user. Continue with nothing to
+continue is refused and queues nothing.
 """
 
 from __future__ import annotations
@@ -449,24 +450,66 @@ async def test_a_crash_during_a_silent_shell_call_says_it_was_running(fake_serve
     assert len(fake_server.requests) == 2
 
 
+async def test_continue_after_a_shutdown_during_a_shell_call(fake_server, workspace, settings):
+    """The server is stopped (a deploy) while a command runs, past its grace period: the
+    running turn is interrupted (the command killed, the output kept); after the restart
+    the model is not called until the user continues, and the command is not run again."""
+    settings.DISPATCH_SHUTDOWN_GRACE = 0
+    fake_server.add(
+        reply(tool_use("toolu_long", "shell", command=LONG_COMMAND), stop="tool_use"),
+    )
+    tab = await make_tab(MODEL)
+    async with Watcher(tab.pk) as watcher:
+        async with running_worker():
+            await submit(tab, "Run the tests.")
+            await until_seen(watcher, "started")
+        await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows)[-2:] == ["tool/tool_result", "system/system"]
+    assert rows[-2].data["shell_output"] == "started\n" and rows[-2].data["is_error"] is True
+    assert rows[-1].data["kind"] == "interrupted"
+    async with running_worker():
+        await assert_waits_for_the_user(fake_server, tab)
+        fake_server.add(reply(text("Shall I run them again?")))
+        message = await continue_and_run(tab)
+    assert_continues(
+        message,
+        "The server restarted in the middle of your previous reply. "
+        f"`shell: {LONG_COMMAND}` was running: its exit status is unknown, and its output so "
+        "far is in its result.",
+        calls_cut=True,
+    )
+    assert (workspace / "runs.log").read_text() == "ran\n"
+    answer = messages(fake_server, 2)[-1]["content"][0]
+    assert answer["tool_use_id"] == "toolu_long" and answer["is_error"] is True
+    assert answer["content"] == ("started\n[Interrupted: the worker running this turn shut down.]")
+
+
 # --- Limits and errors ----------------------------------------------------------------
 
 
-async def test_continue_after_the_output_limit(fake_server, workspace):
+@pytest.mark.parametrize(
+    ("stop_reason", "kind", "ending"),
+    [
+        ("max_tokens", "output-limit", "Your previous reply was cut off at the output limit."),
+        (
+            "model_context_window_exceeded",
+            "context-limit",
+            "Your previous reply stopped because the conversation filled your context window.",
+        ),
+    ],
+)
+async def test_continue_after_a_limit(fake_server, workspace, stop_reason, kind, ending):
     fake_server.add(
-        reply(text("It all began"), stop="max_tokens"),
+        reply(text("It all began"), stop=stop_reason),
         reply(text(" long ago.")),
     )
     async with running_worker():
         tab = await make_tab(MODEL)
         await run_one(tab, "Tell me everything.")
-        assert (await chunks(tab.pk))[-1].data["kind"] == "output-limit"
+        assert (await chunks(tab.pk))[-1].data["kind"] == kind
         message = await continue_and_run(tab)
-    assert_continues(
-        message,
-        "Your previous reply was cut off at the output limit. "
-        "You were writing; your text ends with: “It all began”",
-    )
+    assert_continues(message, f"{ending} You were writing; your text ends with: “It all began”")
     assert messages(fake_server, 1) == [
         {"role": "user", "content": [text_part("Tell me everything.")]},
         {"role": "assistant", "content": [text_part("It all began")]},
