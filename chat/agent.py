@@ -287,6 +287,13 @@ class TurnRunner:
 
     async def _publish_idle(self) -> None:
         await self._flush_deltas()
+        # Before idle is seen: a Continue or a branch clicked at once finds the
+        # turn finished, not running (the lease is released only after idle).
+        # Not worth failing over: without it, such a click is refused, no more.
+        try:
+            await database_sync_to_async(lease.set_finishing)(self.tab_id, self.turn_id)
+        except Exception:
+            logger.exception("could not mark turn %s finishing", self.turn_id)
         # Idle goes out before the lease is released: once it is, a new
         # runner may start on this tab and its "running" must come last.
         self.status.state = "idle"

@@ -54,7 +54,7 @@ def status(tab_id: uuid.UUID) -> dict[str, Any]:
     """The tab's turn status as the UI shows it, read from the database."""
     running = RunningTurn.objects.filter(tab_id=tab_id).first()
     queued = list(QueuedMessage.objects.filter(tab_id=tab_id, rerun=False).values("id", "text"))
-    if running is None:
+    if running is None or running.status == RunningTurn.Status.FINISHING:
         return {"state": "idle", "queued": queued}
     return {
         "state": running.status,
@@ -304,6 +304,21 @@ def beat(tab_id: uuid.UUID, turn_id: uuid.UUID) -> str:
 
 def set_step(tab_id: uuid.UUID, turn_id: uuid.UUID, step: int) -> None:
     _mine(tab_id, turn_id).update(step=step)
+
+
+def running_turn(tab_id: uuid.UUID) -> uuid.UUID | None:
+    """The turn still writing the tab's log (None when none is, or it is finishing)."""
+    return (
+        RunningTurn.objects.filter(tab_id=tab_id)
+        .exclude(status=RunningTurn.Status.FINISHING)
+        .values_list("turn_id", flat=True)
+        .first()
+    )
+
+
+def set_finishing(tab_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+    """The turn wrote its last chunk: from now on its log may be branched and continued."""
+    _mine(tab_id, turn_id).update(status=RunningTurn.Status.FINISHING)
 
 
 def set_waiting(tab_id: uuid.UUID, turn_id: uuid.UUID, waiting: bool) -> None:

@@ -98,6 +98,10 @@ class RunningTurn(models.Model):
     class Status(models.TextChoices):
         RUNNING = "running"
         WAITING = "waiting", "waiting for approval"
+        # The turn's end is in the log and its idle status sent; the lease goes
+        # next (or, with a message queued, on to the next turn). Its log is final:
+        # it may be branched and continued.
+        FINISHING = "finishing"
 
     tab = models.OneToOneField(Tab, on_delete=models.CASCADE, primary_key=True)
     turn_id = models.UUIDField()

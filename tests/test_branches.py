@@ -318,3 +318,27 @@ def test_two_continues_at_once_queue_one_message(tab):
         "queued",
     ]
     assert QueuedMessage.objects.filter(tab=tab).count() == 1
+
+
+def test_a_finishing_turn_may_be_branched_and_continued_at_once(tab):
+    """Idle goes out before the lease is released; a click in between must work."""
+    log.append(
+        tab.pk,
+        [
+            block(T2, 0, Role.USER, Kind.TEXT, text="go"),
+            block(T2, 1, Role.SYSTEM, Kind.SYSTEM, kind="cancelled", text="Stopped."),
+        ],
+    )
+    running = RunningTurn.objects.create(
+        tab=tab, turn_id=T2, worker="w", heartbeat_at=timezone.now()
+    )
+    with pytest.raises(CutError, match="running"):
+        turns.branch(tab, 7)
+    lease.set_finishing(tab.pk, T2)
+    assert lease.status(tab.pk)["state"] == "idle"
+    assert turns.branch(tab, 7).created
+    turns.continue_turn(tab)
+    # The finishing runner's release finds the message and goes on with it.
+    assert lease.release_or_continue(tab.pk, T2) is not None
+    running.refresh_from_db()
+    assert running.status == RunningTurn.Status.RUNNING
