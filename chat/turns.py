@@ -213,8 +213,13 @@ def edit(tab: Tab, seq: int) -> Branched:
 
 def regenerate(tab: Tab, seq: int) -> Branched:
     """Answer again the question of the turn that chunk `seq` is in: a branch right
-    after the user's messages that start that turn, run at once."""
+    after the user's messages that start that turn (right before a turn that has
+    none), run at once."""
     turn = _turn_of(tab.pk, _chunk(tab.pk, seq))
+    if turn[0].role != Role.USER:
+        # A turn run without a message of its own (a regenerated or retried branch's)
+        # answered the log as it stood before it: answer that again.
+        return branch(tab, turn[0].seq - 1, action=Action.REGENERATE, run=True)
     return branch(tab, cuts.regenerate_at(turn), action=Action.REGENERATE, run=True)
 
 
@@ -234,7 +239,8 @@ def continue_turn(tab: Tab, *, auto_approve: bool = False) -> QueuedMessage:
     runs or waits to start, or when the last turn finished normally."""
     with transaction.atomic():
         Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
-        if RunningTurn.objects.filter(tab_id=tab.pk).exists():
+        # A finishing turn's lease takes the message on as the next turn.
+        if lease.running_turn(tab.pk) is not None:
             raise ValueError("A turn is running: wait for it to end, or stop it, first.")
         if QueuedMessage.objects.filter(tab_id=tab.pk).exists():
             raise ValueError("A message is already waiting to start the next turn.")
@@ -255,7 +261,7 @@ def continue_turn(tab: Tab, *, auto_approve: bool = False) -> QueuedMessage:
 
 def valid_cuts(tab_id: uuid.UUID, chunks: list[Any]) -> set[int]:
     """The seqs among `chunks` (a page of the log, in seq order) a branch may be cut at."""
-    running = RunningTurn.objects.filter(tab_id=tab_id).values_list("turn_id", flat=True).first()
+    running = lease.running_turn(tab_id)
     return cuts.valid_cuts(chunks, running_turn=running)
 
 
@@ -269,7 +275,7 @@ def _check_cut(tab_id: uuid.UUID, at_seq: int) -> None:
         if at is not None and at.turn_id is not None
         else []
     )
-    running = RunningTurn.objects.filter(tab_id=tab_id).values_list("turn_id", flat=True).first()
+    running = lease.running_turn(tab_id)
     cuts.check(at_seq, at, after, turn, running_turn=running)
 
 
@@ -303,7 +309,7 @@ def _chunk(tab_id: uuid.UUID, seq: int) -> Chunk:
 def _turn_of(tab_id: uuid.UUID, chunk: Chunk) -> list[Chunk]:
     if chunk.turn_id is None:
         raise CutError("That message is not part of an answer.")
-    running = RunningTurn.objects.filter(tab_id=tab_id).values_list("turn_id", flat=True).first()
+    running = lease.running_turn(tab_id)
     if running == chunk.turn_id:
         raise cuts.TurnRunning(cuts.RUNNING)
     return list(Chunk.objects.filter(tab_id=tab_id, turn_id=chunk.turn_id).order_by("seq"))
