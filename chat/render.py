@@ -33,15 +33,18 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
 import nh3
 from django.conf import settings
 from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.timesince import timesince
 from markdown_it import MarkdownIt
 from pygments import highlight as pygments_highlight
 from pygments.formatters import HtmlFormatter
@@ -74,6 +77,21 @@ SYSTEM_LABELS = {
     "config-reload": "Settings reloaded",
     "cancelled": "Cancelled",
     "interrupted": "Interrupted",
+    "forked": "Branch",
+    "step-limit": "Step limit",
+}
+# The system notices that end a turn early: with an error chunk, what Continue
+# applies to (chat.resume.ENDINGS, which this layer may not import; a test holds
+# the two equal).
+ENDING_KINDS = frozenset(
+    {"interrupted", "cancelled", "output-limit", "context-limit", "step-limit"}
+)
+# What a branch in a tab's lists is called, by the action that made it (chat.turns.Action).
+FORK_LABELS = {
+    "branch": "Branch",
+    "edit": "Edited message",
+    "regenerate": "Answered again",
+    "retry": "Retried after an error",
 }
 STATE_LABELS = {
     "idle": "Idle",
@@ -129,7 +147,25 @@ def _cell_align_class(self, tokens, idx, options, env) -> str:
 _md = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable(
     ["table", "strikethrough"]
 )
+# Every code block gets a copy button (app.js copies its <pre>'s text). The
+# button's label is CSS, so the text of a message in the page stays its markdown's.
+CODE_COPY = (
+    '<div class="code"><button type="button" class="copy-code" data-copy="code" '
+    'aria-label="Copy code" title="Copy code"></button>'
+)
+
+
+def _fence_with_copy(self, tokens, idx, options, env) -> str:
+    return CODE_COPY + self.fence(tokens, idx, options, env) + "</div>\n"
+
+
+def _code_block_with_copy(self, tokens, idx, options, env) -> str:
+    return CODE_COPY + self.code_block(tokens, idx, options, env) + "</div>\n"
+
+
 _md.add_render_rule("image", _image_as_link)
+_md.add_render_rule("fence", _fence_with_copy)
+_md.add_render_rule("code_block", _code_block_with_copy)
 _md.add_render_rule("th_open", _cell_align_class)
 _md.add_render_rule("td_open", _cell_align_class)
 
@@ -162,17 +198,25 @@ _cleaner = nh3.Cleaner(
         "th",
         "td",
         "span",
+        # Only the code blocks' copy buttons (CODE_COPY): raw HTML in a message is text.
+        "div",
+        "button",
     },
     attributes={
         "a": {"href", "title"},
         "code": {"class"},
         "span": {"class"},
         "ol": {"start"},
+        "button": {"type", "data-copy", "aria-label", "title"},
     },
     url_schemes={"http", "https", "mailto"},
     link_rel="noopener noreferrer",
     set_tag_attribute_values={"a": {"target": "_blank"}},
-    allowed_classes={cell: set(ALIGN_CLASSES.values()) for cell in ("th", "td")},
+    allowed_classes={
+        **{cell: set(ALIGN_CLASSES.values()) for cell in ("th", "td")},
+        "div": {"code"},
+        "button": {"copy-code"},
+    },
 )
 
 
@@ -239,6 +283,22 @@ class Item:
     pending_approval: bool = False
     # The chunk a search result opened the page at: highlighted, scrolled to.
     hit: bool = False
+    # What a page render knows about the log around the chunk (`mark_page`): a
+    # valid cut here ("Branch from here"), a valid cut right before it ("Edit"),
+    # the end of the tab's last answer ("Regenerate"), the last notice of an
+    # interrupted last turn ("Continue"). A live fragment knows none of it
+    # (`known` False): see `offers_end`.
+    known: bool = False
+    cut: bool = False
+    cut_before: bool = False
+    last_answer: bool = False
+    resumable: bool = False
+    # Branches of the tab that start right after this chunk (or a result in its
+    # card), and, on the first chunk, those that start before it (at seq 0).
+    forks: list[Fork] = field(default_factory=list)
+    forks_before: list[Fork] = field(default_factory=list)
+    # A `forked` notice on a page render: whether the tab it names still exists.
+    origin_gone: bool = False
 
     @classmethod
     def of(cls, chunk: Any, *, open: bool = False) -> Item:
@@ -434,6 +494,157 @@ class Item:
     @property
     def kind_label(self) -> str:
         return SYSTEM_LABELS.get(self.kind, self.kind.replace("-", " ").capitalize())
+
+    # Branches and message actions ------------------------------------------------------
+
+    @property
+    def user_text(self) -> bool:
+        return self.role == Role.USER and self.type == Kind.TEXT
+
+    @property
+    def sealed(self) -> bool:
+        return self.seq is not None and not self.open
+
+    @property
+    def forked(self) -> bool:
+        return self.type == Kind.SYSTEM and self.kind == "forked"
+
+    @property
+    def ends_turn(self) -> bool:
+        """An error or a notice that cuts a turn short: what Continue applies to."""
+        if self.turn_id is None:
+            return False
+        return self.type == Kind.ERROR or (self.type == Kind.SYSTEM and self.kind in ENDING_KINDS)
+
+    @property
+    def offers_end(self) -> bool:
+        """A live chunk that may turn out to be the end of its turn: it carries
+        "Regenerate" and "Branch from here", which CSS shows only where it is that
+        end (the next chunk starts a turn, or it is the last and nothing runs)."""
+        return (
+            not self.known
+            and self.sealed
+            and self.turn_id is not None
+            and self.type in (Kind.TEXT, Kind.ERROR, Kind.SYSTEM)
+            and self.role != Role.USER
+        )
+
+    @property
+    def offers_edit(self) -> bool:
+        return self.sealed and self.user_text and (self.cut_before or not self.known)
+
+    @property
+    def offers_retry(self) -> bool:
+        return self.sealed and self.type == Kind.ERROR and self.turn_id is not None
+
+    @property
+    def offers_continue(self) -> bool:
+        return self.sealed and (self.resumable or (not self.known and self.ends_turn))
+
+    @property
+    def offers_copy(self) -> bool:
+        return self.sealed and self.type == Kind.TEXT
+
+    @property
+    def has_actions(self) -> bool:
+        # A notice outside any turn (a model change, a branch's origin) is no place to
+        # act from: the chunk before it offers the same cut.
+        if not self.sealed or (self.type == Kind.SYSTEM and self.turn_id is None):
+            return False
+        return (
+            self.offers_copy
+            or self.has_output
+            or self.offers_retry
+            or self.offers_continue
+            or self.cut
+            or self.last_answer
+            or self.offers_end
+        )
+
+    @property
+    def has_output(self) -> bool:
+        """A tool result with something to copy: its output, else what the model got."""
+        return self.type == Kind.TOOL_RESULT and not self.open and bool(self.text or self.result)
+
+    @property
+    def fork_text(self) -> tuple[str, str, str]:
+        """A `forked` notice's text around the parent's title: (before, title, after).
+        ("", "", text) when the text does not quote a title."""
+        text = str(self.data.get("text") or "")
+        before, quote, rest = text.partition("“")
+        title, close, after = rest.rpartition("”")
+        if not quote or not close:
+            return "", "", text
+        return before, f"“{title}”", after
+
+    @property
+    def origin_url(self) -> str:
+        """The parent tab at the cut, for a `forked` notice ("" when its data is not one)."""
+        try:
+            tab_id = uuid.UUID(str(self.data.get("from_tab")))
+            at_seq = int(self.data.get("at_seq"))
+        except (TypeError, ValueError):
+            return ""
+        url = reverse("tab", args=[tab_id])
+        # The tab page's ?seq= starts at 1: a cut before the first message shows that one.
+        return f"{url}?seq={max(at_seq, 1)}"
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A branch of the tab, as its lists show it."""
+
+    id: uuid.UUID
+    action: str
+    fork_seq: int
+    created_at: datetime
+
+    @property
+    def label(self) -> str:
+        return FORK_LABELS.get(self.action, FORK_LABELS["branch"])
+
+    @property
+    def age(self) -> str:
+        """How long ago it was made, for a glance ("just now", "3 minutes ago")."""
+        if timezone.now() - self.created_at < timedelta(minutes=1):
+            return "just now"
+        return f"{timesince(self.created_at)} ago"
+
+
+def mark_page(
+    items: Sequence[Item],
+    *,
+    cuts: set[int],
+    running_turn: uuid.UUID | None = None,
+    last_answer: int | None = None,
+    resumable: int | None = None,
+    forks: Sequence[Fork] = (),
+    gone: set[str] = frozenset(),
+) -> None:
+    """What a page render offers on its chunks (the view knows the log around them):
+    `cuts` (chat.cuts.valid_cuts of the page), the seq that ends the last answer, the seq of
+    the interrupted last turn's last notice, the tab's branches, and the tabs named
+    by `forked` notices that no longer exist (ids as strings).
+
+    The running turn's chunks are left as live ones are: where such a chunk turns
+    out to end its turn is known only later, to CSS (see `Item.offers_end`)."""
+    at: dict[int, list[Fork]] = {}
+    for fork in forks:
+        at.setdefault(fork.fork_seq, []).append(fork)
+    for n, item in enumerate(items):
+        for candidate in (item, *item.results):
+            seq = candidate.seq
+            if seq is None or (running_turn is not None and candidate.turn_id == running_turn):
+                continue
+            candidate.known = True
+            candidate.cut = seq in cuts
+            candidate.cut_before = seq - 1 in cuts
+            candidate.last_answer = seq == last_answer
+            candidate.resumable = seq == resumable
+            candidate.origin_gone = candidate.forked and str(candidate.data.get("from_tab")) in gone
+            item.forks.extend(at.get(seq, ()))
+        if n == 0 and item.seq == 1:
+            item.forks_before.extend(at.get(0, ()))
 
 
 def group(chunks: Iterable[Any], *, continues: bool = False) -> list[Item]:

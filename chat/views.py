@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -18,15 +19,16 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
-from chat import lease, log, preferences, search, transfer, turns
+from chat import cuts, lease, log, preferences, resume, search, transfer, turns
 from chat import render as chat_render
 from chat.forms import (
     MAX_MESSAGE_CHARS,
@@ -52,7 +54,7 @@ from chat.models import (
     Tab,
 )
 from chat.providers.registry import PROVIDERS
-from chat.stream import Kind
+from chat.stream import Kind, Role
 from chat.tools import sandbox
 
 # The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
@@ -61,6 +63,9 @@ SIDEBAR_TABS = 100
 SETUP_LOCK_KEY = "owner_setup"
 # ApiToken.name's column.
 API_TOKEN_NAME_MAX_CHARS = 100
+# A tab's menu and its "⑂ N branches" controls list its first this many branches: a
+# tab branched more often than that is rare, and each branch is in the sidebar anyway.
+MAX_BRANCHES_LISTED = 100
 
 
 def _get_tab_for_user(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
@@ -163,6 +168,8 @@ def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     chunks = log.page(tab.id, before=end + 1 if detached else None, limit=conf.page_size)
     has_more, continues = log.page_bounds(tab.id, chunks)
     items, status = chat_render.page_items(chunks, lease.status(tab.id), continues=continues)
+    branches = _branches(tab)
+    _mark_page(tab, chunks, items, at_end=not detached, branches=branches)
     if hit is not None:
         chat_render.mark_hit(items, hit)
     return render(
@@ -186,8 +193,96 @@ def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
             "tab_model": tab.model,
             "offline_model": OFFLINE_MODEL,
             "max_message": MAX_MESSAGE_CHARS,
+            "branches": branches,
         },
     )
+
+
+def _branches(tab: Tab) -> list[chat_render.Fork]:
+    """The tab's branches, oldest first, each with the action its `forked` chunk names."""
+    rows = (
+        Chunk.objects.filter(
+            tab__parent=tab,
+            tab__owner_id=tab.owner_id,
+            seq=F("tab__fork_seq") + 1,
+            type=Kind.SYSTEM,
+        )
+        .select_related("tab")
+        .order_by("tab__created_at")[:MAX_BRANCHES_LISTED]
+    )
+    return [
+        chat_render.Fork(
+            id=row.tab_id,
+            action=str((row.data or {}).get("action") or "branch"),
+            fork_seq=row.tab.fork_seq,
+            created_at=row.tab.created_at,
+        )
+        for row in rows
+    ]
+
+
+def _mark_page(
+    tab: Tab,
+    chunks: list[Chunk],
+    items: list[chat_render.Item],
+    *,
+    at_end: bool,
+    branches: list[chat_render.Fork],
+) -> None:
+    """What a page of the log offers: branch points, edits, Regenerate and Continue
+    on the tab's last turn (`at_end`: the page ends where the log does), where the
+    tab's branches start, and which tabs its `forked` notices name are gone."""
+    if not chunks:
+        return
+    after = None
+    if not at_end:
+        # Whether a page's last chunk ends its step depends on the chunk after it.
+        after = Chunk.objects.filter(tab_id=tab.id, seq=chunks[-1].seq + 1).first()
+    running = lease.running_turn(tab.id)
+    window = [*chunks, after] if after is not None else chunks
+    valid = cuts.valid_cuts(window, running_turn=running)
+    if after is not None:
+        valid.discard(after.seq)
+    last_answer = resumable = None
+    last = next((c for c in reversed(chunks) if c.turn_id is not None), None)
+    # A finished turn ends at a valid cut; the running one has none.
+    if at_end and last is not None and last.seq in valid:
+        turn = [c for c in chunks if c.turn_id == last.turn_id]
+        # A turn of the user's messages alone (a branch cut after a question) has no answer.
+        if last.role != Role.USER:
+            last_answer = last.seq
+        if resume.interruption(turn) is not None:
+            resumable = next(
+                c.seq
+                for c in reversed(turn)
+                if c.type == Kind.ERROR
+                or (c.type == Kind.SYSTEM and (c.data or {}).get("kind") in resume.ENDINGS)
+            )
+    chat_render.mark_page(
+        items,
+        cuts=valid,
+        running_turn=running,
+        last_answer=last_answer,
+        resumable=resumable,
+        forks=branches,
+        gone=_gone_origins(tab, chunks),
+    )
+
+
+def _gone_origins(tab: Tab, chunks: list[Chunk]) -> set[str]:
+    """The tabs named by `forked` notices among `chunks` that no longer exist (as strings)."""
+    named = set()
+    for chunk in chunks:
+        data = chunk.data or {}
+        if chunk.type == Kind.SYSTEM and data.get("kind") == "forked":
+            try:
+                named.add(uuid.UUID(str(data.get("from_tab"))))
+            except ValueError:
+                continue  # not a tab id (an imported log): nothing to link or to say
+    if not named:
+        return set()
+    alive = Tab.objects.filter(owner_id=tab.owner_id, pk__in=named).values_list("pk", flat=True)
+    return {str(tab_id) for tab_id in named - set(alive)}
 
 
 @login_required
@@ -249,6 +344,7 @@ def tab_older(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     moved = _results_shown_alone(tab.id, items, before)
     if moved:
         items = chat_render.group([*chunks, *moved], continues=continues)
+    _mark_page(tab, chunks, items, at_end=False, branches=_branches(tab))
     return render(
         request,
         "chat/tab.html#older_page",
@@ -378,6 +474,72 @@ def tab_approve(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     if not getattr(request, "htmx", False):
         return redirect("tab", tab_id=tab.id)
     return HttpResponse(status=204)
+
+
+# --- Branches and continue (DESIGN §11) -----------------------------------------------------
+
+
+def _branch_view(
+    request: HttpRequest, tab_id: uuid.UUID, make: Callable[[Tab, int], turns.Branched]
+) -> HttpResponse:
+    """A branch made from the chunk `seq` of the tab: the page goes to it. A cut that
+    cannot be made says why where the composer shows its errors, and changes nothing.
+    The same branch asked for twice (a double click) is the one made the first time."""
+    tab = _get_tab_for_user(request, tab_id)
+    try:
+        seq = int(request.POST.get("seq", ""))
+    except ValueError:
+        return HttpResponseBadRequest("seq= must be a chunk seq (a whole number).")
+    try:
+        branched = make(tab, seq)
+    except ValueError as exc:  # turns.CutError, with its message for the user
+        return _composer_error(request, tab, str(exc), 422)
+    url = reverse("tab", kwargs={"tab_id": branched.tab.id})
+    if getattr(request, "htmx", False):
+        return HttpResponseClientRedirect(url)
+    return redirect(url)
+
+
+@login_required
+@require_POST
+def tab_branch(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """A new tab with this one's log up to and including `seq`."""
+    return _branch_view(request, tab_id, turns.branch)
+
+
+@login_required
+@require_POST
+def tab_edit(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Edit the user's message `seq`: a branch right before it, its text in the composer."""
+    return _branch_view(request, tab_id, turns.edit)
+
+
+@login_required
+@require_POST
+def tab_regenerate(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Answer again the question of the turn chunk `seq` is in, in a new branch."""
+    return _branch_view(request, tab_id, turns.regenerate)
+
+
+@login_required
+@require_POST
+def tab_retry(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Try again after the error chunk `seq`, in a new branch."""
+    return _branch_view(request, tab_id, turns.retry)
+
+
+@login_required
+@require_POST
+def tab_continue(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Continue the tab's interrupted last turn, here: the new turn shows over the socket."""
+    tab = _get_tab_for_user(request, tab_id)
+    try:
+        turns.continue_turn(tab)
+    except ValueError as exc:
+        return _composer_error(request, tab, str(exc), 422)
+    if not getattr(request, "htmx", False):
+        return redirect("tab", tab_id=tab.id)
+    return HttpResponse(render_to_string("chat/tab.html#composer_error", {"error": ""}))
 
 
 # --- Export and import -------------------------------------------------------------------

@@ -118,7 +118,7 @@ def test_it_seals_text_as_markdown_with_its_seq():
     assert chunk.get("data-seq") == "7"
     assert "open" not in chunk.classes
     assert chunk.by_id(f"body-{b.id}") is None
-    md = only_child(chunk)
+    md = chunk.children[0]  # then its source (for Copy) and its actions
     assert "md" in md.classes
     assert [n.text for n in md.find_all(lambda n: n.tag == "strong")] == ["world"]
 

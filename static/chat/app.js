@@ -197,6 +197,12 @@
       el.remove();
       removed = true;
       el = next;
+      // A "branches" control goes with the chunk it follows.
+      while (el && !el.classList.contains('chunk') && el.id !== 'newer') {
+        next = el.nextElementSibling;
+        el.remove();
+        el = next;
+      }
     }
     // A first bubble whose turn began among the dropped chunks now shows as partial (app.css).
     if (removed) restoreOlder(log);
@@ -217,6 +223,9 @@
       var el = chunks.pop();
       if (running && el.getAttribute('data-turn') === running) break;
       count -= 1 + el.querySelectorAll('.chunk').length;
+      // A "branches" control goes with the chunk it follows.
+      var after = el.nextElementSibling;
+      if (after && after.classList.contains('forks')) after.remove();
       el.remove();
       removed = true;
     }
@@ -352,6 +361,8 @@
         window.location.assign($('newer').querySelector('a').href);
         return;
       }
+      // The reset must not bring back an edit's draft, the textarea's default text.
+      $('composer-text').defaultValue = '';
       form.reset();
       grow($('composer-text'));
       follow = true;
@@ -375,6 +386,81 @@
     if (message && !window.confirm(message)) e.preventDefault();
   }, true);
 
+  // --- Copy ----------------------------------------------------------------------------
+
+  // How long a copy button says "Copied".
+  var COPIED_MS = 1500;
+
+  // What a copy button copies: a message's markdown (its <template class="src">), a code
+  // block's text, or a tool's output (else the result the model got).
+  function copySource(btn) {
+    var kind = btn.getAttribute('data-copy');
+    if (kind === 'code') {
+      var pre = btn.parentElement.querySelector('pre');
+      return pre ? pre.textContent : '';
+    }
+    var chunk = btn.closest('.chunk');
+    if (!chunk) return '';
+    if (kind === 'md') {
+      var src = chunk.querySelector(':scope > template.src');
+      return src ? src.content.textContent : '';
+    }
+    var out = chunk.querySelector('.term, .result');
+    return out ? out.textContent : '';
+  }
+
+  // navigator.clipboard exists only in secure contexts (https, localhost): on plain http to
+  // a LAN address the copy goes through a selected textarea and the older copy command.
+  function copyText(text) {
+    if (navigator.clipboard && window.isSecureContext) {
+      return navigator.clipboard.writeText(text).catch(function () {
+        if (!legacyCopy(text)) throw new Error('copy refused');
+      });
+    }
+    return legacyCopy(text) ? Promise.resolve() : Promise.reject(new Error('copy refused'));
+  }
+
+  function legacyCopy(text) {
+    var focused = document.activeElement;
+    var area = document.createElement('textarea');
+    area.value = text;
+    area.setAttribute('readonly', '');
+    area.className = 'copy-buffer';
+    document.body.appendChild(area);
+    area.select();
+    var ok = false;
+    try {
+      ok = document.execCommand('copy');
+    } catch (err) {
+      ok = false;
+    }
+    area.remove();
+    if (focused && focused.focus) focused.focus();
+    return ok;
+  }
+
+  function flash(btn, state, label) {
+    var text = btn.getAttribute('data-label') || btn.textContent;
+    if (text) {
+      btn.setAttribute('data-label', text);
+      btn.textContent = label;
+    }
+    btn.classList.add(state);
+    setTimeout(function () {
+      btn.classList.remove(state);
+      if (text) btn.textContent = text;
+    }, COPIED_MS);
+  }
+
+  document.addEventListener('click', function (e) {
+    var btn = e.target.closest && e.target.closest('[data-copy]');
+    if (!btn) return;
+    copyText(copySource(btn)).then(
+      function () { flash(btn, 'copied', 'Copied'); },
+      function () { flash(btn, 'copy-failed', 'Copy failed'); }
+    );
+  });
+
   // --- Clock ---------------------------------------------------------------------------
 
   setInterval(function () {
@@ -391,6 +477,15 @@
 
   // The deferred script runs once the page is parsed: start at the newest message, or
   // at the chunk a search result opened the page at.
+  // An edit's branch opens with the old message in the composer, ready to change.
+  var draft = $('composer-text');
+  if (draft && draft.value) {
+    draft.focus();
+    draft.setSelectionRange(draft.value.length, draft.value.length);
+    grow(draft);
+    draft.scrollTop = draft.scrollHeight;
+  }
+
   var hit = document.querySelector('#log .chunk.hit');
   if (hit) {
     follow = false;
