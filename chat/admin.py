@@ -145,7 +145,8 @@ class TabAdmin(admin.ModelAdmin):
     ]
     list_select_related = ["owner", "runningturn"]
     search_fields = ["title"]
-    list_filter = [("parent", admin.EmptyFieldListFilter)]
+    # By fork_seq, not parent: a branch whose parent was deleted is still one.
+    list_filter = [("fork_seq", admin.EmptyFieldListFilter)]
     fields = [
         "title",
         "owner",

@@ -70,11 +70,38 @@ STOP_NOTICES = {
 }
 # The tool whose output streams into its result block while it runs.
 SHELL = "shell"
-# The result of calls a crashed turn never ran.
+# The result of calls a crashed turn never ran, and of the one it was running.
 NOT_RUN_CRASHED = "Not run: the turn stopped on an internal error."
+CRASHED_WHILE_RUNNING = "Interrupted: the turn stopped on an internal error while this call ran."
 # The most of an exception's text a crash's error chunk quotes: enough to debug
 # from the tab (the traceback is in the server log), not a wall of repr.
 CRASH_MESSAGE_CHARS = 1000
+
+
+def interrupt_ops(reducer: Reducer, why: str, *, running_why: str | None = None) -> list[Op]:
+    """Close a step cut short (a Stop, a shutdown, an error, a crash): the open
+    block sealed as it is and marked `interrupted` (history does not send unsigned
+    thinking cut off so; Continue says where it stopped), unless it is the running
+    call's output, which its result completes; every call without a result
+    answered with `why` (the running one with `running_why`), marked too. An
+    interrupted call is never run again by itself."""
+    ops: list[Op] = []
+    block = reducer.open
+    running = None
+    if block is not None and block.type == Kind.TOOL_RESULT:
+        running = block.data.get("call_id")
+    elif block is not None:
+        ops += reducer.seal(interrupted=True)
+    for call_id, name in list(reducer.pending_calls):
+        ran = call_id == running
+        result = reducer.feed(ToolResultEvent(call_id, name, (ran and running_why) or why, True))
+        result[-1].block.data["interrupted"] = True
+        if ran:
+            # The reducer drops an empty output; kept, it says the call ran.
+            result[-1].block.data.setdefault("shell_output", "")
+            running = None  # ids may repeat: only the first such call ran
+        ops += result
+    return ops + reducer.seal(interrupted=True)
 
 
 async def provider_for(model: str):
@@ -729,13 +756,7 @@ class TurnRunner:
         pending = list(self.reducer.pending_calls)
 
         def close(reducer: Reducer) -> list[Op]:
-            ops: list[Op] = []
-            if (block := reducer.open) is not None and block.type != Kind.TOOL_RESULT:
-                ops += reducer.seal(interrupted=True)
-            for call_id, name in list(reducer.pending_calls):
-                ops += reducer.feed(ToolResultEvent(call_id, name, NOT_RUN_CRASHED, True))
-                ops[-1].block.data["interrupted"] = True
-            ops += reducer.seal(interrupted=True)
+            ops = interrupt_ops(reducer, NOT_RUN_CRASHED, running_why=CRASHED_WHILE_RUNNING)
             return ops + reducer.feed(ErrorEvent(message))
 
         try:
@@ -775,26 +796,7 @@ class TurnRunner:
         self._flushing = None
 
     async def _interrupt(self, why: str) -> None:
-        """Close a step cut short: the open block sealed as it is and marked
-        `interrupted` (history does not send unsigned thinking cut off so; Continue
-        says where it stopped), unless it is the running call's output, which its
-        result completes; every call without a result answered with `why`, marked
-        too. An interrupted call is never run again by itself."""
-        block = self.reducer.open
-        running = None
-        if block is not None and block.type == Kind.TOOL_RESULT:
-            running = block.data.get("call_id")
-        elif block is not None:
-            await self._apply(self.reducer.seal(interrupted=True))
-        for call_id, name in list(self.reducer.pending_calls):
-            ops = self.reducer.feed(ToolResultEvent(call_id, name, why, True))
-            ops[-1].block.data["interrupted"] = True
-            if call_id == running:
-                # The reducer drops an empty output; kept, it says the call ran.
-                ops[-1].block.data.setdefault("shell_output", "")
-                running = None  # ids may repeat: only the first such call ran
-            await self._apply(ops)
-        await self._apply(self.reducer.seal(interrupted=True))
+        await self._apply(interrupt_ops(self.reducer, why))
 
     # --- applying ops -----------------------------------------------------------
 

@@ -396,7 +396,12 @@ def _tab_list(request: HttpRequest) -> HttpResponse:
     """The user's tabs, most recently active first."""
     limit = limit_param(request, default=TABS_LIMIT_DEFAULT, maximum=TABS_LIMIT_MAX)
     offset = int_param(request, "offset", minimum=0) or 0
-    state = RunningTurn.objects.filter(tab=OuterRef("pk")).values("status")[:1]
+    # A finishing turn's end is in the log: idle, as lease.status says.
+    state = (
+        RunningTurn.objects.filter(tab=OuterRef("pk"))
+        .exclude(status=RunningTurn.Status.FINISHING)
+        .values("status")[:1]
+    )
     rows = list(
         Tab.objects.filter(owner=request.user)
         .annotate(state=Subquery(state))

@@ -107,38 +107,42 @@ def valid_cuts(chunks: Sequence[ChunkLike], *, running_turn: uuid.UUID | None = 
 
     For marking a page: a turn cut off at the page's top counts its calls from
     the page's first chunk, so a page should start at a turn's start to be exact.
+    The server checks every cut again (`check`); a wrong mark is a refused click.
     """
-    cuts: set[int] = set()
-    calls: dict[Any, int] = {}  # turn -> calls without a result so far
+    found: set[int] = set()
+    waiting: dict[Any, list[str]] = {}  # turn -> its calls without a result so far
     for i, chunk in enumerate(chunks):
         after = chunks[i + 1] if i + 1 < len(chunks) else None
-        if i == 0 and _is_user(chunk) and chunk.seq is not None:
-            cuts.add(chunk.seq - 1)
-        open_calls = calls.get(chunk.turn_id, 0) + _call_delta(chunk)
-        calls[chunk.turn_id] = open_calls
-        if running_turn is not None and chunk.turn_id == running_turn:
+        in_running = running_turn is not None and chunk.turn_id == running_turn
+        if i == 0 and _is_user(chunk) and chunk.seq is not None and not in_running:
+            found.add(chunk.seq - 1)
+        calls = waiting.setdefault(chunk.turn_id, [])
+        _answer(calls, chunk)
+        if in_running:
             continue
-        if after is not None and _is_user(after):
-            cuts.add(chunk.seq)
-        elif _mid_step(chunk, after):
-            continue
-        elif chunk.turn_id is None or open_calls <= 0:
-            cuts.add(chunk.seq)
-    return cuts
+        before_user = after is not None and _is_user(after)
+        if before_user or (not _mid_step(chunk, after) and not calls):
+            found.add(chunk.seq)
+    return found
 
 
 def unanswered(turn: Sequence[ChunkLike]) -> list[str]:
     """Call ids of the tool calls in `turn` that no result answers (in call order)."""
     waiting: list[str] = []
     for chunk in turn:
-        if chunk.type == Kind.TOOL_CALL:
-            waiting.append(chunk.data.get("call_id"))
-        elif chunk.type == Kind.TOOL_RESULT and "result" in chunk.data:
-            # Ids may repeat: a result answers the first call still waiting.
-            call_id = chunk.data.get("call_id")
-            if call_id in waiting:
-                waiting.remove(call_id)
+        _answer(waiting, chunk)
     return waiting
+
+
+def _answer(waiting: list[str], chunk: ChunkLike) -> None:
+    """Fold one chunk into the calls waiting for a result: a call joins them, a
+    result answers the first with its id (ids may repeat); live output answers none."""
+    if chunk.type == Kind.TOOL_CALL:
+        waiting.append(chunk.data.get("call_id"))
+    elif chunk.type == Kind.TOOL_RESULT and "result" in chunk.data:
+        call_id = chunk.data.get("call_id")
+        if call_id in waiting:
+            waiting.remove(call_id)
 
 
 def regenerate_at(turn: Sequence[ChunkLike]) -> int:
@@ -185,11 +189,3 @@ def _mid_step(at: ChunkLike, after: ChunkLike | None) -> bool:
         and not _is_user(at)
         and (after.turn_id, after.step) == (at.turn_id, at.step)
     )
-
-
-def _call_delta(chunk: ChunkLike) -> int:
-    if chunk.type == Kind.TOOL_CALL:
-        return 1
-    if chunk.type == Kind.TOOL_RESULT and "result" in chunk.data:
-        return -1
-    return 0

@@ -221,6 +221,11 @@ def _recover(running: RunningTurn) -> list[Block]:
     caller's transaction, holding the tab lock.
     """
     turn_id, tab_id = running.turn_id, running.tab_id
+    if running.status == RunningTurn.Status.FINISHING:
+        # Its end is in the log: only the release was lost. A message queued
+        # meanwhile is sent to the workers by the caller.
+        running.delete()
+        return []
     blocks: list[Block] = []
     lost = ""
     if running.open_chunk:

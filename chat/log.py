@@ -73,7 +73,10 @@ def copy(source: uuid.UUID, target: uuid.UUID, *, through: int) -> int:
     without a row passing through Python. The caller's transaction holds
     `target`'s last_seq, which it sets to `through`.
     """
-    columns = "seq, turn_id, step, role, type, data, created_at"
+    # Every column but the two a copy has its own of: a field added to Chunk is copied too.
+    columns = ", ".join(
+        f.column for f in Chunk._meta.concrete_fields if f.name not in ("id", "tab")
+    )
     new_id = (
         "gen_random_uuid()" if connection.vendor == "postgresql" else "lower(hex(randomblob(16)))"
     )

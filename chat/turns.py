@@ -18,7 +18,6 @@ import unicodedata
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -179,7 +178,7 @@ def branch(
             draft=draft,
         )
         log.copy(tab.pk, child.pk, through=at_seq)
-        text = FORKED_TEXT[action].format(title=f"“{tab}”", seq=at_seq, next=at_seq + 1)
+        text = FORKED_TEXT[action].format(title=f"“{tab}”")
         forked = Block(
             uuid.uuid4(),
             None,
@@ -230,7 +229,15 @@ def retry(tab: Tab, seq: int) -> Branched:
     if chunk.type != Kind.ERROR:
         raise CutError("Only an error can be retried.")
     turn = _turn_of(tab.pk, chunk)
-    return branch(tab, cuts.retry_at(turn, seq), action=Action.RETRY, run=True)
+    try:
+        at_seq = cuts.retry_at(turn, seq)
+    except CutError:
+        if turn[0].role == Role.USER:
+            raise
+        # A turn run without a message of its own (a regenerated or retried
+        # branch's) failed in its first step: answer the log before it again.
+        at_seq = turn[0].seq - 1
+    return branch(tab, at_seq, action=Action.RETRY, run=True)
 
 
 def continue_turn(tab: Tab, *, auto_approve: bool = False) -> QueuedMessage:
@@ -257,12 +264,6 @@ def continue_turn(tab: Tab, *, auto_approve: bool = False) -> QueuedMessage:
         queued = _enqueue(tab, resume.message(turn))
     bus.request_run(tab.pk, auto_approve=auto_approve)
     return queued
-
-
-def valid_cuts(tab_id: uuid.UUID, chunks: list[Any]) -> set[int]:
-    """The seqs among `chunks` (a page of the log, in seq order) a branch may be cut at."""
-    running = lease.running_turn(tab_id)
-    return cuts.valid_cuts(chunks, running_turn=running)
 
 
 def _check_cut(tab_id: uuid.UUID, at_seq: int) -> None:
@@ -319,6 +320,7 @@ def _recent_branch(tab: Tab, at_seq: int, action: str) -> Tab | None:
     forked = (
         Chunk.objects.filter(
             tab__parent=tab,
+            tab__owner_id=tab.owner_id,
             tab__fork_seq=at_seq,
             tab__created_at__gte=timezone.now() - REPEAT_WINDOW,
             seq=at_seq + 1,

@@ -73,7 +73,9 @@ def _get_tab_for_user(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
 
 
 def _sidebar_tabs(request: HttpRequest) -> list[Tab]:
-    running = RunningTurn.objects.filter(tab=OuterRef("pk"))
+    running = RunningTurn.objects.filter(tab=OuterRef("pk")).exclude(
+        status=RunningTurn.Status.FINISHING
+    )
     return list(
         Tab.objects.filter(owner=request.user)
         .annotate(running=Exists(running))
@@ -194,6 +196,8 @@ def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
             "offline_model": OFFLINE_MODEL,
             "max_message": MAX_MESSAGE_CHARS,
             "branches": branches,
+            # Shown only while it is still this user's (the admin may give a tab away).
+            "parent": tab.parent if tab.parent and tab.parent.owner_id == tab.owner_id else None,
         },
     )
 

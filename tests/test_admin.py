@@ -530,7 +530,7 @@ def test_it_shows_a_branchs_parent_and_filters_branches(client, staff):
     page = client.get(reverse("admin:chat_tab_change", args=[branch.pk])).content.decode()
     assert reverse("admin:chat_tab_change", args=[parent.pk]) in page
     assert "Fork seq" in page
-    branched = client.get(reverse("admin:chat_tab_changelist") + "?parent__isempty=0")
+    branched = client.get(reverse("admin:chat_tab_changelist") + "?fork_seq__isempty=0")
     assert [t.pk for t in branched.context["cl"].result_list] == [branch.pk]
     # Read-only: a post cannot move a branch to another parent.
     client.post(

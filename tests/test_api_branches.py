@@ -519,3 +519,17 @@ def test_a_read_only_token_cannot_continue(alice, tab):
     assert response.status_code == 403
     assert error_of(response)["code"] == "read_only_token"
     nothing_queued()
+
+
+def test_a_finishing_turn_is_idle_in_the_tab_list_as_in_the_tab(api, tab):
+    """Its end is in the log (the moment between idle and the lease's release)."""
+    RunningTurn.objects.create(
+        tab=tab,
+        turn_id=uuid.uuid4(),
+        worker="w",
+        heartbeat_at=timezone.now(),
+        status=RunningTurn.Status.FINISHING,
+    )
+    listed = {t["id"]: t for t in api.get("/api/v1/tabs").json()["tabs"]}
+    assert listed[str(tab.id)]["state"] == "idle"
+    assert api.get(f"/api/v1/tabs/{tab.id}").json()["status"]["state"] == "idle"

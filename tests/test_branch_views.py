@@ -426,7 +426,7 @@ def test_a_page_offers_each_action_where_it_applies(client, tab):
     tree = tab_page(client, tab)
     chunks = list(Chunk.objects.filter(tab=tab).order_by("seq"))
     # Seq 0 (before the first message) is a valid cut too, offered as that message's Edit.
-    assert offered(tree, "branch-form") == sorted(turns.valid_cuts(tab.id, chunks) - {0})
+    assert offered(tree, "branch-form") == sorted(cuts.valid_cuts(chunks) - {0})
     assert offered(tree, "branch-form") == [1, 4, 5, 6, 8]
     assert offered(tree, "edit-form") == [1, 6]
     assert offered(tree, "regenerate-form") == [8]
@@ -535,3 +535,14 @@ def test_a_code_block_copy_button_adds_no_text_to_the_message():
     [button] = tree.find_all(lambda n: n.tag == "button")
     assert (button.get("data-copy"), button.text) == ("code", "")
     assert tree.text.strip() == "x = 1"
+
+
+def test_the_menu_names_the_parent_only_while_it_is_the_users(client, tab, bob):
+    """The admin may give a tab to someone else: its title is then not shown."""
+    branch = turns.branch(tab, 5).tab
+    page = client.get(reverse("tab", args=[branch.id])).content.decode()
+    assert f'href="{reverse("tab", args=[tab.id])}?seq=5"' in page
+    Tab.objects.filter(pk=tab.pk).update(owner=bob, title="Bob's secret plans")
+    page = client.get(reverse("tab", args=[branch.id])).content.decode()
+    assert "Bob&#x27;s secret plans" not in page and "Bob's secret plans" not in page
+    assert f'href="{reverse("tab", args=[tab.id])}' not in page

@@ -342,3 +342,40 @@ def test_a_finishing_turn_may_be_branched_and_continued_at_once(tab):
     assert lease.release_or_continue(tab.pk, T2) is not None
     running.refresh_from_db()
     assert running.status == RunningTurn.Status.RUNNING
+
+
+def test_recovering_a_finishing_lease_adds_nothing_to_the_finished_turn(tab):
+    """A worker that died between the turn's end and the release: only the lease goes
+    (no 'interrupted' notice, which would offer Continue on a complete answer)."""
+    RunningTurn.objects.create(
+        tab=tab,
+        turn_id=T1,
+        worker="w",
+        heartbeat_at=timezone.now(),
+        status=RunningTurn.Status.FINISHING,
+    )
+    assert lease.recover_stale(everything=True) == [tab.pk]
+    assert not RunningTurn.objects.exists()
+    assert [c.seq for c in rows(tab)] == [1, 2, 3, 4, 5]
+
+
+def test_a_double_click_from_two_requests_at_once_makes_one_branch(tab):
+    """The parent's row lock orders the two; the second finds the first's branch."""
+    made: list[bool] = []
+    start = threading.Barrier(2)
+
+    def click() -> None:
+        start.wait()
+        try:
+            made.append(turns.regenerate(Tab.objects.get(pk=tab.pk), 5).created)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=click) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(made) == [False, True]
+    assert Tab.objects.filter(parent=tab).count() == 1
+    assert QueuedMessage.objects.count() == 1

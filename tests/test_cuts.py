@@ -96,6 +96,10 @@ CUTS = {
         [U(), C("c1"), LIVE("c1"), A(step=2)],
         {0, 1},
     ),
+    "a result of no call in the step answers nothing": (
+        [U(), C("c1"), R("zz"), A(step=2)],
+        {0, 1},
+    ),
     "repeated call ids: each result answers one call": (
         [U(), C("x"), C("x"), R("x"), A(step=2)],
         {0, 1},
@@ -171,6 +175,13 @@ def test_nothing_inside_the_running_turn_is_a_cut_but_the_turns_before_are():
     for at_seq in (0, 1, 2):  # 2: right before the running turn's question
         check(blocks, at_seq, running=T2)
     assert cuts.valid_cuts(blocks, running_turn=T2) == {0, 1, 2}
+
+
+def test_a_page_starting_inside_the_running_turn_offers_nothing_before_it():
+    """Its first chunk may be a message sent mid-turn: the chunk before it is the
+    running turn's, so no cut is offered there (the server would refuse it)."""
+    blocks = log(U(), C("c1"), R("c1"), U("more"), A(step=2))
+    assert 3 not in cuts.valid_cuts(blocks[3:], running_turn=T1)
 
 
 REGENERATE = {

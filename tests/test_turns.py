@@ -9,7 +9,7 @@ import uuid
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import agent, bus, lease, log, render, retry, turns, worker
+from chat import agent, bus, lease, log, render, resume, retry, turns, worker
 from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, UsageRecord
 from chat.providers.base import (
     Finish,
@@ -689,6 +689,45 @@ async def test_a_crash_in_the_reducer_ends_the_turn_with_an_error_chunk(script, 
     assert message.startswith("Internal error in the turn runner: TypeError: ")
     sealed = [m["block"]["id"] for m in watcher.ops if m["op"] == "seal"]
     assert sealed[-1] == str(rows[-1].id)
+    await assert_closed_cleanly(tab, watcher)
+
+
+async def test_a_crash_while_a_shell_command_runs_says_it_ran(script, workspace, monkeypatch):
+    """The runner breaking during a command: its result keeps what it printed and says
+    it was running (so Continue does not tell the model it never ran); the call after
+    it was not run."""
+
+    async def breaks_after_output(name, arguments, workspace, *, on_output, policy):
+        on_output("half the build\n")
+        raise RuntimeError("the tool runner broke")
+
+    monkeypatch.setattr(agent.tools, "run_tool", breaks_after_output)
+    script(
+        [
+            call("a", "shell", command="make"),
+            call("b", "shell", command="make install"),
+            Finish(stop_reason="tool_use"),
+        ]
+    )
+    async with running_worker():
+        tab = await make_tab()
+        watcher = await run_one(tab, "build it", auto_approve=True)
+    rows = await chunks(tab.pk)
+    ran, never = rows[-3].data, rows[-2].data
+    assert (ran["call_id"], ran["result"], ran["shell_output"]) == (
+        "a",
+        agent.CRASHED_WHILE_RUNNING,
+        "half the build\n",
+    )
+    assert (never["call_id"], never["result"], "shell_output" in never) == (
+        "b",
+        agent.NOT_RUN_CRASHED,
+        False,
+    )
+    assert ran["interrupted"] and never["interrupted"]
+    turn = [r for r in rows if r.turn_id == rows[-1].turn_id]
+    message = resume.message(turn)
+    assert "`shell: make` was running" in message and "`shell: make install` was not run" in message
     await assert_closed_cleanly(tab, watcher)
 
 

@@ -194,6 +194,9 @@
       if (running && el.getAttribute('data-turn') === running) break;
       var next = el.nextElementSibling;
       count -= 1 + el.querySelectorAll('.chunk').length;
+      // Branches cut before the first message have their control above it.
+      var before = el.previousElementSibling;
+      if (before && before.classList.contains('forks')) before.remove();
       el.remove();
       removed = true;
       el = next;
