@@ -379,3 +379,22 @@ def test_a_double_click_from_two_requests_at_once_makes_one_branch(tab):
     assert sorted(made) == [False, True]
     assert Tab.objects.filter(parent=tab).count() == 1
     assert QueuedMessage.objects.count() == 1
+
+
+def test_retry_of_an_error_in_a_reruns_first_step_answers_the_log_before_it_again(tab):
+    """A regenerated branch's turn has no message of its own; overloaded again at its
+    first step, its Retry branches right before that turn (it was refused)."""
+    branch = turns.regenerate(tab, 5).tab  # seqs 1 (question), 2 (forked)
+    QueuedMessage.objects.filter(tab=branch).delete()
+    T3 = uuid.uuid4()
+    log.append(
+        branch.pk,
+        [
+            block(T3, 1, Role.ASSISTANT, Kind.TEXT, text="The fi", interrupted=True),  # 3
+            block(T3, 1, Role.ASSISTANT, Kind.ERROR, message="Overloaded"),  # 4
+        ],
+    )
+    retried = turns.retry(branch, 4).tab
+    assert retried.fork_seq == 2
+    assert [c.type for c in rows(retried)] == ["text", "system", "system"]
+    assert QueuedMessage.objects.get(tab=retried).rerun
