@@ -176,6 +176,9 @@ def api_view(
                 return view(request, *args, **kwargs)
             except ApiError as exc:
                 return error(exc.status, exc.code, exc.message, exc.headers)
+            except Tab.DoesNotExist:
+                # Deleted while the request ran (found, then gone when locked).
+                return error(404, "not_found", "That tab was deleted.")
 
         return wrapper
 

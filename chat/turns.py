@@ -164,7 +164,7 @@ def branch(
         _check_cut(tab.pk, at_seq)
         if run:
             _check_answerable(tab.pk, at_seq)
-        repeat = _recent_branch(tab, at_seq, action)
+        repeat = _recent_branch(tab, at_seq, action, run)
         if repeat is not None:
             return Branched(repeat, created=False)
         child = Tab.objects.create(
@@ -191,6 +191,7 @@ def branch(
                 "from_tab": str(tab.pk),
                 "at_seq": at_seq,
                 "action": action,
+                "run": run,
             },
         )
         log.append(child.pk, [forked])
@@ -316,7 +317,7 @@ def _turn_of(tab_id: uuid.UUID, chunk: Chunk) -> list[Chunk]:
     return list(Chunk.objects.filter(tab_id=tab_id, turn_id=chunk.turn_id).order_by("seq"))
 
 
-def _recent_branch(tab: Tab, at_seq: int, action: str) -> Tab | None:
+def _recent_branch(tab: Tab, at_seq: int, action: str, run: bool) -> Tab | None:
     forked = (
         Chunk.objects.filter(
             tab__parent=tab,
@@ -326,6 +327,7 @@ def _recent_branch(tab: Tab, at_seq: int, action: str) -> Tab | None:
             seq=at_seq + 1,
             type=Kind.SYSTEM,
             data__action=action,
+            data__run=run,
         )
         .select_related("tab")
         .order_by("-tab__created_at")

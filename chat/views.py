@@ -7,6 +7,7 @@ only ever looked up together with its owner.
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -70,6 +71,20 @@ MAX_BRANCHES_LISTED = 100
 
 def _get_tab_for_user(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
     return get_object_or_404(Tab, pk=tab_id, owner=request.user)
+
+
+def tab_gone_is_404(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A tab deleted while the request ran (found, then gone when turns locks it) is a
+    404, as if it had been gone from the start, not a server error."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except Tab.DoesNotExist:
+            raise Http404("That tab was deleted.") from None
+
+    return wrapper
 
 
 def _sidebar_tabs(request: HttpRequest) -> list[Tab]:
@@ -212,8 +227,9 @@ def _branches(tab: Tab) -> list[chat_render.Fork]:
             type=Kind.SYSTEM,
         )
         .select_related("tab")
-        .order_by("tab__created_at")[:MAX_BRANCHES_LISTED]
+        .order_by("-tab__created_at")[:MAX_BRANCHES_LISTED]
     )
+    # The newest when there are too many, shown oldest first.
     return [
         chat_render.Fork(
             id=row.tab_id,
@@ -221,7 +237,7 @@ def _branches(tab: Tab) -> list[chat_render.Fork]:
             fork_seq=row.tab.fork_seq,
             created_at=row.tab.created_at,
         )
-        for row in rows
+        for row in list(rows)[::-1]
     ]
 
 
@@ -262,9 +278,12 @@ def _mark_page(
                 if c.type == Kind.ERROR
                 or (c.type == Kind.SYSTEM and (c.data or {}).get("kind") in resume.ENDINGS)
             )
+    # Right after a question is a cut Regenerate makes (and the API): a branch there
+    # would end on a question nothing answers, so the page does not offer it.
+    user_seqs = {c.seq for c in chunks if c.role == Role.USER}
     chat_render.mark_page(
         items,
-        cuts=valid,
+        cuts=valid - user_seqs,
         running_turn=running,
         last_answer=last_answer,
         resumable=resumable,
@@ -434,6 +453,7 @@ def _composer_error(request: HttpRequest, tab: Tab, error: str, status: int) -> 
 
 @login_required
 @require_POST
+@tab_gone_is_404
 def tab_send(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = _get_tab_for_user(request, tab_id)
     form = MessageForm(request.POST)
@@ -506,6 +526,7 @@ def _branch_view(
 
 @login_required
 @require_POST
+@tab_gone_is_404
 def tab_branch(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """A new tab with this one's log up to and including `seq`."""
     return _branch_view(request, tab_id, turns.branch)
@@ -513,6 +534,7 @@ def tab_branch(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_POST
+@tab_gone_is_404
 def tab_edit(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Edit the user's message `seq`: a branch right before it, its text in the composer."""
     return _branch_view(request, tab_id, turns.edit)
@@ -520,6 +542,7 @@ def tab_edit(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_POST
+@tab_gone_is_404
 def tab_regenerate(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Answer again the question of the turn chunk `seq` is in, in a new branch."""
     return _branch_view(request, tab_id, turns.regenerate)
@@ -527,6 +550,7 @@ def tab_regenerate(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_POST
+@tab_gone_is_404
 def tab_retry(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Try again after the error chunk `seq`, in a new branch."""
     return _branch_view(request, tab_id, turns.retry)
@@ -534,6 +558,7 @@ def tab_retry(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_POST
+@tab_gone_is_404
 def tab_continue(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Continue the tab's interrupted last turn, here: the new turn shows over the socket."""
     tab = _get_tab_for_user(request, tab_id)

@@ -223,7 +223,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         # WAL lets readers (page renders) run while the turn runner writes.
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "init_command": (
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+            # After a checkpoint the WAL file is cut back to this size: without it,
+            # one burst of writes (a wipe, branches of long tabs) leaves it gigabytes
+            # big for good.
+            "PRAGMA journal_size_limit=67108864;"
+        ),
         # IMMEDIATE takes the write lock at BEGIN, so two writers queue on the
         # busy timeout instead of failing with "database is locked" on upgrade.
         "transaction_mode": "IMMEDIATE",

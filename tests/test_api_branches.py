@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from chat import api as api_module
 from chat import bus, cuts, log, resume, turns
 from chat.models import ApiToken, Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block
@@ -159,6 +160,7 @@ def test_it_branches_a_tab_with_a_verbatim_copy_and_a_forked_chunk(api, tab):
         "from_tab": str(tab.id),
         "at_seq": 4,
         "action": "branch",
+        "run": False,
     }
     assert len(branch_log) == 5
 
@@ -533,3 +535,19 @@ def test_a_finishing_turn_is_idle_in_the_tab_list_as_in_the_tab(api, tab):
     listed = {t["id"]: t for t in api.get("/api/v1/tabs").json()["tabs"]}
     assert listed[str(tab.id)]["state"] == "idle"
     assert api.get(f"/api/v1/tabs/{tab.id}").json()["status"]["state"] == "idle"
+
+
+@pytest.mark.parametrize("route", ["branch", "continue"])
+def test_a_tab_deleted_while_the_request_runs_is_a_404(api, tab, route, monkeypatch):
+    found = api_module._get_tab
+
+    def found_then_deleted(request, tab_id):
+        tab = found(request, tab_id)
+        Tab.objects.filter(pk=tab_id).delete()
+        return tab
+
+    monkeypatch.setattr(api_module, "_get_tab", found_then_deleted)
+    body = {"at_seq": 1} if route == "branch" else {}
+    response = api.post(f"/api/v1/tabs/{tab.id}/{route}", body)
+    assert response.status_code == 404
+    assert error_of(response)["code"] == "not_found"

@@ -17,7 +17,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from chat import cuts, log, render, resume, turns
+from chat import cuts, log, render, resume, turns, views
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block, Kind, Role
 from tests.ui_helpers import parse, top
@@ -425,9 +425,12 @@ def test_a_page_offers_each_action_where_it_applies(client, tab):
     last turn's end only; Retry on the error card; nothing on thinking or a tool call."""
     tree = tab_page(client, tab)
     chunks = list(Chunk.objects.filter(tab=tab).order_by("seq"))
-    # Seq 0 (before the first message) is a valid cut too, offered as that message's Edit.
-    assert offered(tree, "branch-form") == sorted(cuts.valid_cuts(chunks) - {0})
-    assert offered(tree, "branch-form") == [1, 4, 5, 6, 8]
+    # Seq 0 (before the first message) is a valid cut too, offered as that message's Edit;
+    # right after a question (1, 6) is Regenerate's cut: a plain branch there would end on
+    # a question nothing answers.
+    user = {c.seq for c in chunks if c.role == Role.USER}
+    assert offered(tree, "branch-form") == sorted(cuts.valid_cuts(chunks) - {0} - user)
+    assert offered(tree, "branch-form") == [4, 5, 8]
     assert offered(tree, "edit-form") == [1, 6]
     assert offered(tree, "regenerate-form") == [8]
     assert offered(tree, "retry-form") == [8]
@@ -453,7 +456,7 @@ def test_while_a_turn_runs_its_chunks_offer_cuts_only_where_it_ends(client, tab)
     chunks before it offer theirs."""
     RunningTurn.objects.create(tab=tab, turn_id=T2, worker="w", heartbeat_at=timezone.now())
     tree = tab_page(client, tab)
-    assert offered(tree, "branch-form") == [1, 4, 5]
+    assert offered(tree, "branch-form") == [4, 5]
     assert offered(tree, "branch-form", if_end=True) == [7, 8]
     assert offered(tree, "regenerate-form") == []
     assert offered(tree, "regenerate-form", if_end=True) == [7, 8]
@@ -546,3 +549,19 @@ def test_the_menu_names_the_parent_only_while_it_is_the_users(client, tab, bob):
     page = client.get(reverse("tab", args=[branch.id])).content.decode()
     assert "Bob&#x27;s secret plans" not in page and "Bob's secret plans" not in page
     assert f'href="{reverse("tab", args=[tab.id])}' not in page
+
+
+@pytest.mark.parametrize("name", ["tab_branch", "tab_continue", "tab_send"])
+def test_a_tab_deleted_while_the_request_runs_is_a_404_not_a_500(client, tab, name, monkeypatch):
+    """Found by the view, gone when turns locks it (a delete in another request). (Edit,
+    Regenerate and Retry read the chunk first: theirs says the message is not there.)"""
+    found = views._get_tab_for_user
+
+    def found_then_deleted(request, tab_id):
+        tab = found(request, tab_id)
+        Tab.objects.filter(pk=tab_id).delete()
+        return tab
+
+    monkeypatch.setattr(views, "_get_tab_for_user", found_then_deleted)
+    response = client.post(reverse(name, args=[tab.id]), {"seq": 1, "text": "hi"})
+    assert response.status_code == 404

@@ -85,6 +85,7 @@ def test_a_branch_is_a_verbatim_copy_up_to_the_cut_and_a_forked_notice(tab):
         "from_tab": str(tab.pk),
         "at_seq": 4,
         "action": "branch",
+        "run": False,
     }
     assert len(copied) == 5
     # Frozen per tab: the same system prompt and model, so the same request bytes.
@@ -398,3 +399,12 @@ def test_retry_of_an_error_in_a_reruns_first_step_answers_the_log_before_it_agai
     assert retried.fork_seq == 2
     assert [c.type for c in rows(retried)] == ["text", "system", "system"]
     assert QueuedMessage.objects.get(tab=retried).rerun
+
+
+def test_a_repeat_must_ask_for_the_same_run(tab):
+    """A plain branch then a run at the same cut within the window: the run is its own
+    branch (returning the plain one would start no turn)."""
+    plain = turns.branch(tab, 5 - 4)  # right after the question
+    run = turns.branch(tab, 1, run=True)
+    assert plain.created and run.created and run.tab.pk != plain.tab.pk
+    assert QueuedMessage.objects.get().tab_id == run.tab.pk

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 
 from dispatch.envcheck import masked_url, reason, url_problem
 from dispatch.settings import envbool, envfloat, envint, envlist
@@ -293,3 +294,14 @@ def test_masked_url_never_shows_a_password(url, shown):
 )
 def test_reason_is_the_cause_on_one_line(message, cause):
     assert reason(OSError(message) if message else OSError()) == cause
+
+
+@pytest.mark.django_db
+def test_sqlite_cuts_its_wal_file_back_after_a_checkpoint():
+    """journal_size_limit: a burst of writes must not leave a WAL of gigabytes for good."""
+    assert connection.vendor == "sqlite"
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_size_limit")
+        assert cursor.fetchone()[0] == 64 * 1024 * 1024
+        cursor.execute("PRAGMA journal_mode")
+        assert cursor.fetchone()[0] == "wal"
