@@ -108,6 +108,18 @@ class RenameForm(forms.Form):
     )
 
 
+class TabSystemPromptForm(forms.Form):
+    """A new tab's own system prompt, editable until its first message."""
+
+    system_prompt = forms.CharField(
+        max_length=MAX_SYSTEM_PROMPT_CHARS,
+        required=False,
+        strip=False,
+        widget=forms.Textarea,
+        error_messages={"max_length": "A system prompt has at most %(limit_value)s characters."},
+    )
+
+
 class TabModelForm(forms.Form):
     model = forms.ChoiceField(
         error_messages={"invalid_choice": "“%(value)s” is not a model this server offers."}

@@ -72,6 +72,23 @@ def _enqueue(tab: Tab, text: str) -> QueuedMessage:
     return queued
 
 
+FROZEN_PROMPT = (
+    "The system prompt is fixed once the first message is sent: every request starts with "
+    "it, and changing it would lose the prompt cache. Start a new tab for another prompt."
+)
+
+
+def set_system_prompt(tab: Tab, text: str) -> None:
+    """Give a tab its own system prompt, before its first message only. ValueError (for
+    the user) once the tab has a log or a message waiting: the prompt is then frozen."""
+    with transaction.atomic():
+        locked = Tab.objects.select_for_update().filter(pk=tab.pk).values_list("last_seq").get()
+        if locked[0] or QueuedMessage.objects.filter(tab_id=tab.pk).exists():
+            raise ValueError(FROZEN_PROMPT)
+        Tab.objects.filter(pk=tab.pk).update(system_prompt=text)
+    tab.system_prompt = text
+
+
 # A title is a label, not the message: the first line, cut at a word.
 TITLE_LENGTH = 60
 

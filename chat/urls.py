@@ -23,6 +23,7 @@ urlpatterns = [
     path("t/<uuid:tab_id>/", views.tab, name="tab"),
     path("t/<uuid:tab_id>/older/", views.tab_older, name="tab_older"),
     path("t/<uuid:tab_id>/rename/", views.tab_rename, name="tab_rename"),
+    path("t/<uuid:tab_id>/system-prompt/", views.tab_system_prompt, name="tab_system_prompt"),
     path("t/<uuid:tab_id>/delete/", views.tab_delete, name="tab_delete"),
     path("t/<uuid:tab_id>/model/", views.tab_model, name="tab_model"),
     path("t/<uuid:tab_id>/send/", views.tab_send, name="tab_send"),

@@ -33,6 +33,7 @@ from chat import cuts, lease, log, preferences, resume, search, transfer, turns
 from chat import render as chat_render
 from chat.forms import (
     MAX_MESSAGE_CHARS,
+    MAX_SYSTEM_PROMPT_CHARS,
     OFFLINE_MODEL,
     ApiKeyForm,
     EndpointForm,
@@ -41,6 +42,7 @@ from chat.forms import (
     RenameForm,
     SettingsForm,
     TabModelForm,
+    TabSystemPromptForm,
     key_providers,
     known_models,
     model_choices,
@@ -210,6 +212,8 @@ def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
             "tab_model": tab.model,
             "offline_model": OFFLINE_MODEL,
             "max_message": MAX_MESSAGE_CHARS,
+            "max_system_prompt": MAX_SYSTEM_PROMPT_CHARS,
+            "default_system_prompt": conf.new_tab_system_prompt,
             "branches": branches,
             # Shown only while it is still this user's (the admin may give a tab away).
             "parent": tab.parent if tab.parent and tab.parent.owner_id == tab.owner_id else None,
@@ -393,6 +397,25 @@ def tab_rename(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
         tab.save(update_fields=["title", "updated_at"])
     else:
         _form_errors(request, form)
+    return redirect("tab", tab_id=tab.id)
+
+
+@login_required
+@require_POST
+@tab_gone_is_404
+def tab_system_prompt(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """A new tab's own system prompt: saved until its first message, refused after."""
+    tab = _get_tab_for_user(request, tab_id)
+    form = TabSystemPromptForm(request.POST)
+    if not form.is_valid():
+        _form_errors(request, form)
+    else:
+        try:
+            turns.set_system_prompt(tab, form.cleaned_data["system_prompt"].strip())
+        except ValueError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, "Saved this tab's system prompt.")
     return redirect("tab", tab_id=tab.id)
 
 

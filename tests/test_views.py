@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -443,13 +444,15 @@ def test_an_older_page_takes_its_calls_results_from_the_page_below(client_alice,
 def test_the_tab_page_holds_the_dom_windows_markers_and_a_hint_css_can_hide(client_alice, tab):
     """The markers the page's script puts into #log when it drops chunks are the server's
     markup (templates), "older" waiting only for the seq the page then starts at; the empty
-    tab's hint comes after the log and the queue, whose first element hides it (app.css)."""
+    tab's hint and prompt editor come after the log and the queue, whose first element
+    hides them (app.css)."""
     tree = parse(page(client_alice.get(reverse("tab", args=[tab.id]))))
     live = tree.by_id("live")
     assert [c.get("id") for c in live.children] == [
         "log",
         "queued",
         "empty-hint",
+        "sysprompt-edit",  # a new tab's own prompt, hidden with the hint
         "older-template",
         "newer-template",
     ]
@@ -865,3 +868,14 @@ async def test_deleting_a_tab_mid_turn_ends_the_turn_quietly(caplog, monkeypatch
     assert not await Chunk.objects.filter(tab_id=tab.pk).aexists()
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert loud == [], [r.getMessage() for r in loud]
+
+
+def test_no_template_comment_leaks_into_a_page(client_alice, tab):
+    """Django's {# #} comments are one line only: a multi-line one is shown as text."""
+    html = page(client_alice.get(reverse("tab", args=[tab.id])))
+    assert "{#" not in html and "#}" not in html
+    root = Path(__file__).resolve().parent.parent / "templates"
+    for template in root.rglob("*.html"):
+        for number, line in enumerate(template.read_text().splitlines(), start=1):
+            if "{#" in line:
+                assert "#}" in line.split("{#", 1)[1], f"{template}:{number}: multi-line {{# #}}"
