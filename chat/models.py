@@ -16,6 +16,9 @@ from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
 from django.db import models
 
+# What a tab without a title is called (until its first message names it).
+UNTITLED = "New tab"
+
 
 class Tab(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -44,7 +47,7 @@ class Tab(models.Model):
         ordering = ["-updated_at"]
 
     def __str__(self) -> str:
-        return self.title or f"Tab {str(self.id)[:8]}"
+        return self.title or UNTITLED
 
 
 class Role(models.TextChoices):

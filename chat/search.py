@@ -44,7 +44,7 @@ from django.db.models.signals import pre_delete
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from chat.models import ChunkType, Role, Tab
+from chat.models import UNTITLED, ChunkType, Role, Tab
 
 TABLE = "chat_searchentry"
 FTS_TABLE = "chat_searchentry_fts"
@@ -331,7 +331,7 @@ def search(
     return [
         Hit(
             tab_id=uuid.UUID(str(tab_id)),
-            title=title or f"Tab {str(uuid.UUID(str(tab_id)))[:8]}",
+            title=title or UNTITLED,
             chunk_id=uuid.UUID(str(chunk_id)),
             seq=seq,
             role=role,

@@ -163,7 +163,7 @@ def test_filters_by_tab_role_and_type(tab, alice):
     assert found(alice, "needle", role="user") == [("text", 1)]
     assert found(alice, "needle", type="thinking") == [("thinking", 1)]
     hit = search.search(alice, "needle", type="thinking")[0]
-    assert hit.tab_id == other.pk and hit.title == f"Tab {str(other.pk)[:8]}"
+    assert hit.tab_id == other.pk and hit.title == "New tab"
 
 
 def test_hits_come_newest_first_up_to_the_limit(tab, alice):
