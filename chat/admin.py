@@ -58,7 +58,17 @@ TURN_VIEW_MAX_CHUNKS = 2_000
 API_KEY_MIN_LENGTH = 16
 
 _JSON_FORMATTER = HtmlFormatter(cssclass="chunk-json", wrapcode=True)
-PYGMENTS_CSS = mark_safe(_JSON_FORMATTER.get_style_defs(".chunk-json"))
+# Light colours, and dark ones where the admin is dark: its own theme toggle
+# (html[data-theme]) or, on "auto", the system's.
+_DARK_JSON = HtmlFormatter(style="github-dark").get_style_defs
+PYGMENTS_CSS = mark_safe(
+    _JSON_FORMATTER.get_style_defs(".chunk-json")
+    + "\n"
+    + _DARK_JSON('html[data-theme="dark"] .chunk-json')
+    + "\n@media (prefers-color-scheme: dark) {\n"
+    + _DARK_JSON('html[data-theme="auto"] .chunk-json')
+    + "\n}"
+)
 
 
 def pretty_json(data: Any) -> SafeString:

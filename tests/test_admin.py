@@ -539,3 +539,16 @@ def test_it_shows_a_branchs_parent_and_filters_branches(client, staff):
     )
     branch.refresh_from_db()
     assert (branch.parent_id, branch.fork_seq) == (parent.pk, 1)
+
+
+def test_the_payload_json_has_dark_colours_and_the_list_wraps_long_previews(client, staff):
+    """The admin's dark theme (its toggle, or the system's on auto) gets dark JSON, not a
+    white box; a long unbroken preview wraps instead of widening the list."""
+    tab = Tab.objects.create(owner=staff, title="T")
+    [chunk] = log.append(tab.pk, [Block(uuid.uuid4(), None, 0, "user", "text", {"text": "x"})])
+    page = client.get(reverse("admin:chat_chunk_change", args=[chunk.pk])).content.decode()
+    assert 'html[data-theme="dark"] .chunk-json' in page
+    assert "@media (prefers-color-scheme: dark)" in page
+    assert "var(--darkened-bg)" in page
+    listing = client.get(_chunk_list()).content.decode()
+    assert "td.field-preview { overflow-wrap: anywhere" in listing

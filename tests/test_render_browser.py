@@ -527,3 +527,66 @@ async def test_a_page_far_behind_gets_its_log_replaced_by_the_latest_page(browse
     )
     assert await page.get_attribute("#older", "data-hx-revealed") is None
     assert errors == []
+
+
+async def test_on_a_phone_approval_asks_once_and_tables_keep_their_words(browser, live_server):
+    """At 375 px the bar over the composer asks for approval (the card's own buttons would
+    ask a second time); a Markdown table scrolls sideways instead of breaking its words."""
+    tab, turn, blocks, session = await sync_to_async(_make_tab)(0)
+    page, socket, errors = await open_tab(browser, live_server, session, tab)
+    await page.set_viewport_size({"width": 375, "height": 800})
+    await socket.hello()
+    call = block(
+        "tool_call",
+        {"call_id": "c7", "name": "shell", "arguments": {"command": "make"}},
+        turn_id=turn,
+        seq=1,
+    )
+    table = block(
+        "text",
+        {
+            "text": "| A | B | C | D |\n|---|---|---|---|\n"
+            "| internationalization | synchronization | authentication | configuration |\n"
+        },
+        role="assistant",
+        turn_id=turn,
+        seq=2,
+    )
+    socket.send(
+        render.fragment_seal(call),
+        render.fragment_seal(table),
+        render.fragment_status(
+            {
+                "state": "waiting",
+                "turn_id": str(turn),
+                "step": 1,
+                "approval": {"call_id": "c7", "name": "shell", "arguments": {"command": "make"}},
+            }
+        ),
+    )
+    await page.wait_for_selector("#approval:not([hidden])")
+    assert await page.is_visible("#approval button[name=approve]")
+    assert await page.is_hidden(f"#chunk-{call.id} .approve button[name=approve]")
+    # Each cell at least as wide as its longest word (a word broken mid-word would let it
+    # be narrower), and the table wider than its box: it scrolls.
+    narrow = await page.eval_on_selector_all(
+        f"#chunk-{table.id} td",
+        """cells => {
+          const ctx = document.createElement('canvas').getContext('2d');
+          return cells.filter(c => {
+            const style = getComputedStyle(c);
+            ctx.font = style.font;
+            const word = Math.max(...c.textContent.split(/\\s+/).map(w => ctx.measureText(w).width));
+            const inner = c.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+            return inner + 1 < word;
+          }).map(c => c.textContent);
+        }""",
+    )
+    assert narrow == []
+    assert await page.eval_on_selector(
+        f"#chunk-{table.id} table", "t => t.scrollWidth > t.clientWidth"
+    )
+    # Wider than a phone, the card asks as before.
+    await page.set_viewport_size({"width": 1100, "height": 800})
+    assert await page.is_visible(f"#chunk-{call.id} .approve button[name=approve]")
+    assert errors == []

@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
+from django.template.loader import render_to_string
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -110,6 +111,10 @@ def test_it_shows_the_owner_setup_page_on_a_fresh_install():
     response = client.get(reverse("home"), follow=True)
     assert response.redirect_chain[-1][0] == reverse("setup")
     assert "Create the owner account" in page(response)
+    # The password rules are a list: in a <p> the browser splits it and leaves an empty
+    # paragraph (a gap) under them.
+    html = page(response)
+    assert '<div class="help"><ul>' in html and '<p class="help"><ul>' not in html
 
 
 def test_it_creates_the_owner_and_logs_them_in():
@@ -879,3 +884,16 @@ def test_no_template_comment_leaks_into_a_page(client_alice, tab):
         for number, line in enumerate(template.read_text().splitlines(), start=1):
             if "{#" in line:
                 assert "#}" in line.split("{#", 1)[1], f"{template}:{number}: multi-line {{# #}}"
+
+
+def test_a_missing_page_is_the_apps_own_not_found_page(client_alice):
+    response = client_alice.get(f"/t/{uuid.uuid4()}/")
+    assert response.status_code == 404
+    html = response.content.decode()
+    assert "app.css" in html and "Not found" in html and 'href="/"' in html
+
+
+def test_the_server_error_page_renders_without_a_request():
+    """Django renders 500.html with no context (no request, no user): it must still work."""
+    html = render_to_string("500.html")
+    assert "app.css" in html and "Something went wrong" in html
