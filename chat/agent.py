@@ -41,6 +41,7 @@ from chat.providers.base import (
     ToolResultEvent,
     Usage,
 )
+from chat.providers.errors import STREAM_IDLE, explain
 from chat.providers.registry import STREAM_IDLE_TIMEOUT
 from chat.stream import Block, Delta, Kind, Op, Open, Reducer, Role, Seal
 from chat.tools import sandbox
@@ -56,7 +57,7 @@ WAITING_STATUS_AFTER = 10.0
 # Ten minutes is past the longest silent thinking seen from a real model.
 STREAM_SILENT_MAX = 600.0
 # The error type of an attempt given up by the idle watchdog.
-STALLED = "stream_idle"
+STALLED = STREAM_IDLE
 # Stop reasons that cut the answer short, and the notice written after it.
 STOP_NOTICES = {
     "max_tokens": (
@@ -460,6 +461,7 @@ class TurnRunner:
     ) -> tuple[Finish, str] | None:
         attempt = 0
         switched = False
+        tries = 0
         while True:
             self._check_cancel()
             try:
@@ -467,6 +469,7 @@ class TurnRunner:
                 await self._record_usage(model, finish.usage)
                 return finish, model
             except ProviderError as exc:
+                tries += 1
                 decision = retry.decide(
                     exc,
                     attempt,
@@ -483,7 +486,9 @@ class TurnRunner:
                             "Try again later or pick another model."
                         )
                     await self._interrupt("Not run: the response was cut off by an error.")
-                    await self._apply(self.reducer.feed(ErrorEvent(message, exc.status_code)))
+                    details = explain(exc, model=model, attempts=tries).data()
+                    error = ErrorEvent(message, exc.status_code, details)
+                    await self._apply(self.reducer.feed(error))
                     return None
                 # The cut-off attempt stays in the log; the retry notice tells
                 # history not to send it, and its calls are never run.

@@ -161,10 +161,12 @@ class Reducer:
                 return self._single(Role.ASSISTANT, Kind.TOOL_CALL, data)
             case ToolResultEvent():
                 return self._result(event)
-            case ErrorEvent(message=message, status_code=status_code):
+            case ErrorEvent(message=message, status_code=status_code, details=details):
                 data: dict[str, Any] = {"message": message}
                 if status_code is not None:
                     data["status_code"] = status_code
+                if details:
+                    data.update(details)
                 return self._single(Role.ASSISTANT, Kind.ERROR, data)
             case SystemEvent(kind=kind, text=text):
                 return self._single(Role.SYSTEM, Kind.SYSTEM, {"kind": kind, "text": text})

@@ -186,7 +186,12 @@ async def test_a_non_retryable_error_ends_the_turn_with_an_error_chunk(script, w
         await run_one(tab, "hi")
     rows = await chunks(tab.pk)
     assert kinds(rows) == ["user/text", "assistant/text", "assistant/error"]
-    assert rows[-1].data == {"message": "invalid x-api-key", "status_code": 401}
+    assert rows[-1].data == {
+        "message": "invalid x-api-key",
+        "status_code": 401,
+        "summary": "The scripted provider did not accept the API key",
+        "hint": "Check the provider's API key, then Retry.",
+    }
 
 
 async def test_retryable_errors_are_retried_then_the_fallback_model_takes_over(

@@ -103,27 +103,36 @@ class AnthropicProvider:
         headers = {"anthropic-beta": ",".join(self.model.betas)} if self.model.betas else None
         loop = asyncio.get_running_loop()
         self.alive_at = None
-        async with contextlib.AsyncExitStack() as stack:
-            client = await stack.enter_async_context(CLIENTS.use(self.endpoint(), self.client))
-            try:
-                response = await stack.enter_async_context(
-                    client.messages.with_streaming_response.create(
-                        **params, stream=True, extra_headers=headers
+        client = None
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                client = await stack.enter_async_context(CLIENTS.use(self.endpoint(), self.client))
+                try:
+                    response = await stack.enter_async_context(
+                        client.messages.with_streaming_response.create(
+                            **params, stream=True, extra_headers=headers
+                        )
                     )
-                )
-            except Exception as exc:
-                raise classify(exc) from exc
-            await errors.check_event_stream(NAME, response.http_response)
-            reader = Reader()
+                except Exception as exc:
+                    raise classify(exc) from exc
+                await errors.check_event_stream(NAME, response.http_response)
+                reader = Reader()
 
-            def seen() -> None:
-                self.alive_at = loop.time()
+                def seen() -> None:
+                    self.alive_at = loop.time()
 
-            events = read_body(response.http_response, reader, classify, seen)
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    yield event
-            yield reader.end()
+                events = read_body(response.http_response, reader, classify, seen)
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        yield event
+                yield reader.end()
+        except ProviderError as exc:
+            # Where it happened, for the hint; and no key in what the page shows.
+            effective = str(client.base_url) if client is not None else ""
+            errors.located(
+                exc, configured=self.base_url, effective=effective, secrets=(self.api_key,)
+            )
+            raise
 
 
 class Reader:
@@ -159,7 +168,7 @@ class Reader:
     def end(self) -> Finish:
         """The Finish after the body: raises if the response is incomplete or broken."""
         if not self.translator.stopped:
-            raise errors.connection(NAME, "the stream ended before the response was complete")
+            raise errors.incomplete(NAME)
         return _read(self.translator.finish)
 
 
@@ -199,12 +208,9 @@ def classify(exc: BaseException) -> ProviderError:
         return exc
     if isinstance(exc, anthropic.APIStatusError):
         return errors.from_status(NAME, exc.status_code, exc.body, exc.response.headers)
-    if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
-        return errors.connection(NAME, "the request timed out", timeout=True)
     if isinstance(exc, anthropic.APIConnectionError | httpx2.RequestError):
         # The SDK's error says only "Connection error."; the HTTP client's says what.
-        cause = (exc.__cause__ or exc) if isinstance(exc, anthropic.APIConnectionError) else exc
-        return errors.connection(NAME, f"the connection failed ({type(cause).__name__}: {cause})")
+        return errors.transport(NAME, exc, timeout=isinstance(exc, anthropic.APITimeoutError))
     # Not a failure this module knows: still shown to the user as the
     # provider's, with the traceback in the log for whoever debugs it.
     logger.warning("unclassified %s failure", NAME, exc_info=exc)

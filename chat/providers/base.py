@@ -63,6 +63,9 @@ class ToolResultEvent:
 class ErrorEvent:
     message: str
     status_code: int | None = None
+    # What the page shows besides the message (errors.Explanation.data(): summary,
+    # hint, base_url, retry_after, attempts), kept in the error chunk's data.
+    details: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +176,9 @@ class ProviderError(Exception):
 
     `retryable` says whether the same request may succeed later (rate limits,
     overload, 5xx, a dropped connection); `retry_after` is the server's hint in
-    seconds, when it gave one.
+    seconds, when it gave one. `transport` names a failure below HTTP (see
+    errors.TRANSPORT); `base_url` is the endpoint that was tried, its password
+    masked (`default_url`: the SDK's own), set by the adapter (errors.located).
     """
 
     def __init__(
@@ -184,6 +189,7 @@ class ProviderError(Exception):
         error_type: str | None = None,
         retry_after: float | None = None,
         retryable: bool = False,
+        transport: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -191,6 +197,9 @@ class ProviderError(Exception):
         self.error_type = error_type
         self.retry_after = retry_after
         self.retryable = retryable
+        self.transport = transport
+        self.base_url: str | None = None
+        self.default_url = False
 
     def __repr__(self) -> str:
         return (

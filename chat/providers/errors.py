@@ -1,18 +1,37 @@
-"""Classifying provider failures into ProviderError, the same way for every adapter.
+"""Classifying provider failures into ProviderError, the same way for every adapter,
+and saying what one means to the person who has to act on it.
 
 The turn engine decides about retries; this module only says whether one makes
-sense and what the server asked for (retry-after).
+sense and what the server asked for (retry-after). `explain` is the one place an
+error becomes words for the page: what happened, and what to do (which variable
+or Settings entry holds the key, the base URL tried, when to retry).
 """
 
 from __future__ import annotations
 
 import email.utils
+import math
+import socket
+import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx2
 
 from chat.providers.base import ProviderError
 from chat.providers.common import json_loads
+from chat.providers.registry import (
+    MAX_STREAM_IDLE_TIMEOUT,
+    PROVIDERS,
+    ProviderConfigError,
+    from_env,
+    idle_env,
+    idle_timeout,
+)
+from dispatch.envcheck import masked_url
 
 # Statuses where the same request may succeed later: timeout, conflict (a
 # concurrent request), rate limit, and every server-side failure (5xx, 529).
@@ -131,13 +150,108 @@ def in_stream(provider: str, body: Any) -> ProviderError:
     return ProviderError(text, status_code=status, error_type=kind, retryable=retryable)
 
 
-def connection(provider: str, what: str, *, timeout: bool = False) -> ProviderError:
+def connection(
+    provider: str, what: str, *, timeout: bool = False, transport: str | None = None
+) -> ProviderError:
     """A failed or dropped connection, or a timeout: always worth a retry."""
     return ProviderError(
         f"{provider}: {what}",
         error_type="timeout" if timeout else "connection_error",
         retryable=True,
+        transport=transport,
     )
+
+
+# Failures below HTTP (ProviderError.transport), each with its own way out.
+REFUSED = "refused"  # nothing listens at that host and port
+DNS = "dns"  # the host name does not resolve
+TLS = "tls"  # the TLS handshake failed (a certificate, https to a plain http server)
+CONNECT_FAILED = "connect"  # any other failure to connect
+CONNECT_TIMEOUT = "connect_timeout"
+READ_TIMEOUT = "read_timeout"  # connected, then silent past the HTTP client's timeout
+CUT = "cut"  # the connection broke during the answer
+INCOMPLETE = "incomplete"  # the body ended cleanly before the answer did
+TRANSPORT = frozenset(
+    {REFUSED, DNS, TLS, CONNECT_FAILED, CONNECT_TIMEOUT, READ_TIMEOUT, CUT, INCOMPLETE}
+)
+# The error type of an attempt the turn runner gave up as stalled (its idle watchdog).
+STREAM_IDLE = "stream_idle"
+
+
+def transport(provider: str, exc: BaseException, *, timeout: bool = False) -> ProviderError:
+    """A failure below HTTP, from the HTTP client's exception or the SDK's wrapping of
+    it (`timeout`: the SDK called it a timeout): which kind, naming the host."""
+    chain = list(_chain(exc))
+    request = _request(chain)
+    where = request.url.netloc.decode("ascii", "replace") if request is not None else ""
+    where = where or "the server"
+    if any(isinstance(e, httpx2.ConnectTimeout) for e in chain):
+        seconds = _timeout(request, "connect")
+        after = f" after {seconds:g} s" if seconds else ""
+        return connection(
+            provider,
+            f"connecting to {where} timed out{after}",
+            timeout=True,
+            transport=CONNECT_TIMEOUT,
+        )
+    if timeout or any(isinstance(e, httpx2.TimeoutException) for e in chain):
+        seconds = _timeout(request, "read")
+        what = f"{where} sent nothing for {seconds:g} s" if seconds else f"{where} timed out"
+        return connection(provider, what, timeout=True, transport=READ_TIMEOUT)
+    http = next((e for e in chain if isinstance(e, httpx2.HTTPError)), exc)
+    detail = f"{type(http).__name__}: {http}" if str(http) else type(http).__name__
+    if any(isinstance(e, httpx2.ConnectError) for e in chain):
+        if any(isinstance(e, ConnectionRefusedError) for e in chain):
+            return connection(
+                provider, f"could not connect to {where}: connection refused", transport=REFUSED
+            )
+        if any(isinstance(e, socket.gaierror) for e in chain):
+            return connection(
+                provider,
+                f"could not connect to {where}: its host name does not resolve ({detail})",
+                transport=DNS,
+            )
+        if any(isinstance(e, ssl.SSLError) for e in chain):
+            return connection(
+                provider, f"the secure connection to {where} failed ({detail})", transport=TLS
+            )
+        return connection(
+            provider, f"could not connect to {where} ({detail})", transport=CONNECT_FAILED
+        )
+    return connection(provider, f"the connection to {where} broke ({detail})", transport=CUT)
+
+
+def incomplete(provider: str) -> ProviderError:
+    """A body that ended without error before the answer was complete."""
+    return connection(
+        provider, "the stream ended before the response was complete", transport=INCOMPLETE
+    )
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _request(chain: Iterable[BaseException]) -> httpx2.Request | None:
+    for exc in chain:
+        try:
+            request = getattr(exc, "request", None)
+        except RuntimeError:  # httpx's exceptions raise when they were given none
+            continue
+        if isinstance(request, httpx2.Request):
+            return request
+    return None
+
+
+def _timeout(request: httpx2.Request | None, which: str) -> float | None:
+    timeouts = request.extensions.get("timeout") if request is not None else None
+    value = timeouts.get(which) if isinstance(timeouts, Mapping) else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def bad_stream(provider: str, what: str) -> ProviderError:
@@ -203,3 +317,323 @@ async def check_event_stream(provider: str, response: Any) -> None:
         error_type="invalid_response",
         retryable=False,
     )
+
+
+# --- Where it happened -----------------------------------------------------------
+
+
+def shown_url(url: str) -> str:
+    """A base URL fit for the page and the log: its password masked, and its query
+    (where some gateways take a key) left out."""
+    masked = masked_url(url)
+    parts = urlsplit(masked)
+    return urlunsplit(parts._replace(query="…")) if parts.query else masked
+
+
+def located(
+    error: ProviderError,
+    *,
+    configured: str | None,
+    effective: str,
+    secrets: Iterable[str | None] = (),
+) -> ProviderError:
+    """`error` as it leaves an adapter: with the base URL it was sent to (`configured`,
+    else the SDK's default `effective`), and no secret in its message (a server may
+    quote the key it refused; a URL may carry a password)."""
+    url = configured or effective
+    if error.base_url is not None or not url:
+        return error
+    error.base_url = shown_url(url)
+    error.default_url = configured is None
+    hidden = [s for s in (*secrets, _password(url)) if s and len(s) >= MIN_SECRET_CHARS]
+    message = error.message
+    for secret in hidden:
+        message = message.replace(secret, "***")
+    if message != error.message:
+        error.message = message
+        error.args = (message,)
+    return error
+
+
+# Shorter strings are not searched for in a message: a one-letter test key would
+# star out every "k".
+MIN_SECRET_CHARS = 4
+
+
+def _password(url: str) -> str | None:
+    try:
+        return urlsplit(url).password
+    except ValueError:
+        return None
+
+
+# --- In words ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """An error as the page says it: `summary`, what happened (the card's heading);
+    `hint`, what to do (`code` in backticks). With the facts they rest on."""
+
+    summary: str
+    hint: str
+    base_url: str | None = None
+    retry_after: float | None = None
+    attempts: int = 1
+
+    def data(self) -> dict[str, Any]:
+        """What goes into the error chunk next to its message and status code."""
+        data: dict[str, Any] = {"summary": self.summary}
+        if self.hint:
+            data["hint"] = self.hint
+        if self.base_url:
+            data["base_url"] = self.base_url
+        if self.retry_after is not None:
+            data["retry_after"] = self.retry_after
+        if self.attempts > 1:
+            data["attempts"] = self.attempts
+        return data
+
+
+# A 404 whose message says "model" is about the model id, not the URL's path:
+# Anthropic says `model: claude-x`, OpenAI "The model `x` does not exist", and the
+# compatible servers copy one or the other.
+MODEL_WORD = "model"
+# Error types that say the account has no quota or credit left (OpenAI sends
+# insufficient_quota as a 429, Anthropic billing_error as a 402).
+QUOTA_TYPES = frozenset({"insufficient_quota", "billing_error"})
+
+
+def explain(error: ProviderError, *, model: str, attempts: int = 1) -> Explanation:
+    """What `error` (of `model`, after `attempts` tries) means and what to do about it."""
+    provider, _, name = model.partition("/")
+    summary, hint = _Words(error, PROVIDERS.get(provider), provider, name).say()
+    if attempts > 1:
+        summary += f" (after {attempts} attempts)"
+    return Explanation(
+        summary,
+        hint,
+        base_url=error.base_url,
+        retry_after=error.retry_after,
+        attempts=attempts,
+    )
+
+
+class _Words:
+    """The summary and hint of one error: the cases in the order they are told apart."""
+
+    def __init__(self, error: ProviderError, spec: Any, provider: str, name: str) -> None:
+        self.error = error
+        self.spec = spec
+        self.name = name or "this model"
+        # "OpenAI-compatible" names a wire format, not someone who can refuse a key.
+        if spec is None:
+            self.who = f"The {provider} provider" if provider else "The provider"
+        elif spec.label.endswith("-compatible"):
+            self.who = f"The {spec.label} server"
+        else:
+            self.who = spec.label
+        self.api = spec.label if spec is not None else "provider's"
+        self.host = _host(error.base_url)
+        self.at = f"`{error.base_url}`" if error.base_url else "the provider's base URL"
+
+    def say(self) -> tuple[str, str]:
+        error, who = self.error, self.who
+        status = error.status_code
+        kind = error.error_type or ""
+        if isinstance(error, ProviderConfigError) or kind == "configuration_error":
+            # Its message already names the variable and the Settings entry.
+            return f"{who} is not set up for this model", ""
+        if kind == STREAM_IDLE:
+            return "The model stopped sending", self.stalled()
+        if error.transport is not None:
+            return self.transport()
+        if kind == "unexpected_response":
+            return (
+                f"{who} sent a response this version of Dispatch cannot read",
+                "Retrying gets the same shape again: pick another model for this tab, "
+                "or report the message above.",
+            )
+        if kind == "invalid_response":
+            return (
+                f"{who} sent a response that could not be read",
+                f"Retry. If it happens again, check that {self.at} speaks the {self.api} "
+                "API (a proxy or a captive portal answers with something else).",
+            )
+        if status == 401 or kind == "authentication_error":
+            return f"{who} did not accept the API key", self.fix_key()
+        if kind in QUOTA_TYPES or status == 402:
+            return (
+                "The account of this API key has no quota or credit left",
+                f"Add credit or raise the limit in the provider's console for {self.key()}, "
+                "then Retry.",
+            )
+        if status == 403 or kind == "permission_error":
+            return (
+                f"{who} refused this key access",
+                f"{_upper(self.key())} is not allowed to use {self.name} (or the account or "
+                "region is restricted): check its permissions in the provider's console, "
+                "use another key, or pick another model.",
+            )
+        if status == 404 and (kind == "not_found_error" or MODEL_WORD in error.message.lower()):
+            return (
+                f"{who} does not know the model “{self.name}”",
+                f"Pick another model for this tab, or check the id: “{self.name}” was sent "
+                f"to {self.at}.",
+            )
+        if status == 404:
+            return (
+                f"{self.host or who} has nothing at this address",
+                f"Check the base URL {self.at}, {self.url_source()}; an OpenAI-compatible "
+                "server usually wants it to end in /v1.",
+            )
+        if status == 413 or kind == "request_too_large":
+            return (
+                "The request is too large for the model",
+                "Start a new tab, or branch from an earlier message, to send less.",
+            )
+        if status == 429 or kind == "rate_limit_error":
+            return (
+                f"{who} is rate-limiting this key",
+                self.wait("Wait a minute, then Retry.")
+                + f" If it keeps happening, the rate limit of {self.key()} is too low for "
+                "this use.",
+            )
+        if status == 529 or kind == "overloaded_error":
+            return "The model is overloaded", self.wait("Retry in a minute, or pick another model.")
+        if status == 503:
+            return f"{who} is unavailable for now", self.wait("Retry in a minute.")
+        if status in (502, 504):
+            what = "got no valid answer from" if status == 502 else "timed out waiting for"
+            return (
+                f"A gateway {what} {self.host or who}",
+                self.wait(
+                    f"The server behind {self.at} may be down or restarting: Retry in a moment."
+                ),
+            )
+        if status == 408 or kind == "timeout_error":
+            return f"{who} timed out on the request", self.wait("Retry in a moment.")
+        if (status is not None and status >= 500) or kind == "api_error":
+            return (
+                f"{who} had an internal error",
+                self.wait(
+                    "Usually temporary: Retry in a moment. If it persists, check the "
+                    "provider's status page."
+                ),
+            )
+        if (status is not None and status >= 400) or kind == "invalid_request_error":
+            return (
+                f"{who} refused the request",
+                "Its reason is above. Retry sends the same request again; Edit or branch "
+                "from an earlier message to change it.",
+            )
+        return f"{who} failed", "Retry."
+
+    def transport(self) -> tuple[str, str]:
+        failure = self.error.transport
+        where = self.host or "the server"
+        if failure == REFUSED:
+            return (
+                f"Could not connect to {where}",
+                f"Nothing answers at {self.at} (connection refused): is the server running? "
+                f"The address is {self.url_source()}.",
+            )
+        if failure == DNS:
+            return (
+                f"Could not find the host {where}",
+                f"Check the host name in {self.at}, {self.url_source()}, and this server's DNS.",
+            )
+        if failure == TLS:
+            return (
+                f"The secure connection to {where} failed",
+                f"Check {self.at}, {self.url_source()}: a plain http server answers https "
+                "this way, and so does one whose certificate this server does not trust.",
+            )
+        if failure in (CONNECT_TIMEOUT, CONNECT_FAILED):
+            summary = (
+                f"Connecting to {where} timed out"
+                if failure == CONNECT_TIMEOUT
+                else f"Could not connect to {where}"
+            )
+            return (
+                summary,
+                f"Check that {self.at} is reachable from this server (firewall, VPN, proxy); "
+                f"the address is {self.url_source()}. Then Retry.",
+            )
+        if failure == READ_TIMEOUT:
+            return (
+                f"{_upper(where)} stopped answering",
+                "Retry. If it keeps happening, the server is overloaded or something between "
+                "here and it drops idle connections.",
+            )
+        if failure == CUT:
+            return f"The connection to {where} broke during the answer", "Retry."
+        return f"The answer from {where} ended early", "Retry."
+
+    def stalled(self) -> str:
+        if self.spec is None:
+            return ""
+        variable = idle_env(self.spec.name)
+        try:
+            now = f"now {idle_timeout(self.spec.name):g} s"
+        except ProviderConfigError:
+            now = "now not a valid number"
+        # The message already says to try again later or pick another model.
+        return (
+            "A slow model or local server may need longer between two events: raise "
+            f"`{variable}` ({now}, at most "
+            f"{MAX_STREAM_IDLE_TIMEOUT:g}) and restart the server."
+        )
+
+    def key(self) -> str:
+        """The key actually used, as the registry resolves it: the environment first."""
+        spec = self.spec
+        if spec is None or not spec.key_env:
+            return "the key"
+        if from_env(spec.key_env) is not None:
+            return f"the key in `{spec.key_env}`"
+        return f"the {spec.label} key saved in Settings → API keys"
+
+    def fix_key(self) -> str:
+        spec = self.spec
+        if spec is None or not spec.key_env:
+            return "Check the provider's API key, then Retry."
+        if from_env(spec.key_env) is not None:
+            return (
+                f"The key comes from `{spec.key_env}` in the server's environment: set a "
+                "valid key there, restart the server, then Retry."
+            )
+        return (
+            f"The key is the {spec.label} key saved in Settings → API keys: save a valid "
+            "one there, then Retry."
+        )
+
+    def url_source(self) -> str:
+        spec = self.spec
+        if spec is not None and spec.url_env and from_env(spec.url_env) is not None:
+            return f"set by `{spec.url_env}`"
+        if self.error.default_url:
+            return "the SDK's default"
+        if spec is not None and self.error.base_url is not None:
+            return f"the {spec.label} endpoint in Settings → Provider endpoints"
+        return "the provider's base URL"
+
+    def wait(self, otherwise: str) -> str:
+        if self.error.retry_after is None:
+            return otherwise
+        seconds = max(1, math.ceil(self.error.retry_after))
+        return f"Retry in {seconds} s: the server asked to wait that long."
+
+
+def _upper(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _host(url: str | None) -> str:
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ""
+    return parts.netloc.rpartition("@")[2]

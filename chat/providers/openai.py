@@ -117,26 +117,37 @@ class OpenAIProvider:
         params = build_params(request, self.model)
         loop = asyncio.get_running_loop()
         self.alive_at = None
-        async with contextlib.AsyncExitStack() as stack:
-            client = await stack.enter_async_context(CLIENTS.use(self.endpoint(), self.client))
-            try:
-                response = await stack.enter_async_context(
-                    client.chat.completions.with_streaming_response.create(**params, stream=True)
-                )
-            except Exception as exc:
-                raise classify(exc) from exc
-            await errors.check_event_stream(NAME, response.http_response)
-            reader = Reader()
+        client = None
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                client = await stack.enter_async_context(CLIENTS.use(self.endpoint(), self.client))
+                try:
+                    response = await stack.enter_async_context(
+                        client.chat.completions.with_streaming_response.create(
+                            **params, stream=True
+                        )
+                    )
+                except Exception as exc:
+                    raise classify(exc) from exc
+                await errors.check_event_stream(NAME, response.http_response)
+                reader = Reader()
 
-            def seen() -> None:
-                self.alive_at = loop.time()
+                def seen() -> None:
+                    self.alive_at = loop.time()
 
-            events = read_body(response.http_response, reader, classify, seen)
-            async with contextlib.aclosing(events):
-                async for event in events:
+                events = read_body(response.http_response, reader, classify, seen)
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        yield event
+                for event in reader.end():
                     yield event
-            for event in reader.end():
-                yield event
+        except ProviderError as exc:
+            # Where it happened, for the hint; and no key in what the page shows.
+            effective = str(client.base_url) if client is not None else ""
+            errors.located(
+                exc, configured=self.base_url, effective=effective, secrets=(self.api_key,)
+            )
+            raise
 
 
 class Reader:
@@ -196,12 +207,9 @@ def classify(exc: BaseException) -> ProviderError:
         return exc
     if isinstance(exc, openai.APIStatusError):
         return errors.from_status(NAME, exc.status_code, exc.body, exc.response.headers)
-    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
-        return errors.connection(NAME, "the request timed out", timeout=True)
     if isinstance(exc, openai.APIConnectionError | httpx2.RequestError):
         # The SDK's error says only "Connection error."; the HTTP client's says what.
-        cause = (exc.__cause__ or exc) if isinstance(exc, openai.APIConnectionError) else exc
-        return errors.connection(NAME, f"the connection failed ({type(cause).__name__}: {cause})")
+        return errors.transport(NAME, exc, timeout=isinstance(exc, openai.APITimeoutError))
     # Not a failure this module knows: still shown to the user as the
     # provider's, with the traceback in the log for whoever debugs it.
     logger.warning("unclassified %s failure", NAME, exc_info=exc)
@@ -333,7 +341,7 @@ class Translator:
     def end(self) -> list[Event]:
         """The events after the last chunk: pending reasoning end, calls, Finish."""
         if self.finish_reason is None:
-            raise errors.connection(NAME, "the stream ended before the response was complete")
+            raise errors.incomplete(NAME)
         out = self._end_reasoning()
         stop = STOP_REASONS.get(self.finish_reason, self.finish_reason)
         calls: list[Event] = []

@@ -250,13 +250,19 @@ def credentials(provider: str) -> Credentials:
     spec = PROVIDERS[provider]
     if spec.adapter == "offline":
         return Credentials(None, None)
-    key = os.environ.get(spec.key_env, "").strip() or None
-    url = os.environ.get(spec.url_env, "").strip() or None
+    key = from_env(spec.key_env)
+    url = from_env(spec.url_env)
     if key is None or url is None:
         stored_key, stored_url = _stored(provider, want_key=key is None, want_url=url is None)
         key = key or stored_key
         url = url or stored_url
     return Credentials(key, url)
+
+
+def from_env(name: str) -> str | None:
+    """A credential variable as `credentials` reads it (blank is unset): an error's
+    hint names the variable only when the key or URL really came from it."""
+    return (os.environ.get(name, "").strip() or None) if name else None
 
 
 def _stored(provider: str, *, want_key: bool, want_url: bool) -> tuple[str | None, str | None]:
