@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -240,6 +241,15 @@ def stream_text(text: str) -> SafeString:
     which keeps the count).
     """
     return mark_safe(str(escape(text)).replace("\r", "&#13;").replace("\x00", "&#xFFFD;"))
+
+
+def code_spans(text: str) -> SafeString:
+    """Plain text, escaped, with each `span` in backticks as <code> (an error's hint
+    names variables and URLs this way). Escaped first, so nothing else is markup."""
+    return mark_safe(_CODE_SPAN.sub(r"<code>\1</code>", str(escape(text))))
+
+
+_CODE_SPAN = re.compile(r"`([^`]+)`")
 
 
 def slot_key(turn_id: Any, step: int, call_id: str) -> str:
@@ -560,6 +570,22 @@ class Item:
             or self.last_answer
             or self.offers_end
         )
+
+    @property
+    def summary(self) -> str:
+        """What happened, in words (providers.errors.explain); older errors have none."""
+        return str(self.data.get("summary") or "")
+
+    @property
+    def hint(self) -> SafeString:
+        """What to do about the error: its text escaped, `names` as code."""
+        return code_spans(str(self.data.get("hint") or ""))
+
+    @property
+    def base_url(self) -> str:
+        """The endpoint tried, when the hint does not already say it."""
+        url = str(self.data.get("base_url") or "")
+        return "" if url in str(self.data.get("hint") or "") else url
 
     @property
     def has_output(self) -> bool:
