@@ -286,6 +286,22 @@ CASES = {
         ["Retry."],
         [],
     ),
+    "a connection error of no known transport": (
+        error(kind="connection_error"),
+        ANTHROPIC,
+        KEY_ENV,
+        "The connection to api.anthropic.com failed",
+        ["Retry."],
+        [],
+    ),
+    "a timeout of no known transport": (
+        error(kind="timeout", base_url=None),
+        ANTHROPIC,
+        KEY_ENV,
+        "The server stopped answering",
+        ["Retry."],
+        [],
+    ),
     "stalled (the runner's idle watchdog)": (
         error(kind=errors.STREAM_IDLE, base_url=None),
         OPENAI,

@@ -446,7 +446,7 @@ class _Words:
             return f"{who} is not set up for this model", ""
         if kind == STREAM_IDLE:
             return "The model stopped sending", self.stalled()
-        if error.transport is not None:
+        if error.transport is not None or kind in ("connection_error", "timeout"):
             return self.transport()
         if kind == "unexpected_response":
             return (
@@ -530,7 +530,11 @@ class _Words:
         return f"{who} failed", "Retry."
 
     def transport(self) -> tuple[str, str]:
-        failure = self.error.transport
+        # A connection error classified before transports were told apart (or by
+        # another path) still gets a sentence.
+        failure = self.error.transport or (
+            READ_TIMEOUT if self.error.error_type == "timeout" else None
+        )
         where = self.host or "the server"
         if failure == REFUSED:
             return (
@@ -568,7 +572,9 @@ class _Words:
             )
         if failure == CUT:
             return f"The connection to {where} broke during the answer", "Retry."
-        return f"The answer from {where} ended early", "Retry."
+        if failure == INCOMPLETE:
+            return f"The answer from {where} ended early", "Retry."
+        return f"The connection to {where} failed", "Retry."
 
     def stalled(self) -> str:
         if self.spec is None:
