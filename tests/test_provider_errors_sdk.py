@@ -362,17 +362,21 @@ async def test_a_refused_connection_to_a_stored_endpoint_names_the_settings_entr
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("adapter", ADAPTERS)
 async def test_a_stalled_stream_names_the_idle_timeout_variable(
-    fake_server, monkeypatch, workspace
+    fake_server, monkeypatch, workspace, adapter
 ):
-    monkeypatch.setenv("OPENAI_API_KEY", KEY)
-    monkeypatch.setenv("OPENAI_BASE_URL", fake_server.openai_url)
-    monkeypatch.setenv("OPENAI_STREAM_IDLE_TIMEOUT", "0.3")
+    spec = PROVIDERS[adapter]
+    monkeypatch.setenv(spec.key_env, KEY)
+    monkeypatch.setenv(spec.url_env, base_url(adapter, fake_server))
+    variable = f"{adapter.upper()}_STREAM_IDLE_TIMEOUT"
+    monkeypatch.setenv(variable, "0.3")
     monkeypatch.setattr(retry, "RETRY_DELAYS", (0.01, 0.01, 0.01))
-    fake_server.add(*[Reply(events=[OPENAI_START, STALL])] * 4)
+    start = ANTHROPIC_START if adapter == "anthropic" else OPENAI_START
+    fake_server.add(*[Reply(events=[start, STALL])] * 4)
     async with running_worker():
-        tab = await make_tab("openai/gpt-4.1")
+        tab = await make_tab(MODELS[adapter])
         await run_one(tab, "hi")
     data = (await chunks(tab.pk))[-1].data
     assert data["summary"] == "The model stopped sending (after 4 attempts)"
-    assert "`OPENAI_STREAM_IDLE_TIMEOUT` (now 0.3 s, at most 600)" in data["hint"]
+    assert f"`{variable}` (now 0.3 s, at most 600)" in data["hint"]
