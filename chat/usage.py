@@ -1,0 +1,467 @@
+"""Tokens and what they cost: the price table, the cost math, and the usage queries.
+
+Prices come from genai-prices (pinned in requirements.txt), a maintained table of
+every provider's prices, read from the copy the package ships: nothing here goes
+to the network. A model the table does not know has no price, and says so: its
+cost is never taken as 0. The offline demo model runs here and costs nothing.
+
+Usage is kept per step (`UsageRecord`: one request to the model). `input_tokens`
+there is what the request paid full price for; cache reads and writes are
+counted apart, as Anthropic counts them (the OpenAI adapter subtracts cached
+tokens from its prompt count to match). genai-prices counts input the other way
+(cached tokens are part of it), which `_probe` converts.
+
+A price can depend on the request itself: on its size (a higher rate for every
+token of a request past 200k input tokens), the day (a price change) and the time
+of day (off-peak rates). So costs are summed per request, never computed from
+summed tokens. The queries group steps by what decides their price (model, UTC
+day, time-of-day segment, size tier; the boundaries are every boundary the table
+has), sum the tokens of each group in the database, and price each group at the
+rates of one request inside it: exact, since the price is linear in the tokens
+within a group. The rates of a group come from the package's own calculation
+(`_rates`), so no price rule is written here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+import genai_prices
+from django.db.models import Case, Count, F, IntegerField, QuerySet, Sum, Value, When
+from django.db.models.functions import ExtractHour, ExtractMinute, ExtractSecond, TruncDate
+from django.db.models.lookups import GreaterThan, GreaterThanOrEqual
+from genai_prices import data_snapshot
+from genai_prices import types as price_types
+
+from chat.models import UsageRecord
+from chat.providers.registry import PROVIDERS
+
+logger = logging.getLogger(__name__)
+
+# The table's provider id for each provider of ours that bills by the token. A
+# provider missing here (a new one, before someone checks the table names it the
+# same way) has no prices: its models show "price unknown".
+PRICE_PROVIDERS = {"anthropic": "anthropic", "openai": "openai", "deepseek": "deepseek"}
+# Distinct (model, day, segment, tier) price lookups kept: each costs a few package
+# calls (~0.1 ms each); a busy month of several models is a few hundred.
+RATES_CACHE_SIZE = 4096
+# The usage periods Settings and the admin offer, by the name in their URLs.
+PERIODS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+PERIOD_LABELS = {"24h": "Last 24 hours", "7d": "Last 7 days", "30d": "Last 30 days"}
+DEFAULT_PERIOD = "7d"
+# Which table the prices come from, for the pages that show them.
+PRICES_VERSION = f"genai-prices {genai_prices.__version__}"
+# Below this a cost reads "<$0.0001": more digits would say nothing to anyone.
+SMALLEST_SHOWN_USD = Decimal("0.0001")
+
+
+def free(model: str) -> bool:
+    """A model that runs here (the offline demo): its tokens cost nothing."""
+    spec = PROVIDERS.get(model.partition("/")[0])
+    return spec is not None and spec.adapter == "offline"
+
+
+def price_ref(model: str) -> tuple[str, str] | None:
+    """(the table's provider id, the model's name there) for a model id of ours, or None
+    when its provider has no prices (or the id is not provider/model)."""
+    provider, _, name = model.strip().partition("/")
+    if provider not in PRICE_PROVIDERS or not name:
+        return None
+    return PRICE_PROVIDERS[provider], name
+
+
+def price_model(model: str) -> price_types.ModelInfo | None:
+    """The table's entry for a model id of ours (None: the table does not know it)."""
+    ref = price_ref(model)
+    if ref is None:
+        return None
+    provider, name = ref
+    try:
+        return data_snapshot.get_snapshot().find_provider_model(name, None, provider, None)[1]
+    except LookupError:
+        return None
+
+
+# --- Tokens and totals ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Token counts; `input` excludes the cache reads and writes."""
+
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+
+    def __add__(self, other: Tokens) -> Tokens:
+        return Tokens(
+            self.input + other.input,
+            self.output + other.output,
+            self.cache_read + other.cache_read,
+            self.cache_write + other.cache_write,
+        )
+
+    @property
+    def prompt(self) -> int:
+        """Every input token, cached or not."""
+        return self.input + self.cache_read + self.cache_write
+
+    @property
+    def cache_share(self) -> float | None:
+        """The part of the input read from the cache (None without input)."""
+        return self.cache_read / self.prompt if self.prompt else None
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Tokens of some steps and what they cost.
+
+    `usd` is the cost of the steps whose model has a price; `unknown` names the
+    models without one (then `usd` is only part of the cost). `models`: every model
+    the steps used, sorted.
+    """
+
+    tokens: Tokens = field(default_factory=Tokens)
+    usd: Decimal = Decimal(0)
+    unknown: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    steps: int = 0
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(
+            self.tokens + other.tokens,
+            self.usd + other.usd,
+            tuple(sorted(set(self.unknown) | set(other.unknown))),
+            tuple(sorted(set(self.models) | set(other.models))),
+            self.steps + other.steps,
+        )
+
+    @property
+    def priced(self) -> bool:
+        """Every step's model has a price: `usd` is the whole cost."""
+        return not self.unknown
+
+    @property
+    def free(self) -> bool:
+        """Only models that cost nothing (the offline demo)."""
+        return bool(self.models) and all(free(m) for m in self.models)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON (the channel layer carries it): the cost as a decimal string."""
+        return {
+            "input": self.tokens.input,
+            "output": self.tokens.output,
+            "cache_read": self.tokens.cache_read,
+            "cache_write": self.tokens.cache_write,
+            "usd": usd_text(self.usd),
+            "unknown": list(self.unknown),
+            "models": list(self.models),
+            "steps": self.steps,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Totals:
+        return cls(
+            Tokens(
+                int(data.get("input") or 0),
+                int(data.get("output") or 0),
+                int(data.get("cache_read") or 0),
+                int(data.get("cache_write") or 0),
+            ),
+            Decimal(str(data.get("usd") or 0)),
+            tuple(data.get("unknown") or ()),
+            tuple(data.get("models") or ()),
+            int(data.get("steps") or 0),
+        )
+
+
+def usd_text(usd: Decimal) -> str:
+    """A cost as a plain decimal string, exact and without an exponent: "0.008625", "0"."""
+    return "0" if usd == 0 else format(usd.normalize(), "f")
+
+
+def format_usd(usd: Decimal) -> str:
+    """A cost for a glance: $0.0123, $0.50, $12.35; three significant digits below $1."""
+    if usd == 0:
+        return "$0.00"
+    if usd < SMALLEST_SHOWN_USD:
+        return f"<${SMALLEST_SHOWN_USD}"
+    if usd >= 1:
+        return f"${usd.quantize(Decimal('0.01'), ROUND_HALF_UP):,}"
+    places = max(2, 2 - usd.adjusted())
+    text = f"{usd.quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP):f}".rstrip("0")
+    whole, _, decimals = text.partition(".")
+    return f"${whole}.{decimals.ljust(2, '0')}"
+
+
+# --- Rates: the package's prices for one request ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rates:
+    """USD per token of each kind, and per request, for the requests of one group."""
+
+    input: Decimal
+    output: Decimal
+    cache_read: Decimal
+    cache_write: Decimal
+    request: Decimal = Decimal(0)
+
+    def cost(self, tokens: Tokens, requests: int) -> Decimal:
+        return (
+            self.input * tokens.input
+            + self.output * tokens.output
+            + self.cache_read * tokens.cache_read
+            + self.cache_write * tokens.cache_write
+            + self.request * requests
+        )
+
+
+FREE_RATES = Rates(Decimal(0), Decimal(0), Decimal(0), Decimal(0))
+
+
+def _probe(model: price_types.ModelInfo, provider: Any, at: datetime, **tokens: int) -> Decimal:
+    """The package's price of one request of these tokens (ours: input without the cache)."""
+    usage = genai_prices.Usage(
+        input_tokens=tokens.get("input", 0)
+        + tokens.get("cache_read", 0)
+        + tokens.get("cache_write", 0),
+        output_tokens=tokens.get("output", 0),
+        cache_read_tokens=tokens.get("cache_read", 0),
+        cache_write_tokens=tokens.get("cache_write", 0),
+    )
+    return model.calc_price(usage, provider, genai_request_timestamp=at).total_price
+
+
+@functools.lru_cache(maxsize=RATES_CACHE_SIZE)
+def _rates(model_id: str, at: datetime, prompt: int) -> Rates | None:
+    """The rates of a request at time `at` with `prompt` input tokens (which picks the
+    size tier), or None when the table has no price for the model.
+
+    Each rate is the package's price of a probe request, less the per-request part,
+    divided by the tokens probed. Prices are exact decimals, and the quotient of a
+    price per million by a token count that divides it back is exact too.
+    """
+    if free(model_id):
+        return FREE_RATES
+    ref = price_ref(model_id)
+    if ref is None:
+        return None
+    try:
+        provider, model = data_snapshot.get_snapshot().find_provider_model(
+            ref[1], None, ref[0], None
+        )
+        request = _probe(model, provider, at)
+        if prompt == 0:
+            # Only output can be counted in a request without input.
+            output = _probe(model, provider, at, output=1) - request
+            return Rates(Decimal(0), output, Decimal(0), Decimal(0), request)
+        base = _probe(model, provider, at, input=prompt) - request
+        return Rates(
+            input=base / prompt,
+            output=(_probe(model, provider, at, input=prompt, output=prompt) - request - base)
+            / prompt,
+            cache_read=(_probe(model, provider, at, cache_read=prompt) - request) / prompt,
+            cache_write=(_probe(model, provider, at, cache_write=prompt) - request) / prompt,
+            request=request,
+        )
+    except LookupError:
+        return None
+    except (ValueError, ArithmeticError):
+        # A price the package cannot apply to text tokens: unknown, not guessed.
+        logger.warning("genai-prices could not price %s", model_id, exc_info=True)
+        return None
+
+
+def step_cost(model: str, tokens: Tokens, at: datetime) -> Decimal | None:
+    """What one request cost (None: no price for the model)."""
+    rates = _rates(model, *_group_point(at, tokens.prompt))
+    return None if rates is None else rates.cost(tokens, 1)
+
+
+# --- Where prices change ----------------------------------------------------------------
+
+
+@functools.cache
+def _boundaries() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Every size-tier start (input tokens) and every time-of-day price boundary
+    (seconds after midnight, UTC) in the whole table, ascending.
+
+    The queries split steps at all of them: a group then never straddles a point
+    where any model's price changes (dates need no list: steps are grouped by day).
+    """
+    tiers: set[int] = set()
+    seconds: set[int] = set()
+
+    def scan(prices: Any) -> None:
+        for value in vars(prices).values():
+            if isinstance(value, price_types.TieredPrices):
+                tiers.update(tier.start for tier in value.tiers)
+
+    for provider in data_snapshot.get_snapshot().providers:
+        for model in provider.models:
+            if not isinstance(model.prices, list):
+                scan(model.prices)
+            for price in model.prices if isinstance(model.prices, list) else ():
+                scan(price.prices)
+                if isinstance(price.constraint, price_types.TimeOfDateConstraint):
+                    for moment in (price.constraint.start_time, price.constraint.end_time):
+                        seconds.add(_utc_seconds(moment))
+            for variant in model.price_variants or ():
+                scan(variant.prices)
+    seconds.discard(0)
+    return tuple(sorted(tiers)), tuple(sorted(seconds))
+
+
+def _utc_seconds(moment: time) -> int:
+    if moment.tzinfo is not None:
+        moment = datetime.combine(date(2000, 1, 1), moment).astimezone(UTC).time()
+    return moment.hour * 3600 + moment.minute * 60 + moment.second
+
+
+def _tier(prompt: int) -> int:
+    """How many tier starts a request of `prompt` input tokens is above."""
+    return sum(1 for start in _boundaries()[0] if prompt > start)
+
+
+def _segment(seconds: int) -> int:
+    return sum(1 for boundary in _boundaries()[1] if seconds >= boundary)
+
+
+def _representative(day: date, segment: int, tier: int) -> tuple[datetime, int]:
+    """A moment and a request size inside the group (the same price as every step in it)."""
+    tiers, seconds = _boundaries()
+    start = seconds[segment - 1] if segment else 0
+    at = datetime.combine(day, time(), tzinfo=UTC) + timedelta(seconds=start)
+    return at, (tiers[tier - 1] + 1 if tier else (tiers[0] if tiers else 1))
+
+
+def _group_point(at: datetime, prompt: int) -> tuple[datetime, int]:
+    """The representative of the group a request at `at` of `prompt` tokens falls in."""
+    at = at.astimezone(UTC)
+    seconds = at.hour * 3600 + at.minute * 60 + at.second
+    return _representative(at.date(), _segment(seconds), _tier(prompt))
+
+
+# --- Queries -------------------------------------------------------------------------------
+
+
+def _priced_groups(records: QuerySet, *keys: str) -> Iterator[tuple[tuple[Any, ...], Totals]]:
+    """(the values of `keys`, totals) per price group: one query."""
+    tiers, seconds = _boundaries()
+    prompt = F("input_tokens") + F("cache_read_tokens") + F("cache_write_tokens")
+    tier = Case(
+        *(
+            When(GreaterThan(prompt, start), then=Value(n))
+            for n, start in reversed(list(enumerate(tiers, 1)))
+        ),
+        default=Value(0),
+        output_field=IntegerField(),
+    )
+    second = (
+        ExtractHour("created_at", tzinfo=UTC) * 3600
+        + ExtractMinute("created_at", tzinfo=UTC) * 60
+        + ExtractSecond("created_at", tzinfo=UTC)
+    )
+    segment = Case(
+        *(
+            When(GreaterThanOrEqual(second, boundary), then=Value(n))
+            for n, boundary in reversed(list(enumerate(seconds, 1)))
+        ),
+        default=Value(0),
+        output_field=IntegerField(),
+    )
+    rows = (
+        records.order_by()
+        .annotate(
+            price_day=TruncDate("created_at", tzinfo=UTC), price_segment=segment, price_tier=tier
+        )
+        .values(*keys, "model", "price_day", "price_segment", "price_tier")
+        .annotate(
+            sum_input=Sum("input_tokens"),
+            sum_output=Sum("output_tokens"),
+            sum_cache_read=Sum("cache_read_tokens"),
+            sum_cache_write=Sum("cache_write_tokens"),
+            requests=Count("id"),
+        )
+    )
+    for row in rows:
+        tokens = Tokens(
+            row["sum_input"] or 0,
+            row["sum_output"] or 0,
+            row["sum_cache_read"] or 0,
+            row["sum_cache_write"] or 0,
+        )
+        model = row["model"]
+        day = row["price_day"]
+        if isinstance(day, datetime):
+            day = day.date()
+        rates = _rates(model, *_representative(day, row["price_segment"], row["price_tier"]))
+        yield (
+            tuple(row[key] for key in keys),
+            Totals(
+                tokens=tokens,
+                usd=Decimal(0) if rates is None else rates.cost(tokens, row["requests"]),
+                unknown=() if rates is not None else (model,),
+                models=(model,),
+                steps=row["requests"],
+            ),
+        )
+
+
+def _sum_by(groups: Iterable[tuple[tuple[Any, ...], Totals]]) -> dict[tuple[Any, ...], Totals]:
+    sums: dict[tuple[Any, ...], Totals] = {}
+    for key, totals in groups:
+        sums[key] = sums[key] + totals if key in sums else totals
+    return sums
+
+
+def turn_totals(tab_id: uuid.UUID, turn_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Totals]:
+    """The totals of each of these turns in this tab (one query). A turn a branch copied
+    from its parent was paid for there: its steps belong to the parent's tab."""
+    turn_ids = set(turn_ids)
+    if not turn_ids:
+        return {}
+    records = UsageRecord.objects.filter(tab_id=tab_id, turn_id__in=turn_ids)
+    return {key[0]: totals for key, totals in _sum_by(_priced_groups(records, "turn_id")).items()}
+
+
+def tab_totals(tab_id: uuid.UUID) -> Totals:
+    """Everything the tab's own turns used (one query)."""
+    records = UsageRecord.objects.filter(tab_id=tab_id)
+    return _sum_by(_priced_groups(records)).get((), Totals())
+
+
+def turn_end(tab_id: uuid.UUID, turn_id: uuid.UUID) -> dict[str, Any]:
+    """What a turn's end tells the page: the turn's totals and the tab's (JSON)."""
+    turn_id = uuid.UUID(str(turn_id))
+    turn = turn_totals(tab_id, [turn_id]).get(turn_id, Totals())
+    return {"turn_id": str(turn_id), "turn": turn.as_dict(), "tab": tab_totals(tab_id).as_dict()}
+
+
+@dataclass(frozen=True)
+class UserModelRow:
+    user: str
+    model: str
+    totals: Totals
+
+
+def by_user_and_model(records: QuerySet) -> tuple[list[UserModelRow], Totals]:
+    """These steps' totals per user and model (one query), most expensive first, and
+    the sum of all of them. A deleted user's steps are under "(deleted user)"."""
+    sums = _sum_by(_priced_groups(records, "user__username", "model"))
+    rows = [
+        UserModelRow(user or "(deleted user)", model, totals)
+        for (user, model), totals in sums.items()
+    ]
+    rows.sort(key=lambda r: (-r.totals.usd, r.totals.priced, -r.totals.tokens.prompt, r.user))
+    total = sum((row.totals for row in rows), Totals())
+    return rows, total
