@@ -666,7 +666,15 @@ class TurnRunner:
                 policy=sandbox.policy_from(django_settings),
             )
             queue.put_nowait(
-                ToolResultEvent(call_id, name, outcome.result, outcome.is_error, outcome.truncated)
+                ToolResultEvent(
+                    call_id,
+                    name,
+                    outcome.result,
+                    outcome.is_error,
+                    outcome.truncated,
+                    truncated_bytes=outcome.truncated_bytes,
+                    truncated_lines=outcome.truncated_lines,
+                )
             )
 
         async with aclosing(self._produced(produce)) as events:

@@ -252,6 +252,10 @@ class Reducer:
         }
         if event.truncated:
             data["truncated"] = True
+        if event.truncated_bytes:
+            # Never sent (history sends the result): the page says how much was cut.
+            data["truncated_bytes"] = event.truncated_bytes
+            data["truncated_lines"] = event.truncated_lines
         block = self.open
         if (
             block is not None

@@ -112,6 +112,8 @@ SHAPES: dict[tuple[str, str], dict[str, tuple[type, bool]]] = {
         "result": (str, False),
         "is_error": (bool, False),
         "truncated": (bool, False),
+        "truncated_bytes": (int, False),
+        "truncated_lines": (int, False),
         "shell_output": (str, False),
         "interrupted": (bool, False),
     },

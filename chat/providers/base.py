@@ -57,6 +57,9 @@ class ToolResultEvent:
     # The tool's own record of its output (capped head and tail); when given it
     # replaces what streamed live, which stops at the cap.
     shell_output: str | None = None
+    # What the tool's cap dropped from the output (ToolOutcome's), for the page to say.
+    truncated_bytes: int = 0
+    truncated_lines: int = 0
 
 
 @dataclass(frozen=True, slots=True)

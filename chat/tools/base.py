@@ -13,12 +13,17 @@ class ToolOutcome:
     cut something out of it (the text itself says what and how to get the rest).
     `shell_output` is set by the shell tool only: the command's kept output
     (stdout and stderr merged, capped) without the exit status line, for the UI.
+    `truncated_bytes` and `truncated_lines` (the shell tool only) count what its
+    cap dropped from the middle of the output: the bytes, and the line ends among
+    them, so the UI can say how much was cut without parsing the result.
     """
 
     result: str
     is_error: bool
     truncated: bool = False
     shell_output: str | None = None
+    truncated_bytes: int = 0
+    truncated_lines: int = 0
 
 
 class ToolError(Exception):

@@ -154,6 +154,8 @@ class _Output:
 
     def __init__(self, on_output: Callable[[str], None] | None) -> None:
         self.total = 0
+        # Line ends in all of the output, for how many lines a cut drops.
+        self.newlines = 0
         self.head = bytearray()
         self.tail = bytearray()
         self.on_output = on_output
@@ -163,6 +165,7 @@ class _Output:
 
     def feed(self, data: bytes) -> None:
         self.total += len(data)
+        self.newlines += data.count(b"\n")
         if len(self.head) < OUTPUT_CAP:
             self.head += data[: OUTPUT_CAP - len(self.head)]
         self.tail += data
@@ -200,13 +203,28 @@ class _Output:
     def truncated(self) -> bool:
         return self.total > OUTPUT_CAP
 
+    def _kept(self) -> tuple[bytes, bytes]:
+        """The head and tail a truncated output keeps, cut on character boundaries:
+        a character split by the cut is dropped whole."""
+        head = _without_partial_end(bytes(self.head[:OUTPUT_HEAD]))
+        tail = _without_partial_start(bytes(self.tail[-OUTPUT_TAIL:]))
+        return head, tail
+
+    def dropped(self) -> tuple[int, int]:
+        """(bytes, line ends) of the output that the kept head and tail leave out."""
+        if not self.truncated:
+            return 0, 0
+        head, tail = self._kept()
+        return (
+            self.total - len(head) - len(tail),
+            self.newlines - head.count(b"\n") - tail.count(b"\n"),
+        )
+
     def text(self) -> str:
         if not self.truncated:
             return clean_text(bytes(self.head).decode("utf-8", errors="replace"))
-        # Cut on character boundaries: a character split by the cut is dropped whole.
-        head = _without_partial_end(bytes(self.head[:OUTPUT_HEAD]))
-        tail = _without_partial_start(bytes(self.tail[-OUTPUT_TAIL:]))
-        dropped = self.total - len(head) - len(tail)
+        head, tail = self._kept()
+        dropped, _ = self.dropped()
         return clean_text(
             head.decode("utf-8", errors="replace")
             + DROP_MARKER.format(dropped=dropped)
@@ -375,11 +393,14 @@ async def _run(
     else:
         status = f"[exit code {proc.returncode}]"
     result = (kept if not kept or kept.endswith("\n") else kept + "\n") + status
+    dropped_bytes, dropped_lines = output.dropped()
     return ToolOutcome(
         result,
         is_error=timed_out or proc.returncode != 0,
         truncated=output.truncated,
         shell_output=kept,
+        truncated_bytes=dropped_bytes,
+        truncated_lines=dropped_lines,
     )
 
 
