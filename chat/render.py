@@ -53,7 +53,7 @@ from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
 from chat.stream import Block, Kind, Role
-from chat.tools import sandbox
+from chat.tools import sandbox, shell
 
 TEMPLATE = "chat/tab.html"
 
@@ -71,6 +71,14 @@ ARGS_INLINE_CHARS = 80
 COMMAND_KEYS = ("command", "cmd")
 # Argument names that say best what a call does, in order of preference.
 SUMMARY_KEYS = ("command", "cmd", "path", "file", "query", "url", "pattern", "name")
+# A tool's output box shows about this many lines before it scrolls (app.css: .term's
+# max-height of 24rem at a line height of 0.8rem x 1.45): past it, or past as many
+# lines' worth of characters (long lines wrap), the card offers full height and the
+# plain-text view.
+OUTPUT_BOX_LINES = 20
+OUTPUT_BOX_CHARS = OUTPUT_BOX_LINES * 100
+# Up to this size an output's size is given in bytes, exactly; past it in KiB or MiB.
+EXACT_BYTES_BELOW = 100_000
 
 SYSTEM_LABELS = {
     "notice": "Notice",
@@ -309,6 +317,8 @@ class Item:
     forks_before: list[Fork] = field(default_factory=list)
     # A `forked` notice on a page render: whether the tab it names still exists.
     origin_gone: bool = False
+    # When the log took it (a Chunk row's); None for a stream Block, sealed just now.
+    created_at: datetime | None = None
 
     @classmethod
     def of(cls, chunk: Any, *, open: bool = False) -> Item:
@@ -322,6 +332,7 @@ class Item:
             type=chunk.type,
             data=chunk.data or {},
             open=open,
+            created_at=getattr(chunk, "created_at", None),
         )
 
     @property
@@ -486,6 +497,55 @@ class Item:
     @property
     def answered(self) -> bool:
         return any(r.has_result for r in self.results)
+
+    @property
+    def since_ms(self) -> int:
+        """When the call was made (epoch ms): where a running call's clock starts when
+        the page did not see it start (app.js, "Tool cards")."""
+        when = self.created_at.timestamp() if self.created_at else time.time()
+        return int(when * 1000)
+
+    # A tool's output: its size, full height, the plain-text view, what was cut ----------
+
+    @cached_property
+    def output(self) -> str:
+        """The text of a sealed result's box (and of its plain-text view)."""
+        return output_text(self.data)
+
+    @property
+    def shows_counts(self) -> bool:
+        """A sealed result says how big its output is; not a bare error message
+        (denied, cancelled, refused), which is one short line."""
+        return (
+            self.type == Kind.TOOL_RESULT
+            and self.sealed
+            and (bool(self.text) or (self.has_result and not self.data.get("is_error")))
+        )
+
+    @property
+    def output_counts(self) -> str:
+        return counts(self.output)
+
+    @property
+    def output_long(self) -> bool:
+        """Longer than its box: full height and the plain-text view are offered."""
+        text = self.output
+        return len(text) > OUTPUT_BOX_CHARS or line_count(text) > OUTPUT_BOX_LINES
+
+    @property
+    def cut_note(self) -> str:
+        """What a truncated result left out, as far as the log knows."""
+        cut = self.data.get("truncated_bytes")
+        if not isinstance(cut, int) or isinstance(cut, bool) or cut <= 0:
+            return "The output was cut to fit; the model was told how to get the rest."
+        lines = self.data.get("truncated_lines")
+        amount = size(cut)
+        if isinstance(lines, int) and not isinstance(lines, bool) and lines > 0:
+            amount += f" ({lines:,} line{'s' if lines != 1 else ''})"
+        return (
+            f"{amount} cut from the middle of the output: the model got its first and "
+            f"last {shell.OUTPUT_HEAD // 1024} KiB."
+        )
 
     # Errors and system chunks --------------------------------------------------------
 
@@ -756,6 +816,41 @@ def _mark_pending(items: Sequence[Item], call_id: str) -> None:
         if item.type == Kind.TOOL_CALL and item.call_id == call_id and not item.answered:
             item.pending_approval = True
             return
+
+
+def output_text(data: dict[str, Any]) -> str:
+    """A tool result's output as its card shows it: the command's output, else the result."""
+    return str(data.get("shell_output") or data.get("result") or "")
+
+
+def counts(text: str) -> str:
+    """Lines and bytes (UTF-8) of a tool's output, for a glance: "400 lines · 3,600 bytes".
+
+    A last line without a line end counts; an empty output is "empty".
+    """
+    if not text:
+        return "empty"
+    lines = line_count(text)
+    return f"{lines:,} line{'s' if lines != 1 else ''} · {size(len(utf8(text)))}"
+
+
+def line_count(text: str) -> int:
+    """Lines as a reader counts them: a last line without a line end counts too."""
+    return text.count("\n") + (bool(text) and not text.endswith("\n"))
+
+
+def utf8(text: str) -> bytes:
+    # A lone surrogate (an imported log may hold one) is counted, not an error.
+    return text.encode("utf-8", "surrogatepass")
+
+
+def size(n: int) -> str:
+    """A size in bytes: exact while it is short enough to read, then KiB or MiB."""
+    if n < EXACT_BYTES_BELOW:
+        return f"{n:,} byte{'s' if n != 1 else ''}"
+    if n < 1024 * 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / (1024 * 1024):.1f} MiB"
 
 
 # --- Status -----------------------------------------------------------------------------

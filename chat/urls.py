@@ -35,6 +35,11 @@ urlpatterns = [
     path("t/<uuid:tab_id>/retry/", views.tab_retry, name="tab_retry"),
     path("t/<uuid:tab_id>/continue/", views.tab_continue, name="tab_continue"),
     path("t/<uuid:tab_id>/export/", views.tab_export, name="tab_export"),
+    path(
+        "t/<uuid:tab_id>/chunk/<int:seq>/output/",
+        views.tab_chunk_output,
+        name="tab_chunk_output",
+    ),
     path("t/import/", views.tab_import, name="tab_import"),
     path("api/v1/", include(api.urlpatterns)),
 ]

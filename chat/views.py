@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +21,13 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    StreamingHttpResponse,
+)
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -69,6 +75,9 @@ API_TOKEN_NAME_MAX_CHARS = 100
 # A tab's menu and its "⑂ N branches" controls list its first this many branches: a
 # tab branched more often than that is rare, and each branch is in the sidebar anyway.
 MAX_BRANCHES_LISTED = 100
+# A tool output's plain-text view goes out in pieces of this many characters: an
+# imported log may hold a huge one, which is then never encoded whole at once.
+OUTPUT_PIECE_CHARS = 64 * 1024
 
 
 def _get_tab_for_user(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
@@ -606,6 +615,29 @@ def tab_export(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     if fmt not in transfer.FORMATS:
         return HttpResponseBadRequest(f"Unknown export format {fmt!r}: use jsonl or markdown.")
     return transfer.export_response(tab, fmt)
+
+
+@login_required
+@require_GET
+def tab_chunk_output(request: HttpRequest, tab_id: uuid.UUID, seq: int) -> HttpResponse:
+    """A tool result's output as plain text, whole: its card's "Full view" (the card's
+    box scrolls). The tab's owner's only; any other chunk is a 404. nosniff: the output
+    is whatever a command printed, and must never be taken for HTML."""
+    chunk = get_object_or_404(
+        Chunk, tab_id=tab_id, tab__owner=request.user, seq=seq, type=Kind.TOOL_RESULT
+    )
+    text = chat_render.output_text(chunk.data or {})
+    response = StreamingHttpResponse(_pieces(text), content_type="text/plain; charset=utf-8")
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Disposition"] = f'inline; filename="tool-output-{seq}.txt"'
+    return response
+
+
+async def _pieces(text: str) -> AsyncIterator[bytes]:
+    # Async: Django reads a sync iterator whole under ASGI. "replace": always valid
+    # UTF-8, even for a lone surrogate an imported log may hold.
+    for start in range(0, len(text), OUTPUT_PIECE_CHARS):
+        yield text[start : start + OUTPUT_PIECE_CHARS].encode("utf-8", "replace")
 
 
 @login_required
