@@ -26,6 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from chat import lease, log, preferences, retry, tools
+from chat import usage as chat_usage
 from chat.history import History
 from chat.models import QueuedMessage, Tab, UsageRecord
 from chat.pacing import Coalescer, Debouncer, check_silence
@@ -168,9 +169,12 @@ class TurnStatus:
     # When the stream last showed something (ISO time), while it has been
     # silent for WAITING_STATUS_AFTER: the page counts the seconds from it.
     waiting_since: str | None = None
+    # At the turn's end: its tokens and cost and the tab's (chat.usage.turn_end).
+    turn_end: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         usage = self.usage
+        extra = {"turn_end": self.turn_end} if self.turn_end is not None else {}
         return {
             "state": self.state,
             "turn_id": self.turn_id,
@@ -185,6 +189,7 @@ class TurnStatus:
             },
             "approval": self.approval,
             "waiting_since": self.waiting_since,
+            **extra,
         }
 
 
@@ -327,6 +332,14 @@ class TurnRunner:
         self.status.state = "idle"
         self.status.approval = None
         self.status.waiting_since = None
+        # Read back from the records, as a page render reads them: the line the page
+        # shows now is the one a reload shows. Without it the turn still ends.
+        try:
+            self.status.turn_end = await database_sync_to_async(chat_usage.turn_end)(
+                self.tab_id, self.turn_id
+            )
+        except Exception:
+            logger.exception("could not total the usage of turn %s", self.turn_id)
         await self.publish({"op": "status", "status": self.status.as_dict()})
 
     async def abort(self, exc: BaseException) -> None:

@@ -31,11 +31,12 @@ from django.http import (
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from chat import cuts, lease, log, preferences, resume, search, transfer, turns
+from chat import cuts, lease, log, preferences, resume, search, transfer, turns, usage
 from chat import render as chat_render
 from chat.forms import (
     MAX_MESSAGE_CHARS,
@@ -61,6 +62,7 @@ from chat.models import (
     RunningTurn,
     Setting,
     Tab,
+    UsageRecord,
 )
 from chat.providers.registry import PROVIDERS
 from chat.stream import Kind, Role
@@ -223,6 +225,7 @@ def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
             "max_message": MAX_MESSAGE_CHARS,
             "max_system_prompt": MAX_SYSTEM_PROMPT_CHARS,
             "default_system_prompt": conf.new_tab_system_prompt,
+            "tu": chat_render.usage_line(usage.tab_totals(tab.id)),
             "branches": branches,
             # Shown only while it is still this user's (the admin may give a tab away).
             "parent": tab.parent if tab.parent and tab.parent.owner_id == tab.owner_id else None,
@@ -264,7 +267,8 @@ def _mark_page(
 ) -> None:
     """What a page of the log offers: branch points, edits, Regenerate and Continue
     on the tab's last turn (`at_end`: the page ends where the log does), where the
-    tab's branches start, and which tabs its `forked` notices name are gone."""
+    tab's branches start, which tabs its `forked` notices name are gone, and the
+    tokens and cost of each turn that ends on it."""
     if not chunks:
         return
     after = None
@@ -303,6 +307,32 @@ def _mark_page(
         forks=branches,
         gone=_gone_origins(tab, chunks),
     )
+    _mark_usage(tab, chunks, items, at_end=at_end, running=running, after=after)
+
+
+def _mark_usage(
+    tab: Tab,
+    chunks: list[Chunk],
+    items: list[chat_render.Item],
+    *,
+    at_end: bool,
+    running: uuid.UUID | None,
+    after: Chunk | None,
+) -> None:
+    """Each finished turn whose end is on the page gets its tokens and cost on its last
+    chunk: one query for all of them. A turn's end is on the page when a chunk of
+    another turn follows it there (or right after the page), or when the page ends
+    where the log does and the turn is not running."""
+    ended = set()
+    for chunk, following in zip(chunks, [*chunks[1:], after], strict=True):
+        if chunk.turn_id is None or chunk.turn_id == running:
+            continue
+        if following is None:
+            if at_end:
+                ended.add(chunk.turn_id)
+        elif following.turn_id != chunk.turn_id:
+            ended.add(chunk.turn_id)
+    chat_render.mark_usage(items, usage.turn_totals(tab.id, ended))
 
 
 def _gone_origins(tab: Tab, chunks: list[Chunk]) -> set[str]:
