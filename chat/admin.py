@@ -21,6 +21,7 @@ from django.db.models import Count, OuterRef, Subquery, Sum
 from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -28,6 +29,8 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import JsonLexer
 
+from chat import render as chat_render
+from chat import usage
 from chat.lease import is_stale, turn_usage
 from chat.models import (
     ApiKey,
@@ -457,9 +460,25 @@ class ProviderEndpointAdmin(admin.ModelAdmin):
     list_display = ["provider", "base_url", "updated_at"]
 
 
+class UsagePeriodFilter(admin.SimpleListFilter):
+    """The periods Settings shows usage over (a value it does not offer filters nothing)."""
+
+    title = "period"
+    parameter_name = "period"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return list(usage.PERIOD_LABELS.items())
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        if self.value() in usage.PERIODS:
+            return queryset.filter(created_at__gte=timezone.now() - usage.PERIODS[self.value()])
+        return queryset
+
+
 @admin.register(UsageRecord)
 class UsageRecordAdmin(admin.ModelAdmin):
-    """Usage is a record of what happened: viewable and deletable, never edited."""
+    """Usage is a record of what happened: viewable and deletable, never edited. Above
+    the list, the filtered steps' tokens and cost per user and model (one query)."""
 
     list_display = [
         "created_at",
@@ -472,8 +491,9 @@ class UsageRecordAdmin(admin.ModelAdmin):
         "output_tokens",
         "cache_read_tokens",
         "cache_write_tokens",
+        "cost",
     ]
-    list_filter = ["model", "created_at"]
+    list_filter = [UsagePeriodFilter, "model", "created_at"]
     list_select_related = ["user"]
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
@@ -483,6 +503,34 @@ class UsageRecordAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: UsageRecord | None = None) -> bool:
         return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        response = super().changelist_view(request, extra_context)
+        changelist = getattr(response, "context_data", {}).get("cl")
+        if changelist is not None:
+            rows, total = usage.by_user_and_model(changelist.queryset)
+            response.context_data.update(
+                usage_rows=[
+                    {"user": r.user, "model": r.model, "u": chat_render.usage_line(r.totals)}
+                    for r in rows
+                ],
+                usage_total=chat_render.usage_line(total),
+                prices_version=usage.PRICES_VERSION,
+            )
+        return response
+
+    @admin.display(description="cost")
+    def cost(self, record: UsageRecord) -> str:
+        tokens = usage.Tokens(
+            record.input_tokens,
+            record.output_tokens,
+            record.cache_read_tokens,
+            record.cache_write_tokens,
+        )
+        cost = usage.step_cost(record.model, tokens, record.created_at)
+        return "price unknown" if cost is None else f"${usage.usd_text(cost)}"
 
     @admin.display(description="turn", ordering="turn_id")
     def turn(self, record: UsageRecord) -> SafeString:

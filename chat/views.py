@@ -717,6 +717,10 @@ def _import_page(request: HttpRequest, error: str, status: int = 200) -> HttpRes
 @require_http_methods(["GET", "POST"])
 def settings_view(request: HttpRequest) -> HttpResponse:
     _staff(request)
+    period = request.GET.get("usage", usage.DEFAULT_PERIOD)
+    if period not in usage.PERIODS:
+        names = ", ".join(usage.PERIODS)
+        return HttpResponseBadRequest(f"?usage= must be one of {names}, not {period!r}.")
     conf = preferences.load()
     settings_form = SettingsForm(initial=SettingsForm.initial_from(conf))
     key_form = ApiKeyForm()
@@ -773,9 +777,28 @@ def settings_view(request: HttpRequest) -> HttpResponse:
             "providers": _provider_status(stored),
             "offline_model": OFFLINE_MODEL,
             "sandbox": sandbox.state(sandbox.policy_from(settings)),
+            **_usage_section(period),
         },
         status=status,
     )
+
+
+def _usage_section(period: str) -> dict[str, Any]:
+    """Settings' usage table: every user's tokens and cost per model over `period` (one
+    query)."""
+    start = timezone.now() - usage.PERIODS[period]
+    rows, total = usage.by_user_and_model(UsageRecord.objects.filter(created_at__gte=start))
+    return {
+        "usage_period": period,
+        "usage_periods": list(usage.PERIOD_LABELS.items()),
+        "usage_since": start,
+        "usage_rows": [
+            {"user": row.user, "model": row.model, "u": chat_render.usage_line(row.totals)}
+            for row in rows
+        ],
+        "usage_total": chat_render.usage_line(total),
+        "prices_version": usage.PRICES_VERSION,
+    }
 
 
 def _provider_status(stored: set[str]) -> list[dict[str, Any]]:
