@@ -464,9 +464,58 @@
     );
   });
 
+  // --- Tool cards ----------------------------------------------------------------------
+
+  // A call without a result in the running turn runs (or is about to): the first such card
+  // shows a spinner and its elapsed time, output or not (the server's `tool_run` markup,
+  // shown by app.css on `.running`; its clock is the status line's, below). The clock
+  // starts when the page saw the call start; a page loaded while it runs has only the
+  // server's data-since, when the model asked for it, which for a call that waited for
+  // approval or behind another call counts that wait too.
+  var running = { id: '', since: '', booted: false };
+
+  function markRunningCall() {
+    var status = $('status');
+    var state = status ? status.getAttribute('data-state') : 'idle';
+    var turn = state === 'running' || state === 'stopping' ? status.getAttribute('data-turn') : '';
+    var card = null;
+    if (turn) {
+      card = all(document, '#log .t-tool-call').filter(function (el) {
+        return el.getAttribute('data-turn') === turn && !el.querySelector('.slot > .has-result');
+      })[0] || null;
+    }
+    all(document, '#log .t-tool-call.running').forEach(function (el) {
+      if (el === card) return;
+      el.classList.remove('running');
+      var old = el.querySelector('.tool-clock');
+      if (old) old.classList.remove('elapsed');
+    });
+    var started = !!card && card.id !== running.id;
+    running.id = card ? card.id : '';
+    if (!card || card.classList.contains('running')) return;
+    var clock = card.querySelector('.tool-clock');
+    if (!clock) return;
+    if (started && running.booted) {
+      clock.setAttribute('data-since', String(Date.now()));
+    } else if (!started) {
+      // The same call sent again (a reconnect's catch-up): its clock goes on.
+      clock.setAttribute('data-since', running.since);
+    }
+    running.since = clock.getAttribute('data-since');
+    card.classList.add('running');
+    clock.classList.add('elapsed');
+    tickClocks();
+  }
+
+  document.addEventListener('htmx:wsAfterMessage', function () {
+    if (!textOnly) markRunningCall();
+  });
+  markRunningCall();
+  running.booted = true;
+
   // --- Clock ---------------------------------------------------------------------------
 
-  setInterval(function () {
+  function tickClocks() {
     all(document, '.elapsed[data-since]').forEach(function (el) {
       var seconds = Math.max(0, Math.floor((Date.now() - parseInt(el.getAttribute('data-since'), 10)) / 1000));
       var rest = seconds % 60;
@@ -476,7 +525,8 @@
       var seconds = Math.max(0, Math.floor((Date.now() - parseInt(el.getAttribute('data-since'), 10)) / 1000));
       el.textContent = 'waiting for the model · ' + seconds + ' s';
     });
-  }, 1000);
+  }
+  setInterval(tickClocks, 1000);
 
   // The deferred script runs once the page is parsed: start at the newest message, or
   // at the chunk a search result opened the page at.
