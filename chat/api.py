@@ -31,7 +31,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import cuts, follow, lease, log, preferences, search, throttle, transfer, turns
+from chat import cuts, follow, lease, log, preferences, search, throttle, transfer, turns, usage
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
 from chat.stream import Kind
@@ -375,7 +375,27 @@ def _tab_detail(tab: Tab) -> JsonDict:
     detail["system_prompt"] = tab.system_prompt
     detail["status"] = status
     detail["branches"] = _branches(tab)
+    detail["usage"] = _usage(usage.tab_totals(tab.id))
     return detail
+
+
+def _usage(totals: usage.Totals) -> JsonDict:
+    """Tokens and cost, as openapi.yaml's Usage with its cost. The cost is a decimal
+    string (exact); null when no step's model has a price, never a made-up 0."""
+    tokens = totals.tokens
+    share = tokens.cache_share
+    unpriced = bool(totals.models) and set(totals.models) <= set(totals.unknown)
+    return {
+        "input": tokens.input,
+        "output": tokens.output,
+        "cache_read": tokens.cache_read,
+        "cache_write": tokens.cache_write,
+        "requests": totals.steps,
+        "cache_hit_share": None if share is None else round(share, 4),
+        "cost_usd": None if unpriced else usage.usd_text(totals.usd),
+        "unpriced_models": list(totals.unknown),
+        "models": list(totals.models),
+    }
 
 
 def _get_tab(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
