@@ -576,8 +576,10 @@ async def test_on_a_phone_approval_asks_once_and_tables_keep_their_words(browser
           return cells.filter(c => {
             const style = getComputedStyle(c);
             ctx.font = style.font;
-            const word = Math.max(...c.textContent.split(/\\s+/).map(w => ctx.measureText(w).width));
-            const inner = c.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+            const words = c.textContent.split(/\\s+/);
+            const word = Math.max(...words.map(w => ctx.measureText(w).width));
+            const pad = parseFloat(style.paddingLeft) + parseFloat(style.paddingRight);
+            const inner = c.clientWidth - pad;
             return inner + 1 < word;
           }).map(c => c.textContent);
         }""",
