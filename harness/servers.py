@@ -214,9 +214,9 @@ def stop_all(procs: list[Proc]) -> None:
 # --- Dispatch's own processes -----------------------------------------------------------
 
 
-def serve_argv() -> list[str]:
-    """`manage.py serve` on a port the OS chooses (the log says which)."""
-    return [sys.executable, "manage.py", "serve", "--port", "0"]
+def serve_argv(port: int = 0) -> list[str]:
+    """`manage.py serve` on `port`, by default one the OS chooses (the log says which)."""
+    return [sys.executable, "manage.py", "serve", "--port", str(port)]
 
 
 def procfile_argv(kind: str, port: int = 0) -> list[str]:
@@ -282,12 +282,13 @@ class Servers:
         self.workspace.mkdir(exist_ok=True)
         self.started: list[Proc] = []
 
-    def start(self, **env: str) -> Proc:
-        """A new server with these variables on top of `server_env`; returns once it listens."""
+    def start(self, port: int = 0, **env: str) -> Proc:
+        """A new server with these variables on top of `server_env`; returns once it listens.
+        `port`: a stopped server's, to bring it back where its pages reconnect."""
         name = f"server-{len(self.started)}"
         server = Proc(
             name,
-            serve_argv(),
+            serve_argv(port),
             server_env(self.workspace, **env),
             self.dir / f"{name}.log",
             stop_timeout=SERVE_STOP_TIMEOUT,
@@ -295,8 +296,8 @@ class Servers:
         self.started.append(server.start())
         return server.listening()
 
-    async def __call__(self, **env: str) -> Proc:
-        return await asyncio.to_thread(self.start, **env)
+    async def __call__(self, port: int = 0, **env: str) -> Proc:
+        return await asyncio.to_thread(self.start, port, **env)
 
     def stop_all(self) -> None:
         """Stop every server; print the end of each log (pytest shows it for a failure)."""
