@@ -464,6 +464,203 @@
     );
   });
 
+  // --- Connection state ----------------------------------------------------------------
+  //
+  // The status line is the server's word, and while the socket is down nothing tells the
+  // page what happens: the line is marked stale (app.css hides it) until the catch-up after
+  // the next connect replaces it, and #conn says since when the page has been cut off.
+  // Send is an HTTP POST, not a socket message, but with the socket down the server is
+  // most likely down too, and the page could not show the answer anyway: a message sent
+  // then waits in the composer, visibly, and goes once the page is caught up again. It
+  // goes once (the flag is cleared before the request), and a request that fails says so
+  // and leaves the text where it is.
+
+  // htmx's reconnect delay is random ("full jitter", so that the pages of a restarted server
+  // do not all come back at once) up to 64 s; capped here so that a page finds its server
+  // within seconds of a restart.
+  var RECONNECT_MAX_MS = 5000;
+  var RECONNECT_FIRST_MS = 500;
+  // Close codes after which the ws extension tries again by itself (hx-ws-2.js).
+  var HTMX_RETRIES = [1006, 1011, 1012, 1013];
+  // chat/consumers.py: the socket refused the page (signed out, the tab deleted), or asked
+  // it to reconnect and start over with a hello.
+  var CLOSE_FORBIDDEN = 4403;
+  var CLOSE_RESYNC = 4409;
+
+  htmx.config.wsReconnectDelay = function (retries) {
+    return Math.random() * Math.min(RECONNECT_MAX_MS, RECONNECT_FIRST_MS * Math.pow(2, retries));
+  };
+
+  // up: the status line is true; down: cut off since `since`, reconnecting; syncing:
+  // connected again, the catch-up not in yet; gone: refused, a reload is the way back.
+  var conn = { state: 'up', since: 0, ticker: 0, pending: false, leaving: false };
+
+  function connText() {
+    var box = $('conn');
+    if (!box) return;
+    var text = '';
+    if (conn.state === 'down') {
+      var seconds = Math.max(0, Math.floor((Date.now() - conn.since) / 1000));
+      text = 'Disconnected — reconnecting (' + seconds + ' s)';
+    } else if (conn.state === 'syncing') {
+      text = 'Reconnected — catching up…';
+    } else if (conn.state === 'gone') {
+      text = 'Disconnected: signed out, or this tab was deleted.';
+    }
+    if (conn.pending) text += ' · will send when reconnected';
+    box.querySelector('.conn-text').textContent = text;
+    box.querySelector('.conn-cancel').hidden = !conn.pending;
+    box.querySelector('.conn-reload').hidden = conn.state !== 'gone';
+    box.hidden = conn.state === 'up';
+    box.setAttribute('data-state', conn.state);
+  }
+
+  function sendButton() {
+    var form = $('composer');
+    var btn = form && form.querySelector('.send');
+    if (!btn) return;
+    btn.disabled = conn.pending || conn.state === 'gone';
+    if (conn.pending) {
+      btn.title = 'Will send when reconnected';
+    } else if (conn.state === 'gone') {
+      btn.title = 'Not connected: reload the page first (the text is kept)';
+    } else if (conn.state !== 'up') {
+      btn.title = 'Not connected: the message will wait here and go once the page is reconnected';
+    } else {
+      btn.title = btn.getAttribute('data-title') || btn.title;
+    }
+  }
+
+  function setConn(state) {
+    conn.state = state;
+    if (state === 'down' && !conn.ticker) {
+      conn.ticker = setInterval(connText, 1000);
+    } else if (state !== 'down' && conn.ticker) {
+      clearInterval(conn.ticker);
+      conn.ticker = 0;
+    }
+    connText();
+    sendButton();
+  }
+
+  var sendBtn = document.querySelector('#composer .send');
+  if (sendBtn) sendBtn.setAttribute('data-title', sendBtn.title);
+
+  // A page going away closes its socket: not a disconnection to show.
+  window.addEventListener('pagehide', function () { conn.leaving = true; });
+
+  document.addEventListener('htmx:wsClose', function (evt) {
+    if (conn.leaving) return;
+    var code = evt.detail.event && evt.detail.event.code;
+    var wrapper = evt.detail.socketWrapper;
+    var status = $('status');
+    if (code === CLOSE_RESYNC) {
+      wrapper.reconnect();
+      return;
+    }
+    if (status) status.setAttribute('data-stale', '');
+    if (code === CLOSE_FORBIDDEN) {
+      setConn('gone');
+      return;
+    }
+    if (conn.state !== 'down') conn.since = Date.now();
+    setConn('down');
+    // A clean close (a server shutting down may send one) is not retried by htmx.
+    if (HTMX_RETRIES.indexOf(code) < 0) {
+      setTimeout(function () { wrapper.reconnect(); }, htmx.config.wsReconnectDelay(0));
+    }
+  });
+
+  document.addEventListener('htmx:wsOpen', function () {
+    var status = $('status');
+    setConn(status && status.hasAttribute('data-stale') ? 'syncing' : 'up');
+  });
+
+  // The catch-up ends with a status frame: a status line without the stale mark is true again.
+  document.addEventListener('htmx:wsAfterMessage', function () {
+    if (conn.state !== 'syncing') return;
+    var status = $('status');
+    if (status && status.hasAttribute('data-stale')) return;
+    setConn('up');
+    if (conn.pending) {
+      conn.pending = false;
+      connText();
+      sendButton();
+      $('composer').requestSubmit();
+    }
+  });
+
+  document.addEventListener('htmx:beforeRequest', function (evt) {
+    if (evt.detail.elt.id !== 'composer' || conn.state === 'up') return;
+    evt.preventDefault();
+    if (conn.state === 'gone') {
+      composerError('Not sent: reload the page first (the text is kept).');
+      return;
+    }
+    conn.pending = true;
+    connText();
+    sendButton();
+  });
+
+  document.addEventListener('click', function (e) {
+    if (e.target.closest && e.target.closest('.conn-reload')) window.location.reload();
+    if (!e.target.closest || !e.target.closest('.conn-cancel')) return;
+    conn.pending = false;
+    connText();
+    sendButton();
+    $('composer-text').focus();
+  });
+
+  function composerError(text) {
+    var line = $('composer-error');
+    if (line) line.textContent = text;
+  }
+
+  // A request that never reached the server (or got no answer) changed nothing the page
+  // can see: say so, and leave the composer's text where it is.
+  document.addEventListener('htmx:sendError', function (evt) {
+    var elt = evt.detail.elt;
+    if (elt && elt.id === 'composer') {
+      composerError('Could not reach the server: your message was not sent. It is still here; send it again once the page is reconnected.');
+    } else {
+      composerError('Could not reach the server: nothing was done. Try again once the page is reconnected.');
+    }
+  });
+  document.addEventListener('htmx:responseError', function (evt) {
+    var elt = evt.detail.elt;
+    var code = evt.detail.xhr ? evt.detail.xhr.status : 0;
+    if (elt && elt.id === 'composer') {
+      composerError('The server could not take your message (HTTP ' + code + '). It is still here: try again.');
+    }
+  });
+
+  // The composer's text outlives a reload (a page reloaded while its server is down loses
+  // everything else), until it is sent.
+  var DRAFT_KEY = $('composer') ? 'dispatch-draft:' + $('composer').getAttribute('action') : '';
+  function storeDraft(text) {
+    if (!DRAFT_KEY) return;
+    try {
+      if (text) window.localStorage.setItem(DRAFT_KEY, text);
+      else window.localStorage.removeItem(DRAFT_KEY);
+    } catch (err) {
+      // No storage (a privacy setting): the text is still in the composer.
+    }
+  }
+  document.addEventListener('input', function (e) {
+    if (e.target && e.target.id === 'composer-text') storeDraft(e.target.value);
+  });
+  document.addEventListener('htmx:afterRequest', function (evt) {
+    var elt = evt.detail.elt;
+    if (elt && elt.id === 'composer' && evt.detail.successful && evt.detail.xhr.status < 300) storeDraft('');
+  });
+  (function restoreDraft() {
+    var area = $('composer-text');
+    if (!area || area.value || !DRAFT_KEY) return;
+    var text = null;
+    try { text = window.localStorage.getItem(DRAFT_KEY); } catch (err) { text = null; }
+    if (text) area.value = text;
+  })();
+
   // --- Tool cards ----------------------------------------------------------------------
 
   // A call without a result in the running turn runs (or is about to): the first such card
