@@ -661,6 +661,57 @@
     if (text) area.value = text;
   })();
 
+  // --- Jump to the latest --------------------------------------------------------------
+
+  // Shown while the reader is scrolled up; says "new below" once the socket added or grew
+  // something in the log meanwhile (the log does not follow then: see `follow`).
+  var jump = $('jump');
+  var grewLog = false;
+  var jumpPending = false;
+
+  function updateJump() {
+    if (!jump) return;
+    var away = !atBottom();
+    jump.hidden = !away;
+    if (!away) jump.classList.remove('has-new');
+  }
+
+  window.addEventListener('scroll', function () {
+    if (jumpPending) return;
+    jumpPending = true;
+    requestAnimationFrame(function () {
+      jumpPending = false;
+      updateJump();
+    });
+  }, { passive: true });
+
+  document.addEventListener('htmx:oobBeforeSwap', function (evt) {
+    var log = $('log');
+    var target = evt.detail.target;
+    if (log && target && log.contains(target)) grewLog = true;
+  });
+  document.addEventListener('htmx:wsAfterMessage', function () {
+    if (!jump) return;
+    if (grewLog && !follow) {
+      jump.classList.add('has-new');
+      jump.hidden = false;
+    }
+    grewLog = false;
+  });
+
+  if (jump) {
+    jump.addEventListener('click', function () {
+      // Scrolled far back, the page holds no newer chunks: the latest is another page.
+      if (detached()) {
+        window.location.assign($('newer').querySelector('a').href);
+        return;
+      }
+      follow = true;
+      toBottom();
+      updateJump();
+    });
+  }
+
   // --- Tool cards ----------------------------------------------------------------------
 
   // A call without a result in the running turn runs (or is about to): the first such card
