@@ -712,6 +712,106 @@
     });
   }
 
+  // --- Notifications -------------------------------------------------------------------
+
+  // With the reader's consent (asked from a click, never on load), a notification when a
+  // turn ends or waits for approval while the page is not visible. Notifications exist only
+  // in secure contexts (https, localhost); elsewhere the switch stays hidden.
+  var NOTIFY_KEY = 'dispatch-notify';
+  var notifyBtn = $('notify-toggle');
+  var canNotify = 'Notification' in window && window.isSecureContext;
+
+  function notifyWanted() {
+    var on = false;
+    try { on = window.localStorage.getItem(NOTIFY_KEY) === '1'; } catch (err) { on = false; }
+    return on && Notification.permission === 'granted';
+  }
+
+  function notifyLabel() {
+    if (!notifyBtn || !canNotify) return;
+    notifyBtn.hidden = false;
+    var denied = Notification.permission === 'denied';
+    var on = notifyWanted();
+    notifyBtn.textContent = denied ? 'Notifications blocked' : on ? 'Notifications on' : 'Notify me';
+    notifyBtn.setAttribute('aria-pressed', String(on));
+    notifyBtn.title = denied
+      ? 'The browser blocks notifications from this site: allow them in its site settings'
+      : on ? 'Stop notifying' : notifyBtn.getAttribute('data-title');
+  }
+
+  function setNotify(on) {
+    try {
+      if (on) window.localStorage.setItem(NOTIFY_KEY, '1');
+      else window.localStorage.removeItem(NOTIFY_KEY);
+    } catch (err) {
+      // Not remembered: nothing to switch.
+    }
+    notifyLabel();
+  }
+
+  if (notifyBtn && canNotify) {
+    notifyBtn.setAttribute('data-title', notifyBtn.title);
+    notifyLabel();
+    // Allowed or blocked in the browser's site settings later: the switch follows.
+    if (navigator.permissions && navigator.permissions.query) {
+      navigator.permissions.query({ name: 'notifications' }).then(function (state) {
+        state.onchange = notifyLabel;
+      }, function () {});
+    }
+    notifyBtn.addEventListener('click', function () {
+      if (notifyWanted()) {
+        setNotify(false);
+      } else if (Notification.permission === 'granted') {
+        setNotify(true);
+      } else if (Notification.permission === 'default') {
+        Notification.requestPermission().then(function (answer) { setNotify(answer === 'granted'); });
+      }
+    });
+  }
+
+  var shown = null;
+  function notify(body) {
+    if (!canNotify || !notifyWanted() || document.visibilityState === 'visible') return;
+    var title = $('tab-title');
+    var form = $('composer');
+    shown = new Notification(title ? title.textContent : 'Dispatch', {
+      body: body,
+      // One per tab: a newer one replaces it.
+      tag: form ? form.getAttribute('action') : 'dispatch'
+    });
+    shown.onclick = function () {
+      window.focus();
+      this.close();
+    };
+  }
+
+  document.addEventListener('visibilitychange', function () {
+    if (document.visibilityState === 'visible' && shown) {
+      shown.close();
+      shown = null;
+    }
+  });
+
+  // A turn's end and a wait for approval are changes of the status line's state.
+  var lastStatus = $('status');
+  var lastState = lastStatus ? lastStatus.getAttribute('data-state') : 'idle';
+  document.addEventListener('htmx:wsAfterMessage', function () {
+    var status = $('status');
+    if (!status || status === lastStatus || status.hasAttribute('data-stale')) return;
+    lastStatus = status;
+    var state = status.getAttribute('data-state');
+    if (state === lastState) return;
+    if (state === 'idle') {
+      var chunks = document.querySelectorAll('#log > .chunk');
+      var last = chunks[chunks.length - 1];
+      notify(last && last.classList.contains('t-error') ? 'The turn ended with an error.' : 'The answer is ready.');
+    } else if (state === 'waiting') {
+      var what = document.querySelector('#approval .approval-what');
+      notify('Waiting for your approval' + (what ? ': ' + what.textContent.replace(/^Approve\s+/, '') : '.'));
+    }
+    lastState = state;
+  });
+
   // --- Tool cards ----------------------------------------------------------------------
 
   // A call without a result in the running turn runs (or is about to): the first such card
