@@ -34,7 +34,21 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import genai_prices
-from django.db.models import Case, Count, F, IntegerField, QuerySet, Sum, Value, When
+from django.db import connection
+from django.db.models import (
+    Case,
+    Count,
+    DateField,
+    F,
+    Func,
+    IntegerField,
+    Max,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import ExtractHour, ExtractMinute, ExtractSecond, TruncDate
 from django.db.models.lookups import GreaterThan, GreaterThanOrEqual
 from genai_prices import data_snapshot
@@ -52,6 +66,9 @@ PRICE_PROVIDERS = {"anthropic": "anthropic", "openai": "openai", "deepseek": "de
 # Distinct (model, day, segment, tier) price lookups kept: each costs a few package
 # calls (~0.1 ms each); a busy month of several models is a few hundred.
 RATES_CACHE_SIZE = 4096
+# Tabs whose totals each process keeps (`tab_totals`): the tabs being read and written
+# now; a Totals is a few hundred bytes.
+TAB_TOTALS_CACHE_SIZE = 1024
 # The usage periods Settings and the admin offer, by the name in their URLs.
 PERIODS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 PERIOD_LABELS = {"24h": "Last 24 hours", "7d": "Last 7 days", "30d": "Last 30 days"}
@@ -356,34 +373,10 @@ def _group_point(at: datetime, prompt: int) -> tuple[datetime, int]:
 
 def _priced_groups(records: QuerySet, *keys: str) -> Iterator[tuple[tuple[Any, ...], Totals]]:
     """(the values of `keys`, totals) per price group: one query."""
-    tiers, seconds = _boundaries()
-    prompt = F("input_tokens") + F("cache_read_tokens") + F("cache_write_tokens")
-    tier = Case(
-        *(
-            When(GreaterThan(prompt, start), then=Value(n))
-            for n, start in reversed(list(enumerate(tiers, 1)))
-        ),
-        default=Value(0),
-        output_field=IntegerField(),
-    )
-    second = (
-        ExtractHour("created_at", tzinfo=UTC) * 3600
-        + ExtractMinute("created_at", tzinfo=UTC) * 60
-        + ExtractSecond("created_at", tzinfo=UTC)
-    )
-    segment = Case(
-        *(
-            When(GreaterThanOrEqual(second, boundary), then=Value(n))
-            for n, boundary in reversed(list(enumerate(seconds, 1)))
-        ),
-        default=Value(0),
-        output_field=IntegerField(),
-    )
+    day, segment, tier = _price_columns(connection.vendor, connection.timezone_name)
     rows = (
         records.order_by()
-        .annotate(
-            price_day=TruncDate("created_at", tzinfo=UTC), price_segment=segment, price_tier=tier
-        )
+        .annotate(price_day=day, price_segment=segment, price_tier=tier)
         .values(*keys, "model", "price_day", "price_segment", "price_tier")
         .annotate(
             sum_input=Sum("input_tokens"),
@@ -417,6 +410,79 @@ def _priced_groups(records: QuerySet, *keys: str) -> Iterator[tuple[tuple[Any, .
         )
 
 
+def _price_expressions() -> tuple[Any, Any, Any]:
+    """What puts a step in its price group: its UTC day, its time-of-day segment and its
+    size tier (the table's boundaries, `_boundaries`)."""
+    tiers, seconds = _boundaries()
+    prompt = F("input_tokens") + F("cache_read_tokens") + F("cache_write_tokens")
+    tier = Case(
+        *(
+            When(GreaterThan(prompt, start), then=Value(n))
+            for n, start in reversed(list(enumerate(tiers, 1)))
+        ),
+        default=Value(0),
+        output_field=IntegerField(),
+    )
+    day, second = _utc_day_and_second()
+    segment = Case(
+        *(
+            When(GreaterThanOrEqual(second, boundary), then=Value(n))
+            for n, boundary in reversed(list(enumerate(seconds, 1)))
+        ),
+        default=Value(0),
+        output_field=IntegerField(),
+    )
+    return day, segment, tier
+
+
+@functools.cache
+def _price_columns(vendor: str, time_zone: str | None) -> tuple[RawSQL, ...]:
+    """The price group's columns as the SQL Django writes for them (`_price_expressions`),
+    written once per kind of database: compiling their dozens of CASE branches cost
+    more than running the query, on every page."""
+    names = ("day", "segment", "tier")
+    query = (
+        UsageRecord.objects.annotate(**dict(zip(names, _price_expressions(), strict=True)))
+        .values(*names)
+        .query
+    )
+    compiler = query.get_compiler(connection=connection)
+    fields = (DateField(), IntegerField(), IntegerField())
+    return tuple(
+        RawSQL(*compiler.compile(query.annotations[name]), output_field=field)
+        for name, field in zip(names, fields, strict=True)
+    )
+
+
+def _utc_day_and_second() -> tuple[Any, Any]:
+    """Expressions of a step's UTC day and second of the day.
+
+    Django computes both on SQLite with a Python function per row, which made a long
+    tab's totals cost a fifth of a second; SQLite keeps a datetime as UTC text
+    ("YYYY-MM-DD HH:MM:SS.ffffff", when the connection's time zone is UTC, the
+    default), which SQL reads for a hundredth of that. Elsewhere the database's own
+    functions are as cheap."""
+    if connection.vendor == "sqlite" and connection.timezone_name == "UTC":
+        text = "%(expressions)s"
+        day = Func(F("created_at"), template=f"substr({text}, 1, 10)", output_field=DateField())
+        second = Func(
+            F("created_at"),
+            template=(
+                f"(CAST(substr({text}, 12, 2) AS INTEGER) * 3600"
+                f" + CAST(substr({text}, 15, 2) AS INTEGER) * 60"
+                f" + CAST(substr({text}, 18, 2) AS INTEGER))"
+            ),
+            output_field=IntegerField(),
+        )
+        return day, second
+    second = (
+        ExtractHour("created_at", tzinfo=UTC) * 3600
+        + ExtractMinute("created_at", tzinfo=UTC) * 60
+        + ExtractSecond("created_at", tzinfo=UTC)
+    )
+    return TruncDate("created_at", tzinfo=UTC), second
+
+
 def _sum_by(groups: Iterable[tuple[tuple[Any, ...], Totals]]) -> dict[tuple[Any, ...], Totals]:
     sums: dict[tuple[Any, ...], Totals] = {}
     for key, totals in groups:
@@ -430,13 +496,29 @@ def turn_totals(tab_id: uuid.UUID, turn_ids: Iterable[uuid.UUID]) -> dict[uuid.U
     turn_ids = set(turn_ids)
     if not turn_ids:
         return {}
-    records = UsageRecord.objects.filter(tab_id=tab_id, turn_id__in=turn_ids)
-    return {key[0]: totals for key, totals in _sum_by(_priced_groups(records, "turn_id")).items()}
+    # By turn only, grouped by tab too: filtered on both, SQLite walks the whole tab's
+    # records by their tab index instead of the few turns' by theirs.
+    records = UsageRecord.objects.filter(turn_id__in=turn_ids)
+    sums = _sum_by(_priced_groups(records, "tab_id", "turn_id"))
+    return {turn: totals for (tab, turn), totals in sums.items() if tab == tab_id}
 
 
 def tab_totals(tab_id: uuid.UUID) -> Totals:
-    """Everything the tab's own turns used (one query)."""
-    records = UsageRecord.objects.filter(tab_id=tab_id)
+    """Everything the tab's own turns used.
+
+    Every page of the tab shows them, and a tab of ten thousand turns has as many
+    records to sum (tens of milliseconds): the sum is kept per process until the
+    tab's records change, which one cheap query on their index tells (their count
+    and last id; records are only ever added or deleted, never changed)."""
+    version = UsageRecord.objects.filter(tab_id=tab_id).aggregate(n=Count("id"), last=Max("id"))
+    if not version["n"]:
+        return Totals()
+    return _tab_totals_at(tab_id, version["n"], version["last"])
+
+
+@functools.lru_cache(maxsize=TAB_TOTALS_CACHE_SIZE)
+def _tab_totals_at(tab_id: uuid.UUID, count: int, last_id: int) -> Totals:
+    records = UsageRecord.objects.filter(tab_id=tab_id, id__lte=last_id)
     return _sum_by(_priced_groups(records)).get((), Totals())
 
 

@@ -12,6 +12,7 @@ import genai_prices
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.db.models.functions import ExtractHour, ExtractMinute, ExtractSecond, TruncDate
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -294,3 +295,46 @@ def test_usage_per_user_and_model_over_a_period(tab, alice, bob):
     week = UsageRecord.objects.filter(created_at__gte=now - usage.PERIODS["7d"])
     assert usage.by_user_and_model(week)[1].steps == 5
     assert c1.pk
+
+
+def test_the_tab_totals_follow_added_and_deleted_records(tab):
+    """Kept per process until the tab's records change (count and last id)."""
+    turn = uuid.uuid4()
+    first = record(tab, turn, SONNET, NOON, Tokens(100, 10))
+    assert usage.tab_totals(tab.id).steps == 1
+    second = record(tab, turn, SONNET, NOON, Tokens(7, 1))
+    assert usage.tab_totals(tab.id).tokens == Tokens(107, 11)
+    first.delete()
+    assert usage.tab_totals(tab.id).tokens == Tokens(7, 1)
+    second.delete()
+    assert usage.tab_totals(tab.id) == Totals()
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        datetime(2026, 5, 4, 0, 0, 0, tzinfo=UTC),
+        datetime(2026, 5, 4, 16, 29, 59, 999_999, tzinfo=UTC),
+        datetime(2026, 5, 4, 16, 30, 0, tzinfo=UTC),
+        datetime(2026, 12, 31, 23, 59, 59, tzinfo=UTC),
+    ],
+)
+def test_a_steps_day_and_time_are_read_as_django_reads_them(tab, at):
+    """The cheap reading of the stored UTC text (SQLite) says what TruncDate and Extract do."""
+    record(tab, uuid.uuid4(), SONNET, at, Tokens(1, 1))
+    day, second = usage._utc_day_and_second()
+    got = UsageRecord.objects.annotate(day=day, second=second).values("day", "second").get()
+    django = (
+        UsageRecord.objects.annotate(
+            day=TruncDate("created_at", tzinfo=UTC),
+            second=ExtractHour("created_at", tzinfo=UTC) * 3600
+            + ExtractMinute("created_at", tzinfo=UTC) * 60
+            + ExtractSecond("created_at", tzinfo=UTC),
+        )
+        .values("day", "second")
+        .get()
+    )
+    assert got["day"] == django["day"] == at.date()
+    assert (
+        int(got["second"]) == int(django["second"]) == at.hour * 3600 + at.minute * 60 + at.second
+    )
