@@ -949,7 +949,13 @@ def usage_line(totals: Totals, turn_id: Any = None) -> dict[str, Any]:
         "cost": cost,
         "unknown": bool(totals.unknown),
         "detail": " · ".join(part for part in detail if part),
-        # Exact counts, for the tables of Settings and the admin.
+        # Each count at a glance and exact, for the tables of Settings and the admin.
+        "compact": {
+            "input": tokens(t.input),
+            "cache_read": tokens(t.cache_read),
+            "cache_write": tokens(t.cache_write),
+            "steps": tokens(totals.steps),
+        },
         "exact": {
             "input": f"{t.input:,}",
             "cache_read": f"{t.cache_read:,}",
@@ -1042,7 +1048,9 @@ def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, An
             "cache_write": tokens(usage.get("cache_write")),
             "has_cache_write": bool(usage.get("cache_write")),
         },
-        "has_usage": any(usage.get(k) for k in ("input", "output", "cache_read", "cache_write")),
+        # Once idle, the turn's tokens are its usage line's (and a reload has no status usage).
+        "has_usage": state != "idle"
+        and any(usage.get(k) for k in ("input", "output", "cache_read", "cache_write")),
         "approval": approval,
         "has_queued": "queued" in status,
         "queued": status.get("queued") or [],

@@ -247,14 +247,17 @@ def test_settings_show_usage_per_user_and_model_over_a_period(client_alice, tab,
     table = section.find_all(lambda n: n.tag == "table")[0]
     body = [[td.text for td in tr.children] for tr in table.find_all(lambda n: n.tag == "tr")]
     # The most expensive first.
-    assert body[1][:2] == ["alice", SONNET] and body[2][:2] == ["bob", DEEPSEEK]
-    assert body[1][2:] == ["1", "1,000", "3,000", "0", "100", "75%", "$0.0054"]
+    assert body[1][0] == f"alice {SONNET}" and body[2][0] == f"bob {DEEPSEEK}"
+    assert body[1][1:] == ["1", "1k", "3k", "0", "100", "75%", "$0.0054"]
     assert body[-1][0] == "Total"
+    # Counts at a glance, exact in their titles.
+    cells = table.find_all(lambda n: n.tag == "td")
+    assert [td.get("title") for td in cells[1:6]] == ["1", "1,000", "3,000", "0", "100"]
     current = section.find_all(lambda n: "current" in n.classes)[0]
     assert current.text == "Last 7 days"
     day = parse(client_alice.get(reverse("settings") + "?usage=24h").content.decode())
     rows = day.by_id("usage").find_all(lambda n: n.tag == "tr")
-    assert [tr.children[0].text for tr in rows] == ["User", "alice", "Total"]
+    assert [tr.children[0].text for tr in rows] == ["User · model", f"alice {SONNET}", "Total"]
 
 
 def test_settings_refuse_an_unknown_period(client_alice):
