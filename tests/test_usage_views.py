@@ -248,11 +248,11 @@ def test_settings_show_usage_per_user_and_model_over_a_period(client_alice, tab,
     body = [[td.text for td in tr.children] for tr in table.find_all(lambda n: n.tag == "tr")]
     # The most expensive first.
     assert body[1][0] == f"alice {SONNET}" and body[2][0] == f"bob {DEEPSEEK}"
-    assert body[1][1:] == ["1", "1k", "3k", "0", "100", "75%", "$0.0054"]
+    assert body[1][1:] == ["$0.0054", "75%", "1", "1k", "3k", "0", "100"]
     assert body[-1][0] == "Total"
     # Counts at a glance, exact in their titles.
     cells = table.find_all(lambda n: n.tag == "td")
-    assert [td.get("title") for td in cells[1:6]] == ["1", "1,000", "3,000", "0", "100"]
+    assert [td.get("title") for td in cells[3:8]] == ["1", "1,000", "3,000", "0", "100"]
     current = section.find_all(lambda n: "current" in n.classes)[0]
     assert current.text == "Last 7 days"
     day = parse(client_alice.get(reverse("settings") + "?usage=24h").content.decode())
