@@ -478,6 +478,14 @@ async def test_notifications_after_a_click_only_and_only_while_hidden(browser, s
     await answered(page, tab.id, 3)
     await page.wait_for_function("window.__notify.shown.length === 2")
     assert (await notes())["shown"][1]["body"] == "The answer is ready."
+    # Stopped: the notice that closed the turn says how.
+    await page.fill("#composer-text", "tell me a long story")
+    await page.press("#composer-text", "Enter")
+    await page.click("[data-stop]")
+    await answered(page, tab.id, 4)
+    await page.wait_for_function("window.__notify.shown.length === 3")
+    notice = await page.text_content("#log > .chunk.t-system:last-child .sys-text")
+    assert (await notes())["shown"][2]["body"] == f"The turn ended: {notice.strip()}"
 
     # Switched off, and remembered so across a reload.
     await page.evaluate("window.__notify.visible = true")

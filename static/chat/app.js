@@ -546,8 +546,10 @@
   var sendBtn = document.querySelector('#composer .send');
   if (sendBtn) sendBtn.setAttribute('data-title', sendBtn.title);
 
-  // A page going away closes its socket: not a disconnection to show.
+  // A page going away closes its socket: not a disconnection to show (unless it comes
+  // back from the back-forward cache).
   window.addEventListener('pagehide', function () { conn.leaving = true; });
+  window.addEventListener('pageshow', function () { conn.leaving = false; });
 
   document.addEventListener('htmx:wsClose', function (evt) {
     if (conn.leaving) return;
@@ -792,6 +794,17 @@
     }
   });
 
+  // How the turn ended, from its last chunk: an answer, an error, or a notice (stopped,
+  // interrupted by a restart, cut at the output limit).
+  function ending() {
+    var chunks = document.querySelectorAll('#log > .chunk');
+    var last = chunks[chunks.length - 1];
+    var notice = last && last.classList.contains('t-system') && last.querySelector('.sys-text');
+    if (last && last.classList.contains('t-error')) return 'The turn ended with an error.';
+    if (notice) return 'The turn ended: ' + notice.textContent.trim();
+    return 'The answer is ready.';
+  }
+
   // A turn's end and a wait for approval are changes of the status line's state.
   var lastStatus = $('status');
   var lastState = lastStatus ? lastStatus.getAttribute('data-state') : 'idle';
@@ -802,9 +815,7 @@
     var state = status.getAttribute('data-state');
     if (state === lastState) return;
     if (state === 'idle') {
-      var chunks = document.querySelectorAll('#log > .chunk');
-      var last = chunks[chunks.length - 1];
-      notify(last && last.classList.contains('t-error') ? 'The turn ended with an error.' : 'The answer is ready.');
+      notify(ending());
     } else if (state === 'waiting') {
       var what = document.querySelector('#approval .approval-what');
       notify('Waiting for your approval' + (what ? ': ' + what.textContent.replace(/^Approve\s+/, '') : '.'));
