@@ -121,6 +121,8 @@ class HtmlRenderer:
         self.last_turn: uuid.UUID | None = None
         # The open chunk's id and whether it started a bubble: its seal keeps that.
         self.opened: tuple[uuid.UUID, bool] | None = None
+        # The open text chunk's live Markdown: its text and where its stable part ends.
+        self.live: render.LiveText | None = None
 
     def bind(self, follower: Follower) -> None:
         pass
@@ -135,15 +137,26 @@ class HtmlRenderer:
         self.last_turn = block.turn_id
         return starts
 
+    def resumes(self, block: Block) -> bool:
+        """Whether a page holding part of this open block can be sent the rest as a
+        delta. Not a text block: its page holds rendered Markdown, which says nothing of
+        where its stable part ends, so it gets the whole block again (replaced in place)."""
+        return not render.is_live(block)
+
     def open(self, block: Block) -> str:
         starts = self._starts(block)
         self.opened = (block.id, starts)
-        return render.fragment_open(block, turn_start=starts)
+        self.live = render.LiveText(block.id) if render.is_live(block) else None
+        return render.fragment_open(block, turn_start=starts, live=self.live)
 
     def delta(self, chunk_id: str, offset: int, text: str) -> str:
+        if self.live is not None and str(self.live.id) == chunk_id:
+            return render.fragment_live(self.live, text)
         return render.fragment_delta(uuid.UUID(chunk_id), text)
 
     def seal(self, block: Block) -> str:
+        if self.live is not None and self.live.id == block.id:
+            self.live = None
         if self.opened is not None and self.opened[0] == block.id:
             starts, self.opened = self.opened[1], None
             self.last_turn = block.turn_id
@@ -171,6 +184,9 @@ class SseRenderer:
 
     def bind(self, follower: Follower) -> None:
         self.follower = follower
+
+    def resumes(self, block: Block) -> bool:
+        return True
 
     def _event(self, name: str, data: dict[str, Any], position: str | None = None) -> str:
         body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
@@ -375,7 +391,11 @@ class Follower:
         open_fields = snapshot.get("open") if snapshot else None
         if open_fields is not None and open_fields["id"] not in self.done_ids:
             block = Block.from_dict(open_fields)
-            if self.open_id == str(block.id) and self.open_len <= len(block.text):
+            if (
+                self.open_id == str(block.id)
+                and self.open_len <= len(block.text)
+                and self.renderer.resumes(block)
+            ):
                 rest = block.text[self.open_len :]
                 if rest:
                     offset, self.open_len = self.open_len, len(block.text)

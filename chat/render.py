@@ -152,11 +152,6 @@ def _cell_align_class(self, tokens, idx, options, env) -> str:
     return self.renderToken(tokens, idx, options, env)
 
 
-# html=False: raw HTML in a message is shown as text (a model writing "<br>" in
-# prose means the characters); nh3 below is the second line of defence.
-_md = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable(
-    ["table", "strikethrough"]
-)
 # Every code block gets a copy button (app.js copies its <pre>'s text). The
 # button's label is CSS, so the text of a message in the page stays its markdown's.
 CODE_COPY = (
@@ -173,11 +168,25 @@ def _code_block_with_copy(self, tokens, idx, options, env) -> str:
     return CODE_COPY + self.code_block(tokens, idx, options, env) + "</div>\n"
 
 
-_md.add_render_rule("image", _image_as_link)
-_md.add_render_rule("fence", _fence_with_copy)
-_md.add_render_rule("code_block", _code_block_with_copy)
-_md.add_render_rule("th_open", _cell_align_class)
-_md.add_render_rule("td_open", _cell_align_class)
+def _markdown_it(highlight: Any) -> MarkdownIt:
+    # html=False: raw HTML in a message is shown as text (a model writing "<br>" in
+    # prose means the characters); nh3 below is the second line of defence.
+    md = MarkdownIt("commonmark", {"html": False, "highlight": highlight}).enable(
+        ["table", "strikethrough"]
+    )
+    md.add_render_rule("image", _image_as_link)
+    md.add_render_rule("fence", _fence_with_copy)
+    md.add_render_rule("code_block", _code_block_with_copy)
+    md.add_render_rule("th_open", _cell_align_class)
+    md.add_render_rule("td_open", _cell_align_class)
+    return md
+
+
+_md = _markdown_it(_highlight)
+# The live tail's (LiveText): the same without highlighting. The tail is rendered again
+# as it grows, and highlighting costs more than the rest; a code block is highlighted
+# once, when it becomes stable or seals.
+_md_tail = _markdown_it(None)
 
 _cleaner = nh3.Cleaner(
     tags={
@@ -273,6 +282,233 @@ def approve_key(call_id: str) -> str:
     return "a" + hashlib.blake2s(call_id.encode(), digest_size=8).hexdigest()
 
 
+# --- Live Markdown: the open text block as it streams -------------------------------------
+#
+# An open text block is rendered as Markdown while it streams, with the sealed text's
+# renderer and sanitiser, at a bounded cost. Its stable part (the top-level blocks of its
+# complete lines that no later text can change) is rendered once, in segments appended as
+# they become stable; only the tail after it is rendered again (without highlighting), and
+# only once enough new text has come to pay for it. In between, new text is appended as it
+# came, escaped, at the end of the tail's last element; an open code fence in the tail is
+# rendered once and its lines appended, and highlighted once it closes.
+#
+# Where the stable part ends depends on the text alone (its lines are taken one at a time,
+# however the deltas cut them), so a socket that saw every delta and the open fragment of a
+# snapshot hold the same stable HTML; and rendered in one piece the same text gives the same
+# HTML, so the seal's replace moves nothing (tests/test_live_markdown.py). Two things change
+# at the seal: the tail's code gets its colours, and a link reference defined below its use
+# (rare in a model's answer) turns the earlier text into a link.
+
+# The tail is rendered again once the text that came since its last rendering is at least
+# 1/TAIL_RENDER_FACTOR of it. A rendering costs about the tail's length, so each of its
+# characters costs at most this many renderings however long the tail grows; a short tail
+# (a few frames' worth of text) is rendered on every frame.
+TAIL_RENDER_FACTOR = 16
+# Past this length a tail (one huge paragraph or list) is not rendered again until it
+# becomes stable or seals: one rendering would hold the socket's event loop for tens of
+# milliseconds. It shows as text meanwhile.
+TAIL_RENDER_MAX_CHARS = 16_000
+# A complete line that may end a block, or start one that ends the block before it:
+# an ATX heading, a setext underline, a thematic break, a fence. markdown-it's block parser
+# then decides. Blank lines and the lines right after them are checked too; any other
+# line (a list item or a quote interrupting a paragraph) can only delay the stable part.
+_MAYBE_BOUNDARY = re.compile(
+    r" {0,3}(?:#{1,6}(?:[ \t]|$)|=+[ \t]*$|-+[ \t]*$|([-*_])(?:[ \t]*\1){2,}[ \t]*$|`{3}|~{3})"
+)
+# Top-level blocks that a blank line ends (a list or an indented code block goes on past one).
+_ENDED_BY_BLANK = frozenset({"paragraph_open", "table_open", "blockquote_open"})
+# Top-level blocks complete at their last line.
+_ENDED_AT_ONCE = frozenset({"heading_open", "hr"})
+
+
+def _blank(line: str) -> bool:
+    # markdown-it's blank line: spaces and tabs only (not every Unicode space).
+    return not line.strip(" \t")
+
+
+def is_live(block: Any) -> bool:
+    """Whether an open block streams as Markdown (thinking and tool output stay text)."""
+    return block.type == Kind.TEXT
+
+
+@dataclass(frozen=True)
+class LiveUpdate:
+    """What one delta changes in a live body: HTML appended to the stable part, and
+    either the tail's new HTML or text appended at its end."""
+
+    stable: SafeString
+    tail: SafeString | None
+    raw: str
+
+
+class LiveText:
+    """The live rendering of one open text block, fed its text delta by delta. One per
+    socket (chat.follow.HtmlRenderer): it holds the block's text and where its stable
+    part ends."""
+
+    def __init__(self, chunk_id: uuid.UUID) -> None:
+        self.id = chunk_id
+        # The text so far as markdown-it normalises it (CR LF and CR as LF, NUL as U+FFFD).
+        # A CR that ended the last delta waits for the next: it may be half of a CR LF.
+        self.text = ""
+        self.cr = False
+        # Where the complete lines taken so far end, and where the stable part ends.
+        self.lines_end = 0
+        self.stable_end = 0
+        self.after_blank = False
+        # The stable part's link reference definitions, for the blocks after them.
+        self.env: dict[str, Any] = {}
+        # The tail is an open code fence of this marker character ("" when it is not).
+        self.fence = ""
+        # len(text) when the tail was last rendered; None before the first rendering.
+        self.rendered_at: int | None = None
+        self._added: list[str] = []
+
+    def feed(self, delta: str) -> LiveUpdate:
+        delta = self._normalise(delta)
+        start = len(self.text)
+        self.text += delta
+        stable_end, fence = self.stable_end, self.fence
+        # Only the new text can hold a new line end.
+        end = self.text.find("\n", start)
+        while end != -1:
+            self._line(self.lines_end, end + 1)
+            self.lines_end = end + 1
+            end = self.text.find("\n", end + 1)
+        stable = mark_safe("".join(self._added))
+        self._added.clear()
+        tail_len = len(self.text) - self.stable_end
+        if (
+            self.rendered_at is None
+            or self.stable_end != stable_end
+            or self.fence != fence
+            or (
+                not self.fence
+                and tail_len <= TAIL_RENDER_MAX_CHARS
+                and (len(self.text) - self.rendered_at) * TAIL_RENDER_FACTOR >= tail_len
+            )
+        ):
+            self.rendered_at = len(self.text)
+            return LiveUpdate(stable, self._tail(), "")
+        return LiveUpdate(stable, None, delta)
+
+    def _normalise(self, delta: str) -> str:
+        if self.cr:
+            delta, self.cr = "\r" + delta, False
+        if delta.endswith("\r"):
+            delta, self.cr = delta[:-1], True
+        if "\r" in delta:
+            delta = delta.replace("\r\n", "\n").replace("\r", "\n")
+        return delta.replace("\x00", "\ufffd") if "\x00" in delta else delta
+
+    def _line(self, start: int, end: int) -> None:
+        """Take the complete line text[start:end] (its newline included)."""
+        line = self.text[start : end - 1]
+        blank = _blank(line)
+        if self.fence:
+            # Only a closing fence ends an open one (at the top level nothing else does).
+            check = line.lstrip(" \t").startswith(self.fence)
+        else:
+            check = blank or self.after_blank or bool(_MAYBE_BOUNDARY.match(line))
+        self.after_blank = blank
+        if check:
+            self._settle(end)
+
+    def _settle(self, end: int) -> None:
+        """Move the stable part's end up to the last block of text[stable_end:end] that
+        nothing after `end` can change, and render what it passed."""
+        region = self.text[self.stable_end : end]
+        tokens: list[Any] = []
+        _md.block.parse(region, _md, {}, tokens)
+        blocks = [t for t in tokens if t.level == 0 and t.nesting >= 0 and t.map]
+        lines = region.split("\n")[:-1]
+        self.fence = ""
+        if not blocks:
+            # Blank lines, or link reference definitions: done once a blank line follows.
+            cut = len(lines) if _blank(lines[-1]) else 0
+        else:
+            last = blocks[-1]
+            first, stop = last.map
+            if last.type == "fence":
+                ended = stop - first > 1 and _closes(lines[stop - 1], last.markup)
+                if not ended:
+                    self.fence = last.markup[0]
+            else:
+                ended = last.type in _ENDED_AT_ONCE or (
+                    last.type in _ENDED_BY_BLANK and stop < len(lines) and _blank(lines[stop])
+                )
+            if not ended:
+                cut = first
+            elif all(_blank(line) for line in lines[stop:]):
+                cut = len(lines)
+            else:
+                # A link reference definition follows, which a next line may still extend.
+                cut = stop
+        if cut:
+            to = self.stable_end + sum(len(line) + 1 for line in lines[:cut])
+            html = _md.render(self.text[self.stable_end : to], self.env)
+            self._added.append(_cleaner.clean(html))
+            self.stable_end = to
+
+    def _tail(self) -> SafeString:
+        """The tail's HTML, with the element new text is appended to at the end of its last
+        element (where the text would go on)."""
+        tail = self.text[self.stable_end :]
+        if len(tail) > TAIL_RENDER_MAX_CHARS:
+            return format_html('<span class="raw" id="body-{}-r">{}</span>', self.id, tail)
+        env = {"references": dict(self.env["references"])} if "references" in self.env else {}
+        html = _cleaner.clean(_md_tail.render(tail, env))
+        at = _end_of_last_element(html)
+        # A finished line is rendered without its line break, so text after it starts a
+        # line (not a fence's first line: its line break is not the code's).
+        nl = tail.endswith("\n") and not self.fence and not html[:at].endswith("\n")
+        nl = " nl" if nl else ""
+        anchor = format_html('<span class="raw{}" id="body-{}-r"></span>', nl, self.id)
+        return mark_safe(html[:at] + anchor + html[at:])
+
+
+def _closes(line: str, markup: str) -> bool:
+    """Whether `line` closes a fence opened with `markup` (as markdown-it's fence rule)."""
+    stripped = line.lstrip(" ")
+    if len(line) - len(stripped) > 3:
+        return False
+    run = len(stripped) - len(stripped.lstrip(markup[0]))
+    return run >= len(markup) and _blank(stripped[run:])
+
+
+def _end_of_last_element(html: str) -> int:
+    """Where text goes on at the end of `html`: before its trailing end tags."""
+    at = len(html)
+    while True:
+        end = len(html[:at].rstrip())
+        if not html.endswith(">", 0, end):
+            return at
+        lt = html.rfind("<", 0, end)
+        if lt == -1 or not html.startswith("</", lt):
+            return at
+        at = lt
+
+
+def live_body(chunk_id: uuid.UUID, update: LiveUpdate) -> SafeString:
+    """The body of an open text chunk: its stable part, then its tail."""
+    return format_html(
+        '<div class="md live-md" id="body-{}"><div class="stable" id="body-{}-s">{}</div>{}</div>',
+        chunk_id,
+        chunk_id,
+        update.stable,
+        _live_tail(chunk_id, update.tail or mark_safe(""), oob=False),
+    )
+
+
+def _live_tail(chunk_id: uuid.UUID, html: SafeString, *, oob: bool) -> SafeString:
+    return format_html(
+        '<div class="tail" id="body-{}-t"{}>{}</div>',
+        chunk_id,
+        mark_safe(' hx-swap-oob="true"') if oob else "",
+        html,
+    )
+
+
 # --- The page's view of a chunk ------------------------------------------------------
 
 
@@ -288,6 +524,8 @@ class Item:
     type: str
     data: dict[str, Any]
     open: bool = False
+    # An open text chunk's body, its Markdown rendered as it streams (`live_body`).
+    live: SafeString | None = None
     # A tool call's results, in seq order (live output, then the result).
     results: list[Item] = field(default_factory=list)
     # The chunk before it is of another turn: it starts a bubble. Only `group`
@@ -1079,15 +1317,20 @@ def _insert(items: list[Item]) -> str:
     return _render("insert", {"items": items, "target": target, "fallback": fallback})
 
 
-def fragment_open(block: Block, *, turn_start: bool = False) -> str:
+def fragment_open(block: Block, *, turn_start: bool = False, live: LiveText | None = None) -> str:
     """Insert an open chunk (seq None; body empty or the block's text so far).
 
     Also the snapshot of the open block on (re)connect: if the page already has
     that chunk, the page's JS replaces it in place. `turn_start`: the chunk before
     it on the page is another turn's (the sender knows; see follow.HtmlRenderer).
+    A text block's body is live Markdown: `live` is fed the text so far (the sender
+    keeps it to feed the deltas to, `fragment_live`).
     """
     item = Item.of(block, open=True)
     item.turn_start = turn_start
+    if is_live(block):
+        live = live or LiveText(block.id)
+        item.live = live_body(block.id, live.feed(block.text))
     return _insert([item])
 
 
@@ -1101,6 +1344,29 @@ def fragment_delta(chunk_id: uuid.UUID, text: str) -> str:
     return format_html(
         '<div hx-swap-oob="beforeend:#body-{}">{}</div>', chunk_id, stream_text(text)
     )
+
+
+def fragment_live(live: LiveText, text: str) -> str:
+    """A delta of an open text chunk: stable blocks appended, the tail replaced, or the
+    text appended at the tail's end ("" when the delta changes nothing shown yet).
+
+    As the plain delta, on the streaming hot path: format_html, no template. Not
+    idempotent either: the follower sends each offset once and, on a reconnect, the
+    whole open chunk again (`chat.follow.HtmlRenderer.resumes`).
+    """
+    update = live.feed(text)
+    parts = []
+    if update.stable:
+        parts.append(
+            format_html('<div hx-swap-oob="beforeend:#body-{}-s">{}</div>', live.id, update.stable)
+        )
+    if update.tail is not None:
+        parts.append(_live_tail(live.id, update.tail, oob=True))
+    elif update.raw:
+        parts.append(
+            format_html('<div hx-swap-oob="beforeend:#body-{}-r">{}</div>', live.id, update.raw)
+        )
+    return "".join(parts)
 
 
 def fragment_seal(block: Block, *, turn_start: bool = False) -> str:

@@ -193,8 +193,10 @@ READ_LOG = """
   const text = (sel) => { const n = el.querySelector(sel); return n ? n.textContent : ''; };
   let body = '';
   let result = null;
+  // Live Markdown (an open text chunk) is read up to its tail, which is rendered again.
+  const live = open && !!document.getElementById('body-' + id + '-s');
   if (open) {
-    const b = document.getElementById('body-' + id);
+    const b = document.getElementById('body-' + id + (live ? '-s' : ''));
     body = b ? b.textContent : null;
   } else if (type === 'text' || type === 'thinking') {
     body = text(':scope > .md');
@@ -211,7 +213,7 @@ READ_LOG = """
   }
   const seq = el.getAttribute('data-seq');
   return {id, type, open, body, result, seq: seq ? parseInt(seq, 10) : null,
-          top: el.parentElement.id === 'log'};
+          top: el.parentElement.id === 'log', live};
 })
 """
 
@@ -227,6 +229,8 @@ class Shown:
     result: str | None
     seq: int | None
     top: bool
+    # An open text chunk's live Markdown: `body` is the text of its stable part.
+    live: bool = False
 
 
 async def read_log(page: Any) -> list[Shown]:
@@ -303,6 +307,9 @@ def check_open_prefix(open_chunk: Shown, log_rows: list[Chunk]) -> None:
     row = next((r for r in log_rows if str(r.id) == open_chunk.id), None)
     assert row is not None, f"open chunk {open_chunk.id} never sealed into the log"
     final = raw_text(row)
+    if open_chunk.live:
+        # Its stable part is rendered as the sealed text is: the start of that.
+        final = expected(row)[1]
     assert open_chunk.body is not None and final.startswith(open_chunk.body), (
         f"open chunk {open_chunk.id} showed {open_chunk.body!r}, which does not start "
         f"{final!r}: text lost or repeated"

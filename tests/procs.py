@@ -388,6 +388,9 @@ class Page:
     chunks: dict[str, PageChunk] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     streamed: dict[str, str] = field(default_factory=dict)
+    # Open text chunks streamed as live Markdown (chat.render.LiveText): `streamed` keeps
+    # the text they show (rendered), from these parts: stable, tail, text appended to it.
+    live: dict[str, list[str]] = field(default_factory=dict)
     state: str = ""
     queued: set[str] = field(default_factory=set)
     approval: str | None = None
@@ -400,7 +403,11 @@ class Page:
 
         for node in top(frame):
             oob = node.get("hx-swap-oob") or ""
-            if oob.startswith("beforeend:#body-"):
+            part = oob.removeprefix("beforeend:#") if oob.startswith("beforeend:#") else ""
+            part = part or (node.get("id") if oob == "true" else "") or ""
+            if part.startswith("body-") and part.endswith(("-s", "-t", "-r")):
+                self._live(part.removeprefix("body-")[:-2], part[-1], node.text)
+            elif oob.startswith("beforeend:#body-"):
                 self._delta(oob.removeprefix("beforeend:#body-"), node.text)
             elif oob.startswith("beforeend:#queued"):
                 self.queued.update(li.get("id") for li in node.children)
@@ -430,6 +437,22 @@ class Page:
         self.chunks[chunk_id] = chunk
         if body is not None:
             self.streamed[chunk_id] = body.text
+            if "live-md" in body.classes:
+                self.live[chunk_id] = [body.text, "", ""]
+
+    def _live(self, chunk_id: str, part: str, text: str) -> None:
+        chunk = self.chunks.get(chunk_id)
+        if chunk is None or not chunk.open or chunk_id not in self.live:
+            self.problems.append(f"live Markdown for chunk {chunk_id}, which is not open")
+            return
+        parts = self.live[chunk_id]
+        if part == "s":
+            parts[0] += text
+        elif part == "t":
+            parts[1:] = [text, ""]
+        else:
+            parts[2] += text
+        self.streamed[chunk_id] = "".join(parts)
 
     def _delta(self, chunk_id: str, text: str) -> None:
         chunk = self.chunks.get(chunk_id)
@@ -563,6 +586,9 @@ def assert_page_is_log(page: Page, log: list[dict[str, Any]]) -> None:
         assert words(shown) == words(rendered_text(row)), row
         streamed = page.streamed.get(str(row["id"]))
         if streamed is None or row["type"] not in ("text", "thinking"):
+            continue
+        if str(row["id"]) in page.live:
+            # Rendered as it streamed: tests/test_live_markdown.py checks what it showed.
             continue
         saved = row["data"]["text"]
         if row["data"].get("interrupted"):

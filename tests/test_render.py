@@ -51,8 +51,9 @@ def test_it_opens_a_text_chunk_at_the_end_of_the_log():
 
 
 def test_it_opens_a_snapshot_with_the_text_so_far_escaped():
-    """A snapshot's body holds its text, escaped so the DOM keeps every code point."""
-    b = block("text", {"text": "a<b>&\r\n\x00z"}, turn_id=TURN)
+    """A plain body's snapshot (thinking, tool output; text is live Markdown) holds its
+    text, escaped so the DOM keeps every code point."""
+    b = block("thinking", {"text": "a<b>&\r\n\x00z"}, turn_id=TURN)
     html = fragment_open(b)
     assert f'<div class="body plain" id="body-{b.id}">a&lt;b&gt;&amp;&#13;\n&#xFFFD;z</div>' in html
     assert "<b>" not in html

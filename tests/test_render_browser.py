@@ -136,7 +136,8 @@ async def test_it_says_what_it_holds_on_every_connect(browser, live_server):
     page, socket, errors = await open_tab(browser, live_server, session, tab)
     assert await socket.hello() == {"type": "hello", "last_seq": 3, "open_id": "", "open_len": 0}
 
-    open_block = block("text", {"text": "ab👋"}, turn_id=turn)
+    # Thinking: a plain body (an open text chunk is live Markdown, sent whole on a reconnect).
+    open_block = block("thinking", {"text": "ab👋"}, turn_id=turn)
     socket.send(render.fragment_open(open_block), render.fragment_delta(open_block.id, "c\r\nd"))
     await page.wait_for_function(
         f"document.getElementById('body-{open_block.id}').textContent.endsWith('d')"

@@ -139,8 +139,10 @@ def kinds(log) -> list[str]:
 
 
 def quoting(text: str) -> bool:
-    """The text is the story's quote, with at least MID_TEXT_CHARS of it streamed."""
-    return text.startswith(STORY_TEXT_START) and len(text) >= len(STORY_TEXT_START) + MID_TEXT_CHARS
+    """The text is the story's quote, with at least MID_TEXT_CHARS of it streamed (as written,
+    or as a page shows it: Markdown, whose `code` loses its backticks)."""
+    start = STORY_TEXT_START if text.startswith("`") else STORY_TEXT_START.replace("`", "")
+    return text.startswith(start) and len(text) >= len(start) + MID_TEXT_CHARS
 
 
 async def streaming_story(socket: PageSocket) -> str:
