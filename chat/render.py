@@ -288,7 +288,8 @@ def approve_key(call_id: str) -> str:
 # renderer and sanitiser, at a bounded cost. Its stable part (the top-level blocks of its
 # complete lines that no later text can change) is rendered once, in segments appended as
 # they become stable; only the tail after it is rendered again (without highlighting), and
-# only once enough new text has come to pay for it. In between, new text is appended as it
+# only when new text could render otherwise than as itself (markup, a line's start) and
+# enough of it has come to pay for the rendering. Otherwise new text is appended as it
 # came, escaped, at the end of the tail's last element; an open code fence in the tail is
 # rendered once and its lines appended, and highlighted once it closes.
 #
@@ -303,11 +304,17 @@ def approve_key(call_id: str) -> str:
 # 1/TAIL_RENDER_FACTOR of it. A rendering costs about the tail's length, so each of its
 # characters costs at most this many renderings however long the tail grows; a short tail
 # (a few frames' worth of text) is rendered on every frame.
-TAIL_RENDER_FACTOR = 16
+TAIL_RENDER_FACTOR = 8
 # Past this length a tail (one huge paragraph or list) is not rendered again until it
 # becomes stable or seals: one rendering would hold the socket's event loop for tens of
 # milliseconds. It shows as text meanwhile.
 TAIL_RENDER_MAX_CHARS = 16_000
+# Text that can render otherwise than as itself: Markdown's inline markup and escapes, the
+# end of a link or an entity, a table's pipe, a line end (or a tab). Text without any is
+# appended unrendered, unless it is at the head of a line (its first LINE_HEAD_CHARS
+# characters): where a list item, a heading, a quote or a fence is told from a paragraph.
+_MARKUP = re.compile(r"[\\`*_\[\]()<>&;!~|#\n\t]")
+LINE_HEAD_CHARS = 8
 # A complete line that may end a block, or start one that ends the block before it:
 # an ATX heading, a setext underline, a thematic break, a fence. markdown-it's block parser
 # then decides. Blank lines and the lines right after them are checked too; any other
@@ -362,12 +369,16 @@ class LiveText:
         self.fence = ""
         # len(text) when the tail was last rendered; None before the first rendering.
         self.rendered_at: int | None = None
+        # The text since then holds markup (or a line's head): rendering it may change it.
+        self.marked = False
         self._added: list[str] = []
 
     def feed(self, delta: str) -> LiveUpdate:
         delta = self._normalise(delta)
         start = len(self.text)
         self.text += delta
+        if start - self.lines_end < LINE_HEAD_CHARS or _MARKUP.search(delta):
+            self.marked = True
         stable_end, fence = self.stable_end, self.fence
         # Only the new text can hold a new line end.
         end = self.text.find("\n", start)
@@ -383,12 +394,13 @@ class LiveText:
             or self.stable_end != stable_end
             or self.fence != fence
             or (
-                not self.fence
+                self.marked
+                and not self.fence
                 and tail_len <= TAIL_RENDER_MAX_CHARS
                 and (len(self.text) - self.rendered_at) * TAIL_RENDER_FACTOR >= tail_len
             )
         ):
-            self.rendered_at = len(self.text)
+            self.rendered_at, self.marked = len(self.text), False
             return LiveUpdate(stable, self._tail(), "")
         return LiveUpdate(stable, None, delta)
 
@@ -459,11 +471,15 @@ class LiveText:
         env = {"references": dict(self.env["references"])} if "references" in self.env else {}
         html = _cleaner.clean(_md_tail.render(tail, env))
         at = _end_of_last_element(html)
-        # A finished line is rendered without its line break, so text after it starts a
-        # line (not a fence's first line: its line break is not the code's).
-        nl = tail.endswith("\n") and not self.fence and not html[:at].endswith("\n")
-        nl = " nl" if nl else ""
-        anchor = format_html('<span class="raw{}" id="body-{}-r"></span>', nl, self.id)
+        # Rendering drops what ends the text: a finished line's line break (text after it
+        # starts a line; not a fence's first line: that line break is not the code's), or
+        # spaces (text after them does not join the word before).
+        ended = tail.rstrip(" \t")
+        nl = ended.endswith("\n") and not self.fence and not html[:at].endswith("\n")
+        spaces = "" if nl or self.fence else tail[len(ended) :]
+        anchor = format_html(
+            '<span class="raw{}" id="body-{}-r">{}</span>', " nl" if nl else "", self.id, spaces
+        )
         return mark_safe(html[:at] + anchor + html[at:])
 
 

@@ -219,9 +219,31 @@ def tail_renders(text: str, size: int) -> list[int]:
     return rendered
 
 
-def test_a_short_tail_is_rendered_on_every_delta():
+def test_a_short_tail_is_rendered_on_every_delta_that_brings_markup():
     text = ("Some *words* " * 8)[: 8 * render.TAIL_RENDER_FACTOR]
     assert len(tail_renders(text, 8)) == len(text) // 8
+
+
+def test_plain_text_is_appended_as_it_came():
+    """Text that renders as itself is not rendered again (the bench's stamps are such text,
+    and so are most of a model's words), unless it is at the head of a line."""
+    text = "A first line.\nThen plain words, numbers like 42.5 and “quotes” - or 'these'. " * 3
+    live = render.LiveText(CHUNK)
+    offsets = range(0, len(text), 6)
+    updates = [live.feed(text[at : at + 6]) for at in offsets]
+    appended, marked = 0, False
+    for at, update in zip(offsets, updates, strict=True):
+        head = at - (text.rfind("\n", 0, at) + 1) < render.LINE_HEAD_CHARS
+        marked = marked or head or "\n" in text[at : at + 6]
+        if update.tail is None:
+            assert update.raw == text[at : at + 6]
+            appended += 1
+        else:
+            # Only a line's head or end since the last rendering can render otherwise.
+            assert marked
+            marked = False
+    assert appended > len(updates) * 3 / 4
+    assert as_sealed(live, updates) == render.markdown(text)
 
 
 def test_a_long_tail_costs_a_bounded_number_of_renderings_per_character():
@@ -441,13 +463,13 @@ def html(node) -> str:
 
 def flat(node: Node) -> str:
     """A live body's blocks as the sealed .md holds them: the stable and tail wrappers
-    (boxless, app.css) and the empty text anchor left out."""
+    (boxless, app.css) and the text anchor left out (the text appended to it kept)."""
     out = []
     for part in node.parts:
         if isinstance(part, Node) and part.get("class") in ("stable", "tail"):
             out.append(flat(part))
         elif isinstance(part, Node):
-            out.append(html(without_anchor(part)))
+            out.append(html(unwrapped(part)))
         else:
             out.append(html(part))
     return "".join(out)
@@ -461,15 +483,6 @@ def unwrapped(node: Node) -> Node:
         else:
             parts.append(part if isinstance(part, str) else unwrapped(part))
     return Node(node.tag, node.attrs, [p for p in parts if isinstance(p, Node)], parts)
-
-
-def without_anchor(node: Node) -> Node | None:
-    if "raw" in node.classes:
-        assert node.parts == [], "text not rendered yet"
-        return None
-    kept = [p if isinstance(p, str) else without_anchor(p) for p in node.parts]
-    kept = [p for p in kept if p is not None]
-    return Node(node.tag, node.attrs, [p for p in kept if isinstance(p, Node)], kept)
 
 
 def live_and_snapshot(text: str, cuts: list[int]) -> tuple[Page, Page, Block]:
