@@ -26,6 +26,7 @@ BENCHMARKS = [
     "cache",
     "streaming",
     "paced",
+    "live_markdown",
     "browser",
     "export",
     "branch",

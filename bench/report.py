@@ -54,6 +54,18 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                 "",
             )
         )
+    if lm := r.get("live_markdown"):
+        stamps, answer = lm["by_text"]["stamps_3"], lm["by_text"]["markdown_3"]
+        rows.append(
+            (
+                "Live Markdown, renderer CPU added per token (30 ms frames at 100 tokens/s)",
+                f"{stamps['added_us_per_token']:.1f} µs on the streaming benches' tokens "
+                f"(plain text), {answer['added_us_per_token']:.1f} µs on a Markdown answer "
+                f"({answer['live_us_per_token']:.1f} µs vs {answer['plain_us_per_token']:.1f} µs "
+                f"as escaped text)",
+                "≤ 10% of the server's cost per token",
+            )
+        )
     if w := r.get("writes"):
         rows.append(
             (

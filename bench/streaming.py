@@ -22,7 +22,10 @@ from harness.login import cookie_header
 TABS = (1, 10, 100)
 TOKENS = 500  # per tab
 PACE = 100.0  # tokens per second per tab, about a fast hosted model
-DELTA_RE = re.compile(r'hx-swap-oob="beforeend:#body-[0-9a-f-]+">([^<]*)<')
+# A token's stamp (ns since the epoch), counted the first time a frame brings it: in text
+# appended to an open body, or in an open text chunk's Markdown tail rendered again (which
+# repeats the stamps before it), or in the open fragment.
+STAMP_RE = re.compile(r"(?<![0-9])[0-9]{19}(?![0-9])")
 # The whole run of one configuration must end by then, or the bench fails loudly.
 RUN_TIMEOUT = 120
 
@@ -66,6 +69,7 @@ async def app_run(base: str, port: int, cookie: str, tab_ids: list[str]) -> dict
 
     async def watch(tab_id: str, ready: asyncio.Event) -> int:
         count = 0
+        seen: set[str] = set()
         async with websockets.connect(
             f"ws://127.0.0.1:{port}/ws/tabs/{tab_id}/",
             additional_headers=headers,
@@ -75,8 +79,9 @@ async def app_run(base: str, port: int, cookie: str, tab_ids: list[str]) -> dict
             ready.set()
             async for frame in ws:
                 now = time.time_ns()
-                for text in DELTA_RE.findall(frame):
-                    for stamp in text.split():
+                for stamp in STAMP_RE.findall(frame):
+                    if stamp not in seen:
+                        seen.add(stamp)
                         delays.append((now - int(stamp)) / 1e6)
                         count += 1
                 if count and 'data-state="idle"' in frame:
