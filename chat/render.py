@@ -300,10 +300,11 @@ def approve_key(call_id: str) -> str:
 # at the seal: the tail's code gets its colours, and a link reference defined below its use
 # (rare in a model's answer) turns the earlier text into a link.
 
-# The tail is rendered again once the text that came since its last rendering is at least
-# 1/TAIL_RENDER_FACTOR of it. A rendering costs about the tail's length, so each of its
-# characters costs at most this many renderings however long the tail grows; a short tail
-# (a few frames' worth of text) is rendered on every frame.
+# The tail is rendered again (when new text may render otherwise, see _MARKUP) once the
+# text that came since its last rendering is at least 1/TAIL_RENDER_FACTOR of it. A
+# rendering costs about the tail's length, so each of its characters costs at most this
+# many renderings however long the tail grows; a short tail (a few frames' worth of text)
+# is rendered on every frame that brings markup.
 TAIL_RENDER_FACTOR = 8
 # Past this length a tail (one huge paragraph or list) is not rendered again until it
 # becomes stable or seals: one rendering would hold the socket's event loop for tens of

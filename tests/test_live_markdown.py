@@ -355,6 +355,9 @@ def inert(html: str) -> None:
             assert not name.startswith("on") and name not in ("style", "src"), (name, value)
             if name == "href":
                 assert value.split(":")[0] in ("http", "https", "mailto"), value
+        if node.tag == "a":
+            # nh3's marks: the link went through the sanitiser.
+            assert node.get("rel") == "noopener noreferrer" and node.get("target") == "_blank"
 
 
 @pytest.mark.parametrize("seed", range(4))
