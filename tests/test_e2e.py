@@ -143,7 +143,7 @@ async def test_it_streams_thinking_text_and_a_tool_card_then_seals_them(browser,
     chunk_id = (await first_open.get_attribute("id")).removeprefix("chunk-")
     # The answer streaming in (or, on a slow machine, just streamed).
     await page.wait_for_function(
-        "[...document.querySelectorAll('#log .t-text.open .body')].some("
+        "[...document.querySelectorAll('#log .t-text.open :is(.body, .live-md)')].some("
         "(b) => b.textContent.length > 20) || !!document.querySelector('#log .t-text.a:not(.open)')"
     )
     await screenshot(page, "streaming")
@@ -571,7 +571,7 @@ async def test_hostile_user_and_model_content_renders_inert(browser, serve, fake
     # Half the text streamed (as markup, were it not escaped, it would hold an <img>), or on
     # a slow machine the whole of it.
     await page.wait_for_function(
-        "[...document.querySelectorAll('#log .t-text.open .body')]"
+        "[...document.querySelectorAll('#log .t-text.open :is(.body, .live-md)')]"
         f".some((b) => b.innerHTML.length > {len(HOSTILE) // 2})"
         " || !!document.querySelector('#log .t-text.a:not(.open)')"
     )
