@@ -817,6 +817,22 @@ class Item:
         return self.data.get("status_code")
 
     @property
+    def summary(self) -> str:
+        """What happened, in words (providers.errors.explain); older errors have none."""
+        return str(self.data.get("summary") or "")
+
+    @property
+    def hint(self) -> SafeString:
+        """What to do about the error: its text escaped, `names` as code."""
+        return code_spans(str(self.data.get("hint") or ""))
+
+    @property
+    def base_url(self) -> str:
+        """The endpoint tried, when the hint does not already say it."""
+        url = str(self.data.get("base_url") or "")
+        return "" if url in str(self.data.get("hint") or "") else url
+
+    @property
     def kind(self) -> str:
         return str(self.data.get("kind") or "notice")
 
@@ -889,22 +905,6 @@ class Item:
             or self.last_answer
             or self.offers_end
         )
-
-    @property
-    def summary(self) -> str:
-        """What happened, in words (providers.errors.explain); older errors have none."""
-        return str(self.data.get("summary") or "")
-
-    @property
-    def hint(self) -> SafeString:
-        """What to do about the error: its text escaped, `names` as code."""
-        return code_spans(str(self.data.get("hint") or ""))
-
-    @property
-    def base_url(self) -> str:
-        """The endpoint tried, when the hint does not already say it."""
-        url = str(self.data.get("base_url") or "")
-        return "" if url in str(self.data.get("hint") or "") else url
 
     @property
     def has_output(self) -> bool:
