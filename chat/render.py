@@ -310,6 +310,9 @@ TAIL_RENDER_FACTOR = 8
 # becomes stable or seals: one rendering would hold the socket's event loop for tens of
 # milliseconds. It shows as text meanwhile.
 TAIL_RENDER_MAX_CHARS = 16_000
+# A region of the open text found with nothing stable is parsed again once it has grown
+# by this fraction (1/N) of itself: a bound on re-parsing a long loose list.
+SETTLE_GROWTH = 8
 # Text that can render otherwise than as itself: Markdown's inline markup and escapes, the
 # end of a link or an entity, a table's pipe, a line end (or a tab). Text without any is
 # appended unrendered, unless it is at the head of a line (its first LINE_HEAD_CHARS
@@ -363,6 +366,8 @@ class LiveText:
         # Where the complete lines taken so far end, and where the stable part ends.
         self.lines_end = 0
         self.stable_end = 0
+        # The length of text[stable_end:] when it was last found with nothing stable.
+        self.unsettled = 0
         self.after_blank = False
         # The stable part's link reference definitions, for the blocks after them.
         self.env: dict[str, Any] = {}
@@ -429,8 +434,15 @@ class LiveText:
 
     def _settle(self, end: int) -> None:
         """Move the stable part's end up to the last block of text[stable_end:end] that
-        nothing after `end` can change, and render what it passed."""
+        nothing after `end` can change, and render what it passed.
+
+        A region found with nothing stable (a long loose list never is, until it ends)
+        is parsed again only once it has grown by 1/SETTLE_GROWTH: checking at every
+        blank line would parse the whole list once per item. A fence is always checked
+        (its close decides how later lines are read)."""
         region = self.text[self.stable_end : end]
+        if not self.fence and len(region) < self.unsettled + self.unsettled // SETTLE_GROWTH:
+            return
         tokens: list[Any] = []
         _md.block.parse(region, _md, {}, tokens)
         blocks = [t for t in tokens if t.level == 0 and t.nesting >= 0 and t.map]
@@ -462,6 +474,9 @@ class LiveText:
             html = _md.render(self.text[self.stable_end : to], self.env)
             self._added.append(_cleaner.clean(html))
             self.stable_end = to
+            self.unsettled = 0
+        else:
+            self.unsettled = len(region)
 
     def _tail(self) -> SafeString:
         """The tail's HTML, with the element new text is appended to at the end of its last
@@ -493,9 +508,37 @@ def _closes(line: str, markup: str) -> bool:
     return run >= len(markup) and _blank(stripped[run:])
 
 
+# End tags text goes on inside of: blocks. Not inline ones (text typed after `**x**`
+# is not bold), except a code block's <code>, which its </pre> follows.
+_BLOCK_TAGS = frozenset(
+    [
+        "p",
+        "li",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "td",
+        "th",
+        "tr",
+        "tbody",
+        "thead",
+        "table",
+        "blockquote",
+        "ul",
+        "ol",
+        "div",
+        "pre",
+    ]
+)
+
+
 def _end_of_last_element(html: str) -> int:
-    """Where text goes on at the end of `html`: before its trailing end tags."""
+    """Where text goes on at the end of `html`: before its trailing block end tags."""
     at = len(html)
+    inside_pre = False
     while True:
         end = len(html[:at].rstrip())
         if not html.endswith(">", 0, end):
@@ -503,6 +546,10 @@ def _end_of_last_element(html: str) -> int:
         lt = html.rfind("<", 0, end)
         if lt == -1 or not html.startswith("</", lt):
             return at
+        tag = html[lt + 2 : end - 1].strip().lower()
+        if tag not in _BLOCK_TAGS and not (tag == "code" and inside_pre):
+            return at
+        inside_pre = tag == "pre"
         at = lt
 
 

@@ -287,6 +287,14 @@ ANCHOR = [
         "<tr>\n<td>1{}</td>\n</tr>\n</tbody>\n</table>\n",
     ),
     ("***", "<hr>\n{}"),
+    # After inline markup, text goes on outside it (words typed after **Note:** are
+    # not bold, after a link not part of it).
+    ("**Note:**", "<p><strong>Note:</strong>{}</p>\n"),
+    ("Run `ls`", "<p>Run <code>ls</code>{}</p>\n"),
+    (
+        "See [docs](http://x.y)",
+        '<p>See <a href="http://x.y" target="_blank" rel="noopener noreferrer">docs</a>{}</p>\n',
+    ),
     ("```sh\n", '<div class="code">{copy}<pre><code class="language-sh">{}</code></pre>\n</div>\n'),
     ("", "{}"),
 ]
@@ -637,3 +645,20 @@ async def test_a_socket_joining_mid_block_shows_what_a_socket_that_saw_it_all_sh
     assert "<h1>Heading</h1>" in stable[1] and '<span class="k">' not in stable[1]
     if factor > 1000:
         assert before_seal[0] == before_seal[1]
+
+
+def test_a_long_loose_list_is_not_parsed_again_at_every_item(monkeypatch):
+    """A loose list never becomes stable until it ends; parsing it whole at every blank
+    line made an answer of 400 items cost seconds. Re-checks wait for 1/8 more text."""
+    parsed: list[int] = []
+    real = render._md.block.parse
+
+    def counting(src, md, env, tokens):
+        parsed.append(len(src))
+        return real(src, md, env, tokens)
+
+    monkeypatch.setattr(render._md.block, "parse", counting)
+    text = "".join(f"- item number {i} of the list\n\n" for i in range(400))
+    live, updates = feed(text, list(range(12, len(text), 12)))
+    assert sum(parsed) < 40 * len(text), (len(parsed), sum(parsed))
+    assert as_sealed(live, updates) == str(render.markdown(text))
