@@ -287,8 +287,8 @@ async def test_a_send_that_fails_says_so_and_keeps_the_text(browser, serve):
     await page.route("**/send/", lambda route: route.abort("connectionrefused"))
     await page.fill("#composer-text", "first try")
     await page.press("#composer-text", "Enter")
-    await page.wait_for_selector("#composer-error:has-text('Could not reach the server')")
-    assert "your message was not sent" in await page.text_content("#composer-error")
+    await page.wait_for_selector("#composer-error:has-text('No answer from the server')")
+    assert "your message may not have been sent" in await page.text_content("#composer-error")
     assert await page.input_value("#composer-text") == "first try"
 
     await page.unroute("**/send/")

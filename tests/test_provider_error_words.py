@@ -401,8 +401,28 @@ def test_located_records_the_configured_url_with_its_password_masked():
         effective="https://user:hunter22@gw.example/v1/",
         secrets=("sk-live-123",),
     )
-    assert failure.base_url == "https://user:***@gw.example/v1?…"
+    assert failure.base_url == "https://***@gw.example/v1?…"
     assert failure.default_url is False
+
+
+def test_a_token_as_the_urls_user_or_in_its_query_is_never_shown():
+    """Gateways take their token as https://TOKEN@host/ or ?api-key=…; a server's error
+    may quote the URL it was sent. Neither reaches the card, the chunk or an export."""
+    failure = errors.located(
+        ProviderError("Cannot POST /v1/messages?api-key=q-secret-9 for tok-abcdef123"),
+        configured="https://tok-abcdef123@gw.example/v1?api-key=q-secret-9",
+        effective="https://gw.example/v1/",
+    )
+    assert failure.base_url == "https://***@gw.example/v1?…"
+    assert "tok-abcdef123" not in failure.message and "q-secret-9" not in failure.message
+    # With no URL at all, the key is still taken out of the message.
+    bare = errors.located(
+        ProviderError("bad key sk-live-123456"),
+        configured=None,
+        effective="",
+        secrets=["sk-live-123456"],
+    )
+    assert "sk-live-123456" not in bare.message
 
 
 def test_located_records_the_sdk_default_when_nothing_is_configured():

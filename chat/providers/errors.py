@@ -323,11 +323,13 @@ async def check_event_stream(provider: str, response: Any) -> None:
 
 
 def shown_url(url: str) -> str:
-    """A base URL fit for the page and the log: its password masked, and its query
-    (where some gateways take a key) left out."""
+    """A base URL fit for the page and the log: its user and password masked (a gateway
+    may take its token as either), and its query (where some take a key) left out."""
     masked = masked_url(url)
     parts = urlsplit(masked)
-    return urlunsplit(parts._replace(query="…")) if parts.query else masked
+    if "@" in parts.netloc:
+        parts = parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2])
+    return urlunsplit(parts._replace(query="…" if parts.query else ""))
 
 
 def located(
@@ -341,11 +343,12 @@ def located(
     else the SDK's default `effective`), and no secret in its message (a server may
     quote the key it refused; a URL may carry a password)."""
     url = configured or effective
-    if error.base_url is not None or not url:
+    if error.base_url is not None:
         return error
-    error.base_url = shown_url(url)
-    error.default_url = configured is None
-    hidden = [s for s in (*secrets, _password(url)) if s and len(s) >= MIN_SECRET_CHARS]
+    if url:
+        error.base_url = shown_url(url)
+        error.default_url = configured is None
+    hidden = [s for s in (*secrets, *_url_secrets(url)) if s and len(s) >= MIN_SECRET_CHARS]
     message = error.message
     for secret in hidden:
         message = message.replace(secret, "***")
@@ -360,11 +363,18 @@ def located(
 MIN_SECRET_CHARS = 4
 
 
-def _password(url: str) -> str | None:
+def _url_secrets(url: str | None) -> list[str]:
+    """What in a URL may be a credential: its user, its password, its query's values (a
+    server's error may quote the URL it was sent)."""
+    if not url:
+        return []
     try:
-        return urlsplit(url).password
+        parts = urlsplit(url)
+        found = [parts.username or "", parts.password or ""]
     except ValueError:
-        return None
+        return []
+    found += [value for _, _, value in (p.partition("=") for p in parts.query.split("&"))]
+    return found
 
 
 # --- In words ----------------------------------------------------------------------

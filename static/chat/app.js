@@ -623,9 +623,11 @@
   document.addEventListener('htmx:sendError', function (evt) {
     var elt = evt.detail.elt;
     if (elt && elt.id === 'composer') {
-      composerError('Could not reach the server: your message was not sent. It is still here; send it again once the page is reconnected.');
+      // The request may have reached the server before the connection died: never claim
+      // it did not (a resend would then post it twice); the log will say once reconnected.
+      composerError('No answer from the server: your message may not have been sent. It is still here; once the page is reconnected, check the log before sending it again.');
     } else {
-      composerError('Could not reach the server: nothing was done. Try again once the page is reconnected.');
+      composerError('No answer from the server: that may not have been done. Check once the page is reconnected.');
     }
   });
   document.addEventListener('htmx:responseError', function (evt) {
