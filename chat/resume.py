@@ -53,19 +53,26 @@ GO_ON = "Continue the task from where it stopped, without repeating what you alr
 NOT_AGAIN = "Do not run an interrupted call again unless you know it is safe to."
 
 
-def interruption(turn: Sequence[ChunkLike]) -> str | None:
-    """How `turn` (the chunks of the tab's last turn, in seq order) was cut short:
-    a key of ENDINGS, or None when it finished normally."""
+def ending(turn: Sequence[ChunkLike]) -> ChunkLike | None:
+    """The chunk that cut `turn` (the chunks of the tab's last turn, in seq order) short:
+    its error, or its notice of a kind in ENDINGS; None when it finished normally."""
     for chunk in reversed(turn):
         if chunk.type == Kind.ERROR:
-            return "error"
+            return chunk
         if chunk.type == Kind.SYSTEM:
-            kind = chunk.data.get("kind")
-            if kind in ENDINGS:
-                return kind
+            if chunk.data.get("kind") in ENDINGS:
+                return chunk
             continue  # a notice, a config reload: look further back
         return None
     return None
+
+
+def interruption(turn: Sequence[ChunkLike]) -> str | None:
+    """How `turn` was cut short: a key of ENDINGS, or None when it finished normally."""
+    chunk = ending(turn)
+    if chunk is None:
+        return None
+    return "error" if chunk.type == Kind.ERROR else chunk.data["kind"]
 
 
 def message(turn: Sequence[ChunkLike]) -> str:

@@ -288,13 +288,8 @@ def _mark_page(
         # A turn of the user's messages alone (a branch cut after a question) has no answer.
         if last.role != Role.USER:
             last_answer = last.seq
-        if resume.interruption(turn) is not None:
-            resumable = next(
-                c.seq
-                for c in reversed(turn)
-                if c.type == Kind.ERROR
-                or (c.type == Kind.SYSTEM and (c.data or {}).get("kind") in resume.ENDINGS)
-            )
+        if (cut_short := resume.ending(turn)) is not None:
+            resumable = cut_short.seq
     # Right after a question is a cut Regenerate makes (and the API): a branch there
     # would end on a question nothing answers, so the page does not offer it.
     user_seqs = {c.seq for c in chunks if c.role == Role.USER}
