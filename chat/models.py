@@ -40,6 +40,9 @@ class Tab(models.Model):
     fork_seq = models.BigIntegerField(null=True, blank=True)
     # Text waiting in the composer: the old message of an edit, until it is sent.
     draft = models.TextField(blank=True)
+    # How full the model's context window is: the provider's usage of the tab's last
+    # request (chat.context.Size.as_dict), or an estimate after a compaction.
+    context = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
 
@@ -64,6 +67,8 @@ class ChunkType(models.TextChoices):
     TOOL_RESULT = "tool_result"
     ERROR = "error"
     SYSTEM = "system"
+    # The summary the request builder starts from (chat.context, DESIGN §12).
+    COMPACTION = "compaction"
 
 
 class Chunk(models.Model):
@@ -126,13 +131,17 @@ class QueuedMessage(models.Model):
     """A user message sent while a turn runs, kept until the log takes it.
 
     A `rerun` row carries no message: it asks for a turn that answers the log as
-    it stands (a regenerated or retried branch). It goes through this table so
-    that the request survives a restart exactly as a message does.
+    it stands (a regenerated or retried branch). A `compact` row asks for a
+    compaction (its text: what the summary should focus on) through
+    `compact_through` (None: the whole log). Both go through this table so that
+    the request survives a restart exactly as a message does.
     """
 
     tab = models.ForeignKey(Tab, on_delete=models.CASCADE, related_name="queued")
     text = models.TextField(blank=True)
     rerun = models.BooleanField(default=False)
+    compact = models.BooleanField(default=False)
+    compact_through = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -207,7 +216,12 @@ class ProviderEndpoint(models.Model):
 
 
 class UsageRecord(models.Model):
-    """Tokens of one step. Plain ids, no foreign keys: usage outlives the history wipe."""
+    """Tokens of one request. Plain ids, no foreign keys: usage outlives the history wipe."""
+
+    class Kind(models.TextChoices):
+        STEP = "step"
+        # The request that wrote a compaction's summary (chat.context).
+        SUMMARY = "summary"
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
@@ -220,6 +234,7 @@ class UsageRecord(models.Model):
     output_tokens = models.PositiveIntegerField(default=0)
     cache_read_tokens = models.PositiveIntegerField(default=0)
     cache_write_tokens = models.PositiveIntegerField(default=0)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.STEP)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -48,6 +48,7 @@ class Kind:
     TOOL_RESULT = "tool_result"
     ERROR = "error"
     SYSTEM = "system"
+    COMPACTION = "compaction"
 
 
 @dataclass(slots=True)
