@@ -118,13 +118,41 @@ class RunningTurn(models.Model):
     step = models.PositiveIntegerField(default=0)
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField()
-    # The open block as last checkpointed: {id, role, type, step, data}.
-    open_chunk = models.JSONField(null=True, blank=True)
+    # The open block as last checkpointed, without its streamed body:
+    # {id, role, type, step, data}. Its body is in CheckpointPiece rows;
+    # chat.log.checkpointed() puts the two together.
+    open_header = models.JSONField(null=True, blank=True)
     checkpointed_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
 
     def __str__(self) -> str:
         return f"turn {self.turn_id} on {self.tab_id} ({self.status})"
+
+
+class CheckpointPiece(models.Model):
+    """Text the open block's body gained between two checkpoints.
+
+    A checkpoint inserts only what streamed since the previous one, so what it
+    writes does not grow with the block: rewriting the whole body each time
+    cost quadratic bytes over a long answer. Only the open block's pieces are
+    kept; they go with the checkpoint (chat.log).
+    """
+
+    running = models.ForeignKey(RunningTurn, on_delete=models.CASCADE, related_name="pieces")
+    chunk_id = models.UUIDField()
+    # Code points of the body before this text.
+    offset = models.PositiveIntegerField()
+    text = models.TextField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["running", "chunk_id", "offset"], name="checkpoint_piece_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"piece of {self.chunk_id} at {self.offset}"
 
 
 class QueuedMessage(models.Model):
