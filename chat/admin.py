@@ -29,8 +29,8 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import JsonLexer
 
+from chat import log, usage
 from chat import render as chat_render
-from chat import usage
 from chat.lease import is_stale, turn_usage
 from chat.models import (
     ApiKey,
@@ -416,7 +416,7 @@ class ChunkAdmin(admin.ModelAdmin):
                 }
             )
         tab = chunks[0].tab if chunks else running.tab
-        open_chunk = running.open_chunk if running else None
+        open_block = log.checkpointed(running.tab_id) if running else None
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -434,9 +434,7 @@ class ChunkAdmin(admin.ModelAdmin):
             "running": running,
             "running_stale": running is not None and is_stale(running),
             "open_chunk_preview": (
-                payload_preview(open_chunk.get("type", ""), open_chunk.get("data"))
-                if isinstance(open_chunk, dict)
-                else None
+                payload_preview(open_block.type, open_block.data) if open_block else None
             ),
             "pygments_css": PYGMENTS_CSS,
         }

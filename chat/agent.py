@@ -230,6 +230,10 @@ class TurnRunner:
         self._debouncer = Debouncer()
         self._cp_timer: asyncio.TimerHandle | None = None
         self._cp_write: asyncio.Task | None = None
+        # The block the checkpoint holds and how much of its body: the next
+        # checkpoint writes the rest (chat.log.checkpoint).
+        self._cp_block: uuid.UUID | None = None
+        self._cp_stored = 0
         self._coalescer = Coalescer()
         self._delta_timer: asyncio.TimerHandle | None = None
         # The last delta op being published: the next one waits for it (order).
@@ -701,11 +705,7 @@ class TurnRunner:
         so (its output key, even empty), not one of a call never run, which
         Continue would tell the model it can run again."""
         await self._apply(self.reducer.feed(ShellOutput(call_id, "")))
-        block = self.reducer.open
-        snapshot = Block(
-            block.id, block.turn_id, block.step, block.role, block.type, dict(block.data)
-        )
-        await database_sync_to_async(log.checkpoint)(self.tab_id, snapshot)
+        await self._write_checkpoint(self._snapshot())
 
     async def _wait_for_approval(self, call_id: str, name: str, arguments: dict) -> bool:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -930,21 +930,29 @@ class TurnRunner:
             self._cp_timer = loop.call_at(check_at, self._checkpoint_due)
             return
         self._cp_timer = None
-        block = self.reducer.open
-        if block is None:
+        if self.reducer.open is None:
             return
-        snapshot = Block(
-            block.id, block.turn_id, block.step, block.role, block.type, dict(block.data)
-        )
+        snapshot = self._snapshot()
         previous = self._cp_write
 
         async def write() -> None:
             if previous is not None:
                 with suppress(Exception):
                     await previous
-            await database_sync_to_async(log.checkpoint)(self.tab_id, snapshot)
+            await self._write_checkpoint(snapshot)
 
         self._cp_write = asyncio.ensure_future(write())
+
+    def _snapshot(self) -> Block:
+        """The open block as it is now, kept from the deltas that follow."""
+        block = self.reducer.open
+        return Block(block.id, block.turn_id, block.step, block.role, block.type, dict(block.data))
+
+    async def _write_checkpoint(self, snapshot: Block) -> None:
+        # Counted once written: a write that fails is sent again by the next one.
+        stored = self._cp_stored if snapshot.id == self._cp_block else None
+        await database_sync_to_async(log.checkpoint)(self.tab_id, snapshot, stored)
+        self._cp_block, self._cp_stored = snapshot.id, len(snapshot.text)
 
     def _cancel_checkpoint(self) -> None:
         if self._cp_timer is not None:

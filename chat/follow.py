@@ -361,10 +361,8 @@ class Follower:
         if self.pending_hello is None:
             return
         self.snapshot_timer = None
-        running = await RunningTurn.objects.filter(tab_id=self.tab_id).afirst()
-        snapshot = None
-        if running is not None and running.open_chunk:
-            snapshot = {"open": running.open_chunk, "status": None}
+        block = await database_sync_to_async(log.checkpointed)(self.tab_id)
+        snapshot = {"open": block.to_dict(), "status": None} if block is not None else None
         await self._sync(await self._catch_up(snapshot))
 
     async def _catch_up(self, snapshot: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -1,7 +1,8 @@
 """The lease: the RunningTurn row that says which worker runs a tab's turn.
 
 Every write to RunningTurn goes through here, except the open block's
-checkpoint payload, which `log` writes with the seal that replaces it. The
+checkpoint (its header, and its body's CheckpointPiece rows), which `log`
+writes and clears with the seal that replaces it. The
 primary key is the tab, so one turn per tab is a database fact; the heartbeat
 is the lease's fence (an update that finds the lease gone means another worker
 recovered it). A worker *claims* a tab in process memory before its lease
@@ -228,13 +229,12 @@ def _recover(running: RunningTurn) -> list[Block]:
         return []
     blocks: list[Block] = []
     lost = ""
-    if running.open_chunk:
-        block = Block.from_dict(running.open_chunk)
-        # The seal may have reached the log just before the crash.
-        if not Chunk.objects.filter(pk=block.id).exists():
-            block.data["interrupted"] = True
-            blocks.append(block)
-            lost = " The last block was saved up to its last checkpoint (at most a second lost)."
+    block = log.checkpointed(tab_id)
+    # The seal may have reached the log just before the crash.
+    if block is not None and not Chunk.objects.filter(pk=block.id).exists():
+        block.data["interrupted"] = True
+        blocks.append(block)
+        lost = " The last block was saved up to its last checkpoint (at most a second lost)."
     calls = {
         row["call_id"]: (row["name"], step)
         for row, step in (

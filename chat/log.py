@@ -12,7 +12,7 @@ synchronous ORM code: call them from async code through
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import connection, transaction
@@ -20,8 +20,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from chat import search
-from chat.models import Chunk, RunningTurn, Tab
-from chat.stream import Block
+from chat.models import CheckpointPiece, Chunk, RunningTurn, Tab
+from chat.stream import Block, _body_key
 
 
 def append(
@@ -62,7 +62,8 @@ def append(
             last_seq=F("last_seq") + len(rows), updated_at=timezone.now()
         )
         if clear_checkpoint:
-            RunningTurn.objects.filter(tab_id=tab_id).update(open_chunk=None, checkpointed_at=None)
+            RunningTurn.objects.filter(tab_id=tab_id).update(open_header=None, checkpointed_at=None)
+            CheckpointPiece.objects.filter(running_id=tab_id).delete()
     return rows
 
 
@@ -152,13 +153,72 @@ def last_seq(tab_id: uuid.UUID) -> int:
 
 
 # --- The open block's checkpoint ------------------------------------------------
+#
+# The running turn's row holds the open block's header (the block without its
+# streamed body); the body is in CheckpointPiece rows, each the text streamed
+# between two checkpoints, so a checkpoint writes what is new, not the block
+# again. `checkpointed` puts them back together.
 
 
-def checkpoint(tab_id: uuid.UUID, block: Block | None) -> None:
-    """Store the open block (or nothing) on the running turn's row; refreshes the heartbeat."""
+def checkpoint(tab_id: uuid.UUID, block: Block, stored: int | None) -> None:
+    """Checkpoint the open block: its body past the `stored` code points already
+    checkpointed, or (`stored` None: a block not checkpointed yet) its header and
+    whole body, in place of the previous block's. Refreshes the heartbeat.
+
+    Writes only while the lease is the block's turn's: a worker whose turn was
+    recovered must not write into the next turn's checkpoint.
+    """
     now = timezone.now()
-    RunningTurn.objects.filter(tab_id=tab_id).update(
-        open_chunk=block.to_dict() if block is not None else None,
-        checkpointed_at=now if block is not None else None,
-        heartbeat_at=now,
+    body = block.text
+    with transaction.atomic():
+        mine = RunningTurn.objects.filter(tab_id=tab_id, turn_id=block.turn_id)
+        if stored is None:
+            header = block.to_dict()
+            header["data"] = {k: v for k, v in block.data.items() if k != _body_key(block.type)}
+            if not mine.update(open_header=header, checkpointed_at=now, heartbeat_at=now):
+                return
+            CheckpointPiece.objects.filter(running_id=tab_id).delete()
+            stored = 0
+        elif not mine.update(checkpointed_at=now, heartbeat_at=now):
+            return
+        if len(body) > stored:
+            CheckpointPiece.objects.create(
+                running_id=tab_id, chunk_id=block.id, offset=stored, text=body[stored:]
+            )
+
+
+def checkpointed(tab_id: uuid.UUID) -> Block | None:
+    """The open block as last checkpointed, or None.
+
+    One statement (the header joined with its pieces): read in two, a seal or a
+    new block in between would mix two checkpoints.
+    """
+    return open_block(
+        RunningTurn.objects.filter(tab_id=tab_id, open_header__isnull=False)
+        .order_by("pieces__offset")
+        .values_list("open_header", "pieces__chunk_id", "pieces__offset", "pieces__text")
     )
+
+
+def open_block(rows: Iterable[tuple[Any, ...]]) -> Block | None:
+    """The block a checkpoint's rows make: (header, piece's chunk id, offset, text)
+    in offset order; a body with no piece is one row of Nones after the header.
+
+    A piece may repeat text before its offset (a write whose commit was not
+    acknowledged is sent again): only what is new is taken.
+    """
+    block = None
+    body: list[str] = []
+    length = 0
+    for header, chunk_id, offset, text in rows:
+        if block is None:
+            block = Block.from_dict(header)
+        if chunk_id != block.id:
+            continue
+        if offset > length:
+            break  # never a body with a hole in it: the prefix before the gap
+        body.append(text[length - offset :])
+        length = max(length, offset + len(text))
+    if block is not None:
+        block.data[_body_key(block.type)] = "".join(body)
+    return block

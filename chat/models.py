@@ -144,13 +144,6 @@ class CheckpointPiece(models.Model):
     offset = models.PositiveIntegerField()
     text = models.TextField()
 
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["running", "chunk_id", "offset"], name="checkpoint_piece_once"
-            )
-        ]
-
     def __str__(self) -> str:
         return f"piece of {self.chunk_id} at {self.offset}"
 

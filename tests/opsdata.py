@@ -19,6 +19,7 @@ from django.utils import timezone
 from chat import log
 from chat.models import (
     ApiKey,
+    CheckpointPiece,
     Chunk,
     ProviderEndpoint,
     QueuedMessage,
@@ -122,7 +123,9 @@ def start_turn(tab: Tab, *, stale: bool = False, with_checkpoint: bool = True) -
         heartbeat_at=timezone.now() - age,
     )
     if with_checkpoint:
-        log.checkpoint(tab.pk, block(turn_id, 2, "assistant", "text", {"text": "Half of an answ"}))
+        log.checkpoint(
+            tab.pk, block(turn_id, 2, "assistant", "text", {"text": "Half of an answ"}), None
+        )
         # checkpoint() refreshes the heartbeat, as a live worker's does.
         RunningTurn.objects.filter(pk=tab.pk).update(heartbeat_at=timezone.now() - age)
     running.refresh_from_db()
@@ -173,5 +176,6 @@ def history_counts() -> dict[str, int]:
         "chunks": Chunk.objects.count(),
         "tabs": Tab.objects.count(),
         "running": RunningTurn.objects.count(),
+        "pieces": CheckpointPiece.objects.count(),
         "queued": QueuedMessage.objects.count(),
     }

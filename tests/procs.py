@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from chat import log
 from harness.login import cookie_header
 from harness.servers import ROOT, Proc, clean_env, procfile_argv, stop_all
 
@@ -294,12 +295,21 @@ class Cluster:
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
     def running(self, tab_id: str) -> dict[str, Any] | None:
+        """The tab's lease: its turn, worker and open block as last checkpointed (a dict)."""
         rows = self.sql(
-            "SELECT turn_id, worker, open_chunk FROM chat_runningturn WHERE tab_id = %s", tab_id
+            'SELECT r.turn_id, r.worker, r.open_header, p.chunk_id, p."offset", p.text'
+            " FROM chat_runningturn r LEFT JOIN chat_checkpointpiece p ON p.running_id = r.tab_id"
+            ' WHERE r.tab_id = %s ORDER BY p."offset"',
+            tab_id,
         )
         if not rows:
             return None
-        return {"turn_id": rows[0][0], "worker": rows[0][1], "open_chunk": rows[0][2]}
+        block = log.open_block(row[2:] for row in rows if row[2] is not None)
+        return {
+            "turn_id": rows[0][0],
+            "worker": rows[0][1],
+            "open_chunk": block.to_dict() if block is not None else None,
+        }
 
     def queued(self, tab_id: str) -> list[str]:
         return [

@@ -123,17 +123,17 @@ def test_pages_of_one_tab_never_include_another(tab):
 
 
 def test_checkpoint_stores_and_clears_the_open_block(tab):
-    RunningTurn.objects.create(
+    running = RunningTurn.objects.create(
         tab=tab, turn_id=uuid.uuid4(), worker="w", heartbeat_at=timezone.now()
     )
-    block = Block(uuid.uuid4(), uuid.uuid4(), 2, "assistant", "text", {"text": "half"})
-    log.checkpoint(tab.pk, block)
-    stored = RunningTurn.objects.get().open_chunk
-    assert Block.from_dict(stored) == block
+    block = Block(uuid.uuid4(), running.turn_id, 2, "assistant", "text", {"text": "half"})
+    log.checkpoint(tab.pk, block, None)
+    assert log.checkpointed(tab.pk) == block
     # Sealing clears the checkpoint in the same transaction as the append.
     log.append(tab.pk, [block], clear_checkpoint=True)
-    running = RunningTurn.objects.get()
-    assert running.open_chunk is None and running.checkpointed_at is None
+    running.refresh_from_db()
+    assert running.open_header is None and running.checkpointed_at is None
+    assert log.checkpointed(tab.pk) is None and not running.pieces.exists()
 
 
 def test_the_migration_creates_the_chunk_table_with_its_columns_and_constraint():

@@ -23,7 +23,7 @@ from django.db import connection
 
 from chat import agent, lease, log, worker
 from chat.management.commands.send import TextPrinter
-from chat.models import Chunk, RunningTurn, Tab
+from chat.models import CheckpointPiece, Chunk, RunningTurn, Tab
 from chat.preferences import new_tab
 from chat.providers.base import TextDelta
 from chat.providers.offline import TOKEN_RE
@@ -146,7 +146,8 @@ CRASH_PACE = 20.0
 
 
 def test_a_killed_runner_loses_at_most_about_a_second_and_is_recovered(workspace):
-    """SIGKILL mid-text: the checkpoint holds all but ~1 s of the text; recovery says so."""
+    """SIGKILL mid-text, its checkpoint in several pieces: the pieces hold all but ~1 s of
+    the text; recovery seals exactly that and says so."""
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "send", "--new", "tell me a story"],
         cwd=ROOT,
@@ -162,8 +163,13 @@ def test_a_killed_runner_loses_at_most_about_a_second_and_is_recovered(workspace
         deadline = time.monotonic() + SEND_TIMEOUT
         while time.monotonic() < deadline:
             running = RunningTurn.objects.first()
-            cp = running.open_chunk if running else None
-            if cp and cp["type"] == "text" and len(TOKEN_RE.findall(cp["data"]["text"])) >= 10:
+            cp = log.checkpointed(running.tab_id) if running else None
+            if (
+                cp
+                and cp.type == "text"
+                and len(TOKEN_RE.findall(cp.text)) >= 10
+                and CheckpointPiece.objects.filter(chunk_id=cp.id).count() >= 2
+            ):
                 break
             time.sleep(0.05)
         else:
@@ -176,7 +182,7 @@ def test_a_killed_runner_loses_at_most_about_a_second_and_is_recovered(workspace
             proc.kill()
     reader.join(timeout=5)
     running = RunningTurn.objects.get()
-    saved = running.open_chunk["data"]["text"]
+    saved = log.checkpointed(running.tab_id).text
     # What the terminal showed of the text block, from its first characters on.
     printed = reader.text[reader.text.index(saved[:20]) :]
     assert printed.startswith(saved)
@@ -189,7 +195,7 @@ def test_a_killed_runner_loses_at_most_about_a_second_and_is_recovered(workspace
     rows = log.tail(running.tab_id)
     assert rows[-2].type == "text" and rows[-2].data == {"text": saved, "interrupted": True}
     assert rows[-1].data["kind"] == "interrupted"
-    assert not RunningTurn.objects.exists()
+    assert not RunningTurn.objects.exists() and not CheckpointPiece.objects.exists()
 
     # The tab works afterwards.
     again = send(workspace, "--tab", str(running.tab_id), "hello again")

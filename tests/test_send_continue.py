@@ -74,8 +74,10 @@ def test_it_continues_a_turn_a_killed_send_left_running(workspace, tab):
         worker="another-host:4242:gone",
         heartbeat_at=timezone.now() - timedelta(hours=1),
         step=1,
-        open_chunk=open_text.to_dict(),
     )
+    log.checkpoint(tab.pk, open_text, None)
+    # checkpoint() refreshes the heartbeat, as a live worker's does: its worker died since.
+    RunningTurn.objects.update(heartbeat_at=timezone.now() - timedelta(hours=1))
     done = send(workspace, "--continue", "--tab", str(tab.pk))
     assert done.returncode == 0, done.stderr
     rows = list(Chunk.objects.filter(tab=tab).order_by("seq"))

@@ -10,7 +10,14 @@ import pytest
 from channels.db import database_sync_to_async
 
 from chat import agent, bus, lease, log, render, resume, retry, turns, worker
-from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, UsageRecord
+from chat.models import (
+    CheckpointPiece,
+    Chunk,
+    QueuedMessage,
+    RunningTurn,
+    Setting,
+    UsageRecord,
+)
 from chat.providers.base import (
     Finish,
     ProviderError,
@@ -466,19 +473,18 @@ async def test_the_checkpoint_holds_the_open_block_and_is_cleared_on_seal(script
             await watcher.until(lambda m: m["op"] == "open" and m["block"]["role"] == "assistant")
             # The debouncer's max wait (1 s) passes while the 1.5 s stream runs: a
             # checkpoint is written before the seal (polled, not slept for).
-            running = None
+            checkpointed = None
             answer = Chunk.objects.filter(tab_id=tab.pk, role="assistant")
             while not await answer.aexists():
-                running = await RunningTurn.objects.filter(
-                    tab_id=tab.pk, open_chunk__isnull=False
-                ).afirst()
-                if running is not None:
+                checkpointed = await database_sync_to_async(log.checkpointed)(tab.pk)
+                if checkpointed is not None:
                     break
                 await asyncio.sleep(0.02)
-            assert running is not None, "sealed before any checkpoint"
-            assert set(running.open_chunk["data"]["text"]) == {"y"}
+            assert checkpointed is not None, "sealed before any checkpoint"
+            assert set(checkpointed.data["text"]) == {"y"}
             await watcher.until_idle()
     assert not await RunningTurn.objects.aexists()
+    assert not await CheckpointPiece.objects.aexists()
 
 
 async def test_recovery_seals_the_checkpoint_as_interrupted(workspace):
@@ -519,7 +525,9 @@ async def test_recovery_seals_the_checkpoint_as_interrupted(workspace):
             heartbeat_at=timezone.now(),
         )
         log.checkpoint(
-            tab.pk, Block(uuid.uuid4(), turn_id, 2, "assistant", "text", {"text": "half a sent"})
+            tab.pk,
+            Block(uuid.uuid4(), turn_id, 2, "assistant", "text", {"text": "half a sent"}),
+            None,
         )
         # The worker died a minute ago: no heartbeat since.
         RunningTurn.objects.update(heartbeat_at=timezone.now() - timezone.timedelta(seconds=60))

@@ -33,7 +33,13 @@ from tests import opsdata
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parent.parent
-HISTORY_LABELS = ["chat.chunk", "chat.tab", "chat.runningturn", "chat.queuedmessage"]
+HISTORY_LABELS = [
+    "chat.chunk",
+    "chat.tab",
+    "chat.runningturn",
+    "chat.checkpointpiece",
+    "chat.queuedmessage",
+]
 # A subprocess imports Django and the app: a few seconds on a slow machine.
 SUBPROCESS_TIMEOUT = 60
 # How long the simulated worker keeps its lease alive waiting for a cancel;
@@ -84,17 +90,23 @@ def filled():
         "tool",
         "system",
     }
-    assert RunningTurn.objects.get().open_chunk is not None
+    assert RunningTurn.objects.get().pieces.exists()
     return {"tabs": tabs, **kept}
 
 
 def test_it_deletes_the_history_and_keeps_every_other_row(filled):
-    """After --yes the four history tables are empty and the kept tables dump identically."""
+    """After --yes the history tables are empty and the kept tables dump identically."""
     kept_before = _dump(exclude=HISTORY_LABELS)
 
     output = _wipe(yes=True)
 
-    assert opsdata.history_counts() == {"chunks": 0, "tabs": 0, "running": 0, "queued": 0}
+    assert opsdata.history_counts() == {
+        "chunks": 0,
+        "tabs": 0,
+        "running": 0,
+        "pieces": 0,
+        "queued": 0,
+    }
     assert _dump(exclude=HISTORY_LABELS) == kept_before
     for label in [
         "auth.user",
@@ -110,11 +122,12 @@ def test_it_deletes_the_history_and_keeps_every_other_row(filled):
     assert "chat_chunk: 24 rows" in output
     assert "chat_tab: 3 rows" in output
     assert "chat_runningturn: 1 row" in output
+    assert "chat_checkpointpiece: 1 row" in output
     assert "chat_queuedmessage: 2 rows" in output
     assert "auth_user: 2 rows" in output
     assert "chat_apikey: 1 row" in output
     assert "chat_usagerecord: 7 rows" in output
-    assert "Deleted 30 rows" in output
+    assert "Deleted 31 rows" in output
 
 
 def test_it_lists_what_it_keeps_before_what_it_does(filled):
@@ -122,7 +135,13 @@ def test_it_lists_what_it_keeps_before_what_it_does(filled):
     output = _wipe(yes=True)
 
     deletes, keeps = output.split("Deletes (chat history):")[1].split("Keeps:")
-    for table in ["chat_chunk", "chat_tab", "chat_runningturn", "chat_queuedmessage"]:
+    for table in [
+        "chat_chunk",
+        "chat_tab",
+        "chat_runningturn",
+        "chat_checkpointpiece",
+        "chat_queuedmessage",
+    ]:
         assert table in deletes and table not in keeps.split("Deleted")[0]
     for table in [
         "auth_user",
@@ -228,7 +247,13 @@ def test_it_cancels_running_turns_with_force(filled):
 
     assert holder.saw_cancel
     assert "Cancelling 1 turn(s)" in output
-    assert opsdata.history_counts() == {"chunks": 0, "tabs": 0, "running": 0, "queued": 0}
+    assert opsdata.history_counts() == {
+        "chunks": 0,
+        "tabs": 0,
+        "running": 0,
+        "pieces": 0,
+        "queued": 0,
+    }
 
 
 def test_it_gives_up_when_a_cancelled_turn_does_not_stop(filled, monkeypatch):
@@ -280,7 +305,10 @@ def test_it_shrinks_the_database_file(filled):
         assert _db_size() < size_before / 2
         assert "VACUUM: database" in output
     else:
-        assert "VACUUM ANALYZE chat_chunk, chat_queuedmessage, chat_runningturn, chat_tab" in output
+        assert (
+            "VACUUM ANALYZE chat_chunk, chat_queuedmessage, chat_checkpointpiece, "
+            "chat_runningturn, chat_tab"
+        ) in output
     assert opsdata.history_counts()["chunks"] == 0
 
 

@@ -11,7 +11,7 @@ def split_bodies(apps, schema_editor):
     """A checkpoint written before pieces held the whole block: its body becomes one piece."""
     RunningTurn = apps.get_model("chat", "RunningTurn")
     CheckpointPiece = apps.get_model("chat", "CheckpointPiece")
-    for running in RunningTurn.objects.exclude(open_header=None):
+    for running in RunningTurn.objects.filter(open_header__isnull=False):
         header = running.open_header
         body = header["data"].pop(_body_key(header["type"]), "")
         running.save(update_fields=["open_header"])
@@ -23,7 +23,7 @@ def split_bodies(apps, schema_editor):
 
 def join_bodies(apps, schema_editor):
     RunningTurn = apps.get_model("chat", "RunningTurn")
-    for running in RunningTurn.objects.exclude(open_header=None):
+    for running in RunningTurn.objects.filter(open_header__isnull=False):
         header = running.open_header
         pieces = running.pieces.filter(chunk_id=header["id"]).order_by("offset")
         header["data"][_body_key(header["type"])] = "".join(p.text for p in pieces)
@@ -62,13 +62,6 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
-            options={
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("running", "chunk_id", "offset"), name="checkpoint_piece_once"
-                    )
-                ],
-            },
         ),
         migrations.RunPython(split_bodies, join_bodies),
     ]

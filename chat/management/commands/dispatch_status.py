@@ -76,7 +76,7 @@ def status() -> dict[str, Any]:
                 "lease_age_seconds": round((now - turn.heartbeat_at).total_seconds(), 1),
                 "stale": is_stale(turn),
                 "cancel_requested": turn.cancel_requested,
-                "open_chunk": bool(turn.open_chunk),
+                "open_chunk": turn.open_header is not None,
             }
         )
     queued = [

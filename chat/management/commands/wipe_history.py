@@ -1,9 +1,9 @@
 """`manage.py wipe_history`: delete all chat history, keep everything else.
 
-History is Chunk, QueuedMessage, RunningTurn and Tab, and the search index
-over the chunks (chat.search: tables, not models). Everything else stays:
-users, sessions, Setting, ApiKey, ProviderEndpoint, UsageRecord and any table
-another app adds. The command prints what it deletes and what it keeps, asks
+History is Chunk, QueuedMessage, RunningTurn with its CheckpointPiece rows,
+and Tab, and the search index over the chunks (chat.search: tables, not
+models). Everything else stays: users, sessions, Setting, ApiKey,
+ProviderEndpoint, UsageRecord and any table another app adds. The command prints what it deletes and what it keeps, asks
 (unless --yes), refuses while a turn runs (unless --force, which cancels those
 turns first), deletes in one transaction with one DELETE per table, then
 reclaims the space: VACUUM on SQLite, VACUUM ANALYZE of the emptied tables on
@@ -23,10 +23,16 @@ from django.db.models import Model
 
 from chat import lease, search, turns
 from chat.management.commands.dispatch_status import database_size, human_size
-from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
+from chat.models import CheckpointPiece, Chunk, QueuedMessage, RunningTurn, Tab
 
 # Deletion order: every table before the table its foreign keys point to.
-HISTORY_MODELS: tuple[type[Model], ...] = (Chunk, QueuedMessage, RunningTurn, Tab)
+HISTORY_MODELS: tuple[type[Model], ...] = (
+    Chunk,
+    QueuedMessage,
+    CheckpointPiece,
+    RunningTurn,
+    Tab,
+)
 
 # How long --force waits for cancelled turns to stop. A turn stops at its next
 # stream event or tool poll, in well under a few seconds; waiting past
