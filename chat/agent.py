@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import PurePosixPath
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -25,7 +26,7 @@ from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 
-from chat import lease, log, preferences, retry, tools
+from chat import blobs, lease, log, preferences, retry, tools
 from chat import usage as chat_usage
 from chat.history import History
 from chat.models import QueuedMessage, Tab, UsageRecord
@@ -46,6 +47,7 @@ from chat.providers.errors import STREAM_IDLE, explain
 from chat.providers.registry import STREAM_IDLE_TIMEOUT
 from chat.stream import Block, Delta, Kind, Op, Open, Reducer, Role, Seal
 from chat.tools import sandbox
+from chat.tools.base import ImageFile
 
 logger = logging.getLogger(__name__)
 
@@ -453,6 +455,7 @@ class TurnRunner:
                 system=tab.system_prompt,
                 tools=tools.tool_specs(),
                 messages=self.history.messages(),
+                blobs=blobs.READER,
             )
             finish = await self._stream_with_retries(request, model, config)
             if finish is None:
@@ -682,21 +685,38 @@ class TurnRunner:
                 on_output=on_output,
                 policy=sandbox.policy_from(django_settings),
             )
+            result, is_error, attachments = outcome.result, outcome.is_error, ()
+            if outcome.image is not None:
+                try:
+                    ref = await database_sync_to_async(self._store_image)(outcome.image)
+                    attachments = (ref,)
+                except blobs.AttachmentError as exc:
+                    result, is_error = str(exc), True
             queue.put_nowait(
                 ToolResultEvent(
                     call_id,
                     name,
-                    outcome.result,
-                    outcome.is_error,
+                    result,
+                    is_error,
                     outcome.truncated,
                     truncated_bytes=outcome.truncated_bytes,
                     truncated_lines=outcome.truncated_lines,
+                    attachments=attachments,
                 )
             )
 
         async with aclosing(self._produced(produce)) as events:
             async for event in events:
                 await self._apply(self.reducer.feed(event))
+
+    def _store_image(self, image: ImageFile) -> dict[str, Any]:
+        """An image a tool read, stored as the tab's attachment (as a message's files
+        are); its reference keeps the workspace path it was read from."""
+        normalised = blobs.normalise(image.data, PurePosixPath(image.path).name)
+        with transaction.atomic():
+            blob = blobs.store(normalised)
+            blobs.attach(self.tab_id, blob, normalised.name, sent=True)
+        return {**normalised.ref(), "path": image.path}
 
     async def _open_output(self, call_id: str) -> None:
         """Open the shell call's output block before the command starts, and
@@ -982,12 +1002,14 @@ class TurnRunner:
                 return [], []
             # A rerun row (a regenerated branch) starts the turn and adds nothing.
             blocks = [
-                Block(uuid.uuid4(), self.turn_id, 0, Role.USER, Kind.TEXT, {"text": q.text})
+                Block(uuid.uuid4(), self.turn_id, 0, Role.USER, Kind.TEXT, _message_data(q))
                 for q in queued
                 if not q.rerun
             ]
             log.append(self.tab_id, blocks)
             QueuedMessage.objects.filter(pk__in=[q.pk for q in queued]).delete()
+        for ref in (ref for q in queued for ref in q.attachments):
+            blobs.place(self.workspace, ref)
         return blocks, [q.pk for q in queued]
 
     async def _set_step(self, step: int) -> None:
@@ -1038,6 +1060,13 @@ class TurnRunner:
 
     def _beat(self) -> str:
         return lease.beat(self.tab_id, self.turn_id)
+
+
+def _message_data(queued: QueuedMessage) -> dict[str, Any]:
+    """A queued message's user chunk data: its text, and its files when it has some."""
+    if queued.attachments:
+        return {"text": queued.text, "attachments": queued.attachments}
+    return {"text": queued.text}
 
 
 def _reason(exc: ProviderError) -> str:

@@ -31,7 +31,19 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import cuts, follow, lease, log, preferences, search, throttle, transfer, turns, usage
+from chat import (
+    blobs,
+    cuts,
+    follow,
+    lease,
+    log,
+    preferences,
+    search,
+    throttle,
+    transfer,
+    turns,
+    usage,
+)
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
 from chat.stream import Kind
@@ -549,10 +561,14 @@ def _etags(header: str) -> set[str]:
 @api_view("POST", write=True)
 def messages(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Send a message: queued at once, taken by the running turn at its next step or by
-    a new turn. 202: accepted, not answered."""
+    a new turn. 202: accepted, not answered. JSON `{text}`, or multipart/form-data with
+    `text` and files in `file` fields, checked as the page's uploads are (chat.blobs)."""
     tab = _get_tab(request, tab_id)
-    data = read_json(request, {"text": Field(str, required=True)})
-    text = data["text"]
+    attachments: list[str] = []
+    if request.content_type == "multipart/form-data":
+        text, attachments = _multipart_message(request, tab)
+    else:
+        text = read_json(request, {"text": Field(str, required=True)})["text"]
     if len(text) > MAX_MESSAGE_CHARS:
         raise ApiError(
             422,
@@ -560,10 +576,35 @@ def messages(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
             f"The message is too long (at most {MAX_MESSAGE_CHARS} characters).",
         )
     try:
-        queued = turns.submit(tab, text)
+        queued = turns.submit(tab, text, attachments=attachments)
     except ValueError as exc:
         raise ApiError(422, "invalid_value", str(exc)) from None
     return JsonResponse({"id": queued.pk}, status=202)
+
+
+def _multipart_message(request: HttpRequest, tab: Tab) -> tuple[str, list[str]]:
+    """A multipart message's text and its files, stored as the tab's uploads (all, or
+    none: 413 past the size bound, 422 for a file refused, saying why)."""
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > blobs.MAX_REQUEST_BYTES:
+        raise ApiError(
+            413,
+            "body_too_large",
+            f"The request body is larger than {blobs.MAX_REQUEST_BYTES} bytes: at most "
+            f"{blobs.MAX_FILES} files of {blobs.human_bytes(blobs.MAX_UPLOAD_BYTES)} each.",
+        )
+    text = request.POST.get("text", "")
+    uploads = request.FILES.getlist("file")
+    if not uploads:
+        return text, []
+    try:
+        files = blobs.normalise_uploads(uploads)
+    except blobs.AttachmentError as exc:
+        raise ApiError(422, "invalid_file", str(exc)) from None
+    return text, blobs.add_uploads(tab.pk, files)
 
 
 def _uuid(value: str, what: str) -> uuid.UUID:

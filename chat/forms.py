@@ -91,10 +91,12 @@ class OwnerForm(UserCreationForm):
 
 
 class MessageForm(forms.Form):
+    # Not required: a message may be only files (its `attachment` fields); turns.submit
+    # refuses one with neither.
     text = forms.CharField(
         max_length=MAX_MESSAGE_CHARS,
+        required=False,
         error_messages={
-            "required": "The message is empty.",
             "max_length": "The message is too long (at most %(limit_value)s characters).",
         },
     )

@@ -14,6 +14,8 @@ Normalisations, each deterministic so that rebuilding gives the same bytes:
   or redacted data; a thinking chunk with neither and no text is dropped, and
   so is one marked `interrupted` without either (cut off before it was signed);
 - interrupted text is sent as the user saw it;
+- a message's files (its `attachments`) become image and document parts before
+  its text, references whose bytes the adapters read when they send them;
 - tool arguments are re-ordered with sorted keys (PostgreSQL's jsonb re-orders
   keys on its own, which would otherwise change the bytes after a reload);
 - call ids are made safe (`[a-zA-Z0-9_-]`) and unique in the request;
@@ -42,12 +44,15 @@ from itertools import islice
 from typing import Any, NamedTuple, Protocol
 
 from chat.providers.base import (
+    DocumentPart,
+    ImagePart,
     Message,
     Part,
     TextPart,
     ThinkingPart,
     ToolCallPart,
     ToolResultPart,
+    upload_path,
 )
 from chat.stream import Kind, Role
 
@@ -60,6 +65,10 @@ MISSING_RESULT = "No result was recorded for this call (the turn was interrupted
 # tool_result content (anomalyco/opencode#15371), and the model reads it better.
 EMPTY_RESULT = "(no output)"
 CONVERSATION_START = "(conversation start)"
+# What chat.blobs stores: the types an attachment part can be.
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg"})
+PDF_TYPE = "application/pdf"
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class ChunkLike(Protocol):
@@ -148,8 +157,12 @@ class History:
             case _, Kind.SYSTEM | Kind.ERROR:
                 pass  # the UI's, never the model's
             case Role.USER, Kind.TEXT:
+                # Files before the text that speaks of them (Anthropic's advice).
+                parts = attachment_parts(data.get("attachments"))
                 if data.get("text"):
-                    self._to(Role.USER).parts.append(TextPart(data["text"]))
+                    parts.append(TextPart(data["text"]))
+                if parts:
+                    self._to(Role.USER).parts.extend(parts)
             case Role.ASSISTANT, Kind.TEXT:
                 if data.get("text"):
                     self._assistant(chunk).parts.append(TextPart(data["text"]))
@@ -269,7 +282,10 @@ class History:
             if not output.endswith("\n"):
                 output += "\n"
             text = f"{output}[{text}]"
-        part = ToolResultPart(call.safe, call.name, text, bool(data.get("is_error")))
+        images = tuple(
+            p for p in attachment_parts(data.get("attachments")) if isinstance(p, ImagePart)
+        )
+        part = ToolResultPart(call.safe, call.name, text, bool(data.get("is_error")), images)
         user.parts.insert(_results_end(user.parts), part)
 
     def _safe_id(self, original: str) -> str:
@@ -284,6 +300,32 @@ class History:
         self._suffixes[safe] = n
         self._used_ids.add(candidate)
         return candidate
+
+
+def attachment_parts(refs: Any) -> list[Part]:
+    """The parts of a chunk's `attachments` (chat.blobs.reference dicts); an entry that
+    is not one (an edited import) is left out. A tool's image carries the workspace
+    `path` it was read from; a message's file is at its upload_path."""
+    parts: list[Part] = []
+    for ref in refs if isinstance(refs, list) else ():
+        if not isinstance(ref, Mapping) or not SHA256_HEX.fullmatch(str(ref.get("sha256"))):
+            continue
+        sha, name, mime = ref["sha256"], str(ref.get("name") or "attachment"), ref.get("mime")
+        path = str(ref.get("path") or upload_path(sha, name))
+        if mime in IMAGE_TYPES:
+            parts.append(
+                ImagePart(
+                    sha, name, mime, _count(ref.get("width")), _count(ref.get("height")), path
+                )
+            )
+        elif mime == PDF_TYPE:
+            size, pages = _count(ref.get("size")), _count(ref.get("pages"))
+            parts.append(DocumentPart(sha, name, mime, size, pages, path))
+    return parts
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _call_id(chunk: ChunkLike) -> str:

@@ -1,6 +1,7 @@
 """Tabs, the chunk log, the running-turn row, and the kept state.
 
-Chat history (wiped by `wipe_history`): Tab, Chunk, RunningTurn, QueuedMessage.
+Chat history (wiped by `wipe_history`): Tab, Chunk, RunningTurn, QueuedMessage,
+Attachment and Blob (with the blobs' files).
 Kept state (survives the wipe): Setting, ApiKey, ProviderEndpoint, UsageRecord, ApiToken.
 """
 
@@ -163,6 +164,8 @@ class QueuedMessage(models.Model):
     rerun = models.BooleanField(default=False)
     compact = models.BooleanField(default=False)
     compact_through = models.BigIntegerField(null=True, blank=True)
+    # The message's files: the references its user chunk will hold (chat.blobs.reference).
+    attachments = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -170,6 +173,39 @@ class QueuedMessage(models.Model):
 
     def __str__(self) -> str:
         return f"queued #{self.pk} for {self.tab_id}"
+
+
+class Blob(models.Model):
+    """The bytes of an attachment, stored once by their SHA-256 under the data directory
+    (chat.blobs). Only what a message says of the file besides its name."""
+
+    sha256 = models.CharField(max_length=64, primary_key=True)
+    mime = models.CharField(max_length=100)
+    size = models.PositiveBigIntegerField()
+    width = models.PositiveIntegerField(null=True, blank=True)
+    height = models.PositiveIntegerField(null=True, blank=True)
+    pages = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.sha256[:12]} {self.mime} {self.size} B"
+
+
+class Attachment(models.Model):
+    """A tab's use of a blob: uploaded to its composer (`sent` False until a message
+    carries it), sent in one of its messages, read by one of its tools, or copied with a
+    branch. The owner check of a blob, and its reference count: a blob no row uses is
+    garbage (chat.blobs.collect)."""
+
+    tab = models.ForeignKey(Tab, on_delete=models.CASCADE, related_name="attachments")
+    # PROTECT: blobs go only through chat.blobs.collect, which removes their files too.
+    blob = models.ForeignKey(Blob, on_delete=models.PROTECT, related_name="attachments")
+    name = models.CharField(max_length=255)
+    sent = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.blob_id[:12]}) in {self.tab_id}"
 
 
 # --- Kept state ----------------------------------------------------------------

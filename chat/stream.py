@@ -257,6 +257,8 @@ class Reducer:
             # Never sent (history sends the result): the page says how much was cut.
             data["truncated_bytes"] = event.truncated_bytes
             data["truncated_lines"] = event.truncated_lines
+        if event.attachments:
+            data["attachments"] = [dict(ref) for ref in event.attachments]
         block = self.open
         if (
             block is not None

@@ -16,13 +16,15 @@ from __future__ import annotations
 import logging
 import unicodedata
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from chat import bus, cuts, lease, log, resume
+from chat import blobs, bus, cuts, lease, log, resume
 from chat.cuts import CutError
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block, Kind, Role
@@ -46,25 +48,34 @@ def visible(text: str) -> bool:
     )
 
 
-def submit(tab: Tab, text: str, *, auto_approve: bool = False) -> QueuedMessage:
-    """Accept a user message: persist it, show it as queued, and make sure a turn takes it."""
+def submit(
+    tab: Tab, text: str, *, attachments: Iterable[str] = (), auto_approve: bool = False
+) -> QueuedMessage:
+    """Accept a user message: persist it, show it as queued, and make sure a turn takes it.
+
+    `attachments`: the composer's `<sha256>:<name>` values, each a blob one of the tab
+    owner's tabs uses (an upload of theirs). ValueError (for the user) for an empty
+    message, or a file that is not theirs (blobs.AttachmentError): nothing is queued.
+    """
     text = text.strip()
-    if not visible(text):
+    files = blobs.refs(tab.owner_id, attachments)
+    if not visible(text) and not files:
         raise ValueError("The message is empty.")
     with transaction.atomic():
         Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
-        queued = _enqueue(tab, text)
+        queued = _enqueue(tab, text, files)
+        blobs.mark_sent(tab.pk, files)
     bus.request_run(tab.pk, auto_approve=auto_approve)
     return queued
 
 
-def _enqueue(tab: Tab, text: str) -> QueuedMessage:
+def _enqueue(tab: Tab, text: str, attachments: list[dict[str, Any]] | None = None) -> QueuedMessage:
     """Queue a message; the caller's transaction holds the tab's lock."""
-    queued = QueuedMessage.objects.create(tab=tab, text=text)
+    queued = QueuedMessage.objects.create(tab=tab, text=text, attachments=attachments or [])
     # A draft (an edit's old text) is sent or replaced by what was sent.
     Tab.objects.filter(pk=tab.pk).exclude(draft="").update(draft="")
     if not tab.title:
-        tab.title = _title_from(text)
+        tab.title = _title_from(text or attachments[0]["name"])
         Tab.objects.filter(pk=tab.pk).update(title=tab.title)
     # Before the commit: a runner cannot take the row (and send "taken")
     # until then, so "queued" always reaches the pages first.
@@ -195,6 +206,7 @@ def branch(
             draft=draft,
         )
         log.copy(tab.pk, child.pk, through=at_seq)
+        blobs.copy_refs(tab.pk, child.pk)
         text = FORKED_TEXT[action].format(title=f"“{tab}”")
         forked = Block(
             uuid.uuid4(),

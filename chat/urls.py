@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.urls import include, path
+from django.urls import include, path, re_path
 
 from chat import api, views
 
@@ -40,6 +40,9 @@ urlpatterns = [
         views.tab_chunk_output,
         name="tab_chunk_output",
     ),
+    path("t/<uuid:tab_id>/attachments/", views.tab_attachments, name="tab_attachments"),
+    re_path(r"^blob/(?P<sha256>[0-9a-f]{64})/$", views.blob, name="blob"),
+    re_path(r"^blob/(?P<sha256>[0-9a-f]{64})/thumb/$", views.blob_thumb, name="blob_thumb"),
     path("t/import/", views.tab_import, name="tab_import"),
     path("api/v1/", include(api.urlpatterns)),
 ]

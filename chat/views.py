@@ -32,11 +32,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from chat import cuts, lease, log, preferences, resume, search, transfer, turns, usage
+from chat import blobs, cuts, lease, log, preferences, resume, search, transfer, turns, usage
 from chat import render as chat_render
 from chat.forms import (
     MAX_MESSAGE_CHARS,
@@ -57,6 +58,8 @@ from chat.forms import (
 from chat.models import (
     ApiKey,
     ApiToken,
+    Attachment,
+    Blob,
     Chunk,
     ProviderEndpoint,
     RunningTurn,
@@ -462,6 +465,7 @@ def tab_delete(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
         turns.cancel(tab.id)
         title = str(tab)
         tab.delete()
+        blobs.collect()
         messages.success(request, f"Deleted “{title}”.")
         return redirect("home")
     return render(
@@ -518,7 +522,7 @@ def tab_send(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
         return _composer_error(request, tab, form.errors["text"][0], 422)
     untitled = not tab.title
     try:
-        turns.submit(tab, form.cleaned_data["text"])
+        turns.submit(tab, form.cleaned_data["text"], attachments=request.POST.getlist("attachment"))
     except ValueError as exc:
         return _composer_error(request, tab, str(exc), 422)
     if not getattr(request, "htmx", False):
@@ -663,6 +667,109 @@ async def _pieces(text: str) -> AsyncIterator[bytes]:
     # UTF-8, even for a lone surrogate an imported log may hold.
     for start in range(0, len(text), OUTPUT_PIECE_CHARS):
         yield text[start : start + OUTPUT_PIECE_CHARS].encode("utf-8", "replace")
+
+
+@login_required
+@require_POST
+@csrf_exempt
+def tab_attachments(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Files for the composer (multipart, field `file`, several allowed): each checked
+    and normalised, then all stored, or none (400, one line of plain text saying why).
+    The answer is one tray item per file (chat/_attachment.html), whose hidden input
+    the message form sends. The size is checked before the body is read, which is why
+    the CSRF check (it reads the body) comes after, in _tab_attachments."""
+    tab = _get_tab_for_user(request, tab_id)
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > blobs.MAX_REQUEST_BYTES:
+        return _refused(
+            f"Too much at once: at most {blobs.MAX_FILES} files of "
+            f"{blobs.human_bytes(blobs.MAX_UPLOAD_BYTES)} each."
+        )
+    return _tab_attachments(request, tab)
+
+
+@csrf_protect
+def _tab_attachments(request: HttpRequest, tab: Tab) -> HttpResponse:
+    try:
+        files = blobs.normalise_uploads(request.FILES.getlist("file"))
+    except blobs.AttachmentError as exc:
+        return _refused(str(exc))
+    blobs.add_uploads(tab.pk, files)
+    html = "".join(render_to_string("chat/_attachment.html", {"a": _tray_item(n)}) for n in files)
+    return HttpResponse(html)
+
+
+def _tray_item(n: blobs.Normalised) -> dict[str, Any]:
+    return {
+        "sha256": n.sha256,
+        "name": n.name,
+        "mime": n.mime,
+        "size": len(n.data),
+        "width": n.width,
+        "height": n.height,
+    }
+
+
+def _refused(message: str) -> HttpResponse:
+    return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
+
+
+# The only types a blob is served as inline: what chat.blobs stores images as. Anything
+# else (a PDF) is a download, never rendered by the browser on this origin.
+INLINE_TYPES = frozenset({blobs.PNG, blobs.JPEG})
+# A blob never changes (its address is its hash): a browser may keep it, but only for
+# this user (it is owner-checked).
+BLOB_CACHE_CONTROL = "private, max-age=31536000, immutable"
+# Nothing a blob holds may run or load anything, even if a browser took it for a page.
+BLOB_CSP = "default-src 'none'; img-src 'self'; sandbox"
+
+
+@login_required
+@require_GET
+def blob(request: HttpRequest, sha256: str) -> HttpResponse:
+    """An attachment's bytes, for a user one of whose tabs uses it (else 404): an image
+    inline, anything else as a download under its name."""
+    row, name = _owned_blob(request, sha256)
+    data = blobs.read(row.sha256)
+    if data is None:
+        raise Http404("That file is no longer stored.")
+    response = HttpResponse(data, content_type=row.mime)
+    response["Content-Disposition"] = content_disposition_header(row.mime not in INLINE_TYPES, name)
+    return _blob_headers(response)
+
+
+@login_required
+@require_GET
+def blob_thumb(request: HttpRequest, sha256: str) -> HttpResponse:
+    """An image attachment's thumbnail (chat.blobs.thumbnail), owner-checked as `blob`."""
+    row, _ = _owned_blob(request, sha256)
+    path = blobs.thumbnail(row)
+    if path is None:
+        raise Http404("That file has no thumbnail.")
+    return _blob_headers(HttpResponse(path.read_bytes(), content_type=row.mime))
+
+
+def _owned_blob(request: HttpRequest, sha256: str) -> tuple[Blob, str]:
+    """The blob and the name the user gave it; 404 unless one of their tabs uses it."""
+    use = (
+        Attachment.objects.filter(blob_id=sha256, tab__owner=request.user)
+        .select_related("blob")
+        .order_by("-sent", "id")
+        .first()
+    )
+    if use is None:
+        raise Http404("No such file.")
+    return use.blob, use.name
+
+
+def _blob_headers(response: HttpResponse) -> HttpResponse:
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Cache-Control"] = BLOB_CACHE_CONTROL
+    response["Content-Security-Policy"] = BLOB_CSP
+    return response
 
 
 @login_required

@@ -5,6 +5,9 @@ Request rules (each one keeps the prefix byte-stable or the request valid):
   as given (the caller freezes it per tab);
 - thinking goes back exactly as it came (signature or redacted data), and
   thinking without either is dropped: Anthropic rejects it;
+- files go as image and document blocks (base64 of the stored bytes, the same in
+  every request) to a model that takes them, else as the line of text common.Files
+  gives; a tool's images go inside its tool_result;
 - cache breakpoints on the last tool, on the system prompt and on the last
   block of the request (moving), never on thinking or empty text: 3 of the 4
   the API allows. No breakpoint sits on an earlier message, so every message
@@ -26,8 +29,10 @@ import httpx2
 
 from chat.providers import errors
 from chat.providers.base import (
+    DocumentPart,
     Event,
     Finish,
+    ImagePart,
     Message,
     ProviderError,
     ReasoningDelta,
@@ -43,6 +48,7 @@ from chat.providers.base import (
 )
 from chat.providers.clients import CLIENTS
 from chat.providers.common import (
+    Files,
     SSEDecoder,
     SSEError,
     canonical,
@@ -59,7 +65,7 @@ logger = logging.getLogger(__name__)
 NAME = "Anthropic"
 EPHEMERAL = {"type": "ephemeral"}
 # Blocks a breakpoint may sit on. Not thinking: the API refuses it there.
-CACHEABLE = frozenset({"text", "tool_use", "tool_result"})
+CACHEABLE = frozenset({"text", "tool_use", "tool_result", "image", "document"})
 
 
 class AnthropicProvider:
@@ -224,7 +230,7 @@ def build_params(request: Request, model: ModelInfo) -> dict[str, Any]:
     """The keyword arguments of `messages.create` for `request` (without stream)."""
     tools = [_tool(spec) for spec in sorted(request.tools, key=lambda t: t.name)]
     system = [{"type": "text", "text": request.system}] if request.system else []
-    messages = wire_messages(request.messages)
+    messages = wire_messages(request.messages, Files(model, request.blobs))
     if not messages:
         raise ValueError("nothing to send: the request has no message with content")
     mark_breakpoints(tools, system, messages)
@@ -252,16 +258,18 @@ def _tool(spec: Any) -> dict[str, Any]:
     return tool
 
 
-def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """Neutral messages as Anthropic message params.
+def wire_messages(messages: Sequence[Message], files: Files | None = None) -> list[dict[str, Any]]:
+    """Neutral messages as Anthropic message params (`files`: how the model is given
+    images and PDFs; without it, each is a line of text).
 
     A message left with no block (only unsigned thinking, say) is dropped and
     its neighbours of one role are merged: the API wants non-empty messages
     with alternating roles.
     """
+    files = files if files is not None else Files(None, None)
     out: list[dict[str, Any]] = []
     for message in messages:
-        blocks = [b for b in (_block(part) for part in message.parts) if b is not None]
+        blocks = [b for b in (_block(part, files) for part in message.parts) if b is not None]
         if not blocks:
             continue
         if out and out[-1]["role"] == message.role:
@@ -271,7 +279,7 @@ def wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     return out
 
 
-def _block(part: Any) -> dict[str, Any] | None:
+def _block(part: Any, files: Files) -> dict[str, Any] | None:
     match part:
         case TextPart(text=text):
             return {"type": "text", "text": text} if text else None
@@ -283,14 +291,29 @@ def _block(part: Any) -> dict[str, Any] | None:
             return None  # reasoning of another provider, or cut off before its signature
         case ToolCallPart(call_id=call_id, name=name, arguments=arguments):
             return {"type": "tool_use", "id": call_id, "name": name, "input": canonical(arguments)}
-        case ToolResultPart(call_id=call_id, result=result, is_error=is_error):
+        case ToolResultPart(call_id=call_id, result=result, is_error=is_error, images=images):
             block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
-            if result:
+            if images:
+                text = [{"type": "text", "text": result}] if result else []
+                block["content"] = text + [_file(image, files) for image in images]
+            elif result:
                 block["content"] = result
             if is_error:
                 block["is_error"] = True
             return block
+        case ImagePart() | DocumentPart():
+            return _file(part, files)
     raise TypeError(f"not a request part: {part!r}")
+
+
+def _file(part: ImagePart | DocumentPart, files: Files) -> dict[str, Any]:
+    data = files.encoded(part)
+    if data is None:
+        return {"type": "text", "text": files.instead(part)}
+    source = {"type": "base64", "media_type": part.mime, "data": data}
+    if isinstance(part, ImagePart):
+        return {"type": "image", "source": source}
+    return {"type": "document", "source": source, "title": part.name}
 
 
 def mark_breakpoints(

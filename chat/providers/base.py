@@ -60,6 +60,9 @@ class ToolResultEvent:
     # What the tool's cap dropped from the output (ToolOutcome's), for the page to say.
     truncated_bytes: int = 0
     truncated_lines: int = 0
+    # Images the tool read (chat.blobs.reference dicts with the workspace `path` they
+    # were read from), stored as blobs by the runner.
+    attachments: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,15 +137,52 @@ class ToolCallPart:
     arguments: Mapping[str, Any]
 
 
+# Where a file sent in a message is put in the workspace (chat.blobs.place), so a model
+# that cannot take the file itself is told where its tools find it.
+UPLOADS_DIR = "uploads"
+
+
+def upload_path(sha256: str, name: str) -> str:
+    """The workspace path of an attachment: a directory per blob, the file's own name."""
+    return f"{UPLOADS_DIR}/{sha256[:12]}/{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    """An image (PNG or JPEG, normalised by chat.blobs): a reference; its bytes are read
+    through the request's `blobs` when it is sent. `path`: where it is in the workspace."""
+
+    sha256: str
+    name: str
+    mime: str
+    width: int
+    height: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentPart:
+    """A PDF, as ImagePart is an image; `pages` is its page count."""
+
+    sha256: str
+    name: str
+    mime: str
+    size: int
+    pages: int
+    path: str
+
+
 @dataclass(frozen=True, slots=True)
 class ToolResultPart:
     call_id: str
     name: str
     result: str
     is_error: bool = False
+    # Images the tool read, shown to the model with the result.
+    images: tuple[ImagePart, ...] = ()
 
 
-Part = TextPart | ThinkingPart | ToolCallPart | ToolResultPart
+Part = TextPart | ThinkingPart | ToolCallPart | ToolResultPart | ImagePart | DocumentPart
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +204,25 @@ class ToolSpec:
     input_schema: Mapping[str, Any]
 
 
+class BlobReader(Protocol):
+    """Attachments' bytes, for the adapters (chat.blobs.READER: files, no database).
+    None for a blob whose bytes are gone."""
+
+    def data(self, sha256: str) -> bytes | None: ...
+
+    def text(self, sha256: str) -> str | None:
+        """A PDF's text, for a model that cannot read PDFs."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     system: str
     tools: tuple[ToolSpec, ...]
     messages: Sequence[Message]
+    # Where the bytes of the messages' images and documents are read (None: nowhere,
+    # each is sent as a line saying it is not available).
+    blobs: BlobReader | None = None
 
 
 # --- Errors ------------------------------------------------------------------

@@ -1,14 +1,18 @@
-"""What the HTTP adapters share: timeouts, reading server-sent events, canonical JSON."""
+"""What the HTTP adapters share: timeouts, reading server-sent events, canonical JSON,
+and how a request's files are given to a model."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import httpx2
+
+from chat.providers.base import BlobReader, DocumentPart, ImagePart
 
 # Every call has a timeout. Connecting takes well under a second on a sane
 # network; ten covers a slow DNS or TLS handshake.
@@ -205,3 +209,56 @@ def parse_arguments(raw: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"tool arguments are a JSON {type(value).__name__}, not an object")
     return value
+
+
+# --- Files (images and PDFs in a request) ---------------------------------------
+
+# The most of a PDF's text sent in its place to a model that cannot read PDFs: about
+# 25k tokens, a large part of a small model's window; the whole file is in the workspace.
+MAX_DOCUMENT_TEXT_CHARS = 100_000
+
+
+class Files:
+    """How one model is given a request's files: base64 of their bytes when it takes
+    that kind of file, else a line of text saying what and where the file is (a PDF's
+    text after it). The same part always gives the same bytes: the blob never changes."""
+
+    def __init__(self, model: Any, blobs: BlobReader | None) -> None:
+        self.images = bool(getattr(model, "images", False))
+        self.pdf = bool(getattr(model, "pdf", False))
+        self.blobs = blobs
+
+    def encoded(self, part: ImagePart | DocumentPart) -> str | None:
+        """The part's bytes as base64; None when the model does not take it or the
+        bytes are gone (`instead` says which)."""
+        if not (self.images if isinstance(part, ImagePart) else self.pdf):
+            return None
+        data = self.blobs.data(part.sha256) if self.blobs is not None else None
+        return base64.b64encode(data).decode("ascii") if data is not None else None
+
+    def instead(self, part: ImagePart | DocumentPart) -> str:
+        """The text sent in the part's place."""
+        if isinstance(part, ImagePart):
+            what = f"image {part.name}, {part.width}×{part.height}"
+            takes = self.images
+        else:
+            pages = "1 page" if part.pages == 1 else f"{part.pages} pages"
+            what = f"document {part.name}, {pages}"
+            takes = self.pdf
+        if takes:
+            return f"[{what}: no longer stored, so it cannot be shown]"
+        where = f"[{what}, saved in the workspace at {part.path}"
+        if isinstance(part, ImagePart):
+            return where + "]"
+        text = self.blobs.text(part.sha256) if self.blobs is not None else None
+        if text is None:
+            return where + "]"
+        if not text.strip():
+            return where + "; it has no text layer (a scan?): read it with the tools]"
+        if len(text) > MAX_DOCUMENT_TEXT_CHARS:
+            shown = text[:MAX_DOCUMENT_TEXT_CHARS]
+            return (
+                f"{where}; the first {MAX_DOCUMENT_TEXT_CHARS:,} of its {len(text):,} "
+                f"characters of text, extracted with pypdf, follow]\n{shown}"
+            )
+        return f"{where}; its text, extracted with pypdf, follows]\n{text}"

@@ -12,7 +12,11 @@ Request rules: the neutral user message (tool results first, then text) is
 split into `role: "tool"` messages and then a user message; arguments are JSON
 with sorted keys; reasoning goes back as `reasoning_content` only where the
 model's options say the server requires it (DeepSeek's thinking mode, on
-assistant messages with tool calls).
+assistant messages with tool calls). Files go as `image_url` parts with data URLs (and
+PDFs as `file` parts, for a model listed as reading them) in the user message, a
+tool's images in the user message after the tool messages (a tool message holds
+text only); to a model that does not take them, as the text common.Files gives. A
+user message with text only keeps plain string content.
 
 SDK retries are off: retries belong to the turn engine.
 """
@@ -30,8 +34,10 @@ import openai
 
 from chat.providers import errors
 from chat.providers.base import (
+    DocumentPart,
     Event,
     Finish,
+    ImagePart,
     Message,
     ProviderError,
     ReasoningDelta,
@@ -47,6 +53,7 @@ from chat.providers.base import (
 )
 from chat.providers.clients import CLIENTS
 from chat.providers.common import (
+    Files,
     SSEDecoder,
     SSEError,
     arguments_json,
@@ -226,8 +233,9 @@ def build_params(request: Request, model: ModelInfo) -> dict[str, Any]:
     other servers max_tokens, and every one has a sane default.
     """
     messages: list[dict[str, Any]] = []
+    files = Files(model, request.blobs)
     for message in request.messages:
-        messages.extend(wire_messages(message, send_reasoning=model.send_reasoning))
+        messages.extend(wire_messages(message, send_reasoning=model.send_reasoning, files=files))
     if not messages:
         raise ValueError("nothing to send: the request has no message with content")
     if request.system:
@@ -253,23 +261,42 @@ def build_params(request: Request, model: ModelInfo) -> dict[str, Any]:
     return params
 
 
-def wire_messages(message: Message, *, send_reasoning: bool = False) -> list[dict[str, Any]]:
-    """One neutral message as Chat Completions messages."""
+def wire_messages(
+    message: Message, *, send_reasoning: bool = False, files: Files | None = None
+) -> list[dict[str, Any]]:
+    """One neutral message as Chat Completions messages (`files`: how the model is given
+    images and PDFs; without it, each is a line of text)."""
     if message.role == "assistant":
         return [_assistant(message, send_reasoning)]
+    files = files if files is not None else Files(None, None)
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    content: list[dict[str, Any]] = []
     for part in message.parts:
         if isinstance(part, ToolResultPart):
-            content = part.result
-            if part.is_error and not content.startswith(ERROR_PREFIX):
-                content = ERROR_PREFIX + content
-            out.append({"role": "tool", "tool_call_id": part.call_id, "content": content})
+            result = part.result
+            if part.is_error and not result.startswith(ERROR_PREFIX):
+                result = ERROR_PREFIX + result
+            out.append({"role": "tool", "tool_call_id": part.call_id, "content": result})
+            content += [_file(image, files) for image in part.images]
         elif isinstance(part, TextPart) and part.text:
-            texts.append(part.text)
-    if texts:
-        out.append({"role": "user", "content": "\n\n".join(texts)})
+            content.append({"type": "text", "text": part.text})
+        elif isinstance(part, ImagePart | DocumentPart):
+            content.append(_file(part, files))
+    if content and all(c["type"] == "text" for c in content):
+        out.append({"role": "user", "content": "\n\n".join(c["text"] for c in content)})
+    elif content:
+        out.append({"role": "user", "content": content})
     return out
+
+
+def _file(part: ImagePart | DocumentPart, files: Files) -> dict[str, Any]:
+    data = files.encoded(part)
+    if data is None:
+        return {"type": "text", "text": files.instead(part)}
+    url = f"data:{part.mime};base64,{data}"
+    if isinstance(part, ImagePart):
+        return {"type": "image_url", "image_url": {"url": url}}
+    return {"type": "file", "file": {"filename": part.name, "file_data": url}}
 
 
 def _assistant(message: Message, send_reasoning: bool) -> dict[str, Any]:

@@ -58,7 +58,9 @@ class ModelInfo:
     thinking), "adaptive" lets the model decide. `send_reasoning` makes the
     OpenAI-compatible adapter send reasoning back as `reasoning_content` on
     assistant messages with tool calls (DeepSeek's thinking mode requires it).
-    `available` is whether a key is configured (set by `list_models`).
+    `available` is whether a key is configured (set by `list_models`). `images` and
+    `pdf` say what files the model takes (DESIGN §13); a file it does not take is sent
+    as a line of text saying where it is in the workspace (a PDF: with its text).
     """
 
     id: str
@@ -69,6 +71,8 @@ class ModelInfo:
     context_window: int = DEFAULT_CONTEXT_WINDOW
     max_output: int = DEFAULT_MAX_OUTPUT
     send_reasoning: bool = False
+    images: bool = False
+    pdf: bool = False
     known: bool = True
     available: bool = True
 
@@ -109,8 +113,12 @@ class ProviderSpec:
     # default URL of their own, and no URL is hard-coded here.
     needs_base_url: bool = False
     url_hint: str = ""
+    # ModelInfo options of a model of this provider that MODELS does not list.
     defaults: dict[str, object] = field(default_factory=dict)
 
+
+# What a Claude model takes: images (image blocks) and PDFs (document blocks).
+CLAUDE_FILES = {"images": True, "pdf": True}
 
 PROVIDERS: dict[str, ProviderSpec] = {
     spec.name: spec
@@ -122,6 +130,8 @@ PROVIDERS: dict[str, ProviderSpec] = {
             "anthropic/claude-sonnet-4-5",
             key_env="ANTHROPIC_API_KEY",
             url_env="ANTHROPIC_BASE_URL",
+            # Every current Claude model reads images and PDFs.
+            defaults=dict(CLAUDE_FILES),
         ),
         ProviderSpec(
             "openai",
@@ -130,6 +140,9 @@ PROVIDERS: dict[str, ProviderSpec] = {
             "openai/gpt-4.1",
             key_env="OPENAI_API_KEY",
             url_env="OPENAI_BASE_URL",
+            # OpenAI's own models see images since GPT-4o; a text-only model on another
+            # server behind this URL is listed in MODELS with images=False.
+            defaults={"images": True},
         ),
         ProviderSpec(
             "deepseek",
@@ -159,6 +172,7 @@ MODELS: dict[str, ModelInfo] = {
             thinking_budget=MANUAL_BUDGET,
             betas=(INTERLEAVED_THINKING_BETA,),
             max_output=64_000,
+            **CLAUDE_FILES,
         ),
         ModelInfo(
             "anthropic/claude-opus-4-1",
@@ -167,6 +181,7 @@ MODELS: dict[str, ModelInfo] = {
             thinking_budget=MANUAL_BUDGET,
             betas=(INTERLEAVED_THINKING_BETA,),
             max_output=32_000,
+            **CLAUDE_FILES,
         ),
         ModelInfo(
             "anthropic/claude-haiku-4-5",
@@ -174,16 +189,35 @@ MODELS: dict[str, ModelInfo] = {
             thinking="manual",
             thinking_budget=MANUAL_BUDGET,
             max_output=64_000,
+            **CLAUDE_FILES,
         ),
         # Adaptive thinking: the model decides, and interleaves on its own.
-        ModelInfo("anthropic/claude-sonnet-4-6", "Claude Sonnet 4.6", thinking="adaptive"),
-        ModelInfo("anthropic/claude-opus-4-6", "Claude Opus 4.6", thinking="adaptive"),
-        ModelInfo("anthropic/claude-opus-4-7", "Claude Opus 4.7", thinking="adaptive"),
-        ModelInfo("anthropic/claude-sonnet-5", "Claude Sonnet 5", thinking="adaptive"),
-        ModelInfo("anthropic/claude-opus-5", "Claude Opus 5", thinking="adaptive"),
-        ModelInfo("openai/gpt-4.1", "GPT-4.1", context_window=1_047_576, max_output=32_768),
         ModelInfo(
-            "openai/gpt-4.1-mini", "GPT-4.1 mini", context_window=1_047_576, max_output=32_768
+            "anthropic/claude-sonnet-4-6", "Claude Sonnet 4.6", thinking="adaptive", **CLAUDE_FILES
+        ),
+        ModelInfo(
+            "anthropic/claude-opus-4-6", "Claude Opus 4.6", thinking="adaptive", **CLAUDE_FILES
+        ),
+        ModelInfo(
+            "anthropic/claude-opus-4-7", "Claude Opus 4.7", thinking="adaptive", **CLAUDE_FILES
+        ),
+        ModelInfo(
+            "anthropic/claude-sonnet-5", "Claude Sonnet 5", thinking="adaptive", **CLAUDE_FILES
+        ),
+        ModelInfo("anthropic/claude-opus-5", "Claude Opus 5", thinking="adaptive", **CLAUDE_FILES),
+        ModelInfo(
+            "openai/gpt-4.1",
+            "GPT-4.1",
+            context_window=1_047_576,
+            max_output=32_768,
+            images=True,
+        ),
+        ModelInfo(
+            "openai/gpt-4.1-mini",
+            "GPT-4.1 mini",
+            context_window=1_047_576,
+            max_output=32_768,
+            images=True,
         ),
         ModelInfo(
             "deepseek/deepseek-chat", "DeepSeek Chat", context_window=128_000, max_output=8_000
@@ -222,7 +256,7 @@ def model_info(model_id: str) -> ModelInfo:
         return MODELS[model_id]
     if provider == "offline":
         raise ValueError(f"the offline provider has one model, {OFFLINE_MODEL}, not {model_id!r}")
-    return ModelInfo(model_id, name, known=False)
+    return ModelInfo(model_id, name, known=False, **PROVIDERS[provider].defaults)
 
 
 # --- Credentials -----------------------------------------------------------------

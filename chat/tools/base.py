@@ -24,6 +24,17 @@ class ToolOutcome:
     shell_output: str | None = None
     truncated_bytes: int = 0
     truncated_lines: int = 0
+    # An image the tool read (read_file): the runner stores it as an attachment
+    # (chat.blobs) and the model sees it with the result.
+    image: ImageFile | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ImageFile:
+    """An image file of the workspace as read: its path there and its bytes."""
+
+    path: str
+    data: bytes
 
 
 class ToolError(Exception):

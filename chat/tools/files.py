@@ -36,11 +36,12 @@ from __future__ import annotations
 import errno
 import heapq
 import os
+import re
 import stat
 from contextlib import ExitStack
 from pathlib import Path, PurePosixPath
 
-from chat.tools.base import ToolError, ToolOutcome, display_name
+from chat.tools.base import ImageFile, ToolError, ToolOutcome, display_name
 
 # A listing is for finding one's way, not for dumping a tree: 500 names is
 # about 4k tokens, and a bigger directory is better searched with the shell.
@@ -56,6 +57,19 @@ READ_MAX_BYTES = 128 * 1024
 
 # A NUL byte in the first 8 KiB is how git and grep tell binary files apart.
 BINARY_SNIFF_BYTES = 8 * 1024
+
+# How an image file starts (PNG, JPEG, GIF, WebP, HEIC): such a file is read whole and
+# shown to the model as an image (chat.blobs checks it for real and normalises it).
+IMAGE_SIGNATURES = (
+    re.compile(rb"\x89PNG\r\n\x1a\n"),
+    re.compile(rb"\xff\xd8\xff"),
+    re.compile(rb"GIF8[79]a"),
+    re.compile(rb"RIFF....WEBP", re.S),
+    re.compile(rb"....ftyp(heic|heix|mif1|msf1)", re.S),
+)
+# The most of an image read_file reads: the most an attachment may be
+# (chat.blobs.MAX_UPLOAD_BYTES, which refuses anything larger with a clear message).
+READ_IMAGE_MAX_BYTES = 20 * 1024 * 1024
 
 # Lines skipped before the offset are read in blocks of this size, so that one
 # enormous line (minified JavaScript, a JSON dump) is never held in memory.
@@ -357,9 +371,28 @@ def read_file(
         info = os.fstat(fd)
         _check_readable(info, shown)
         try:
+            head = f.read(16)
+            if any(sig.match(head) for sig in IMAGE_SIGNATURES):
+                return _read_image(f, shown, info.st_size)
+            f.seek(0)
             return _read_lines(f, shown, info.st_size, offset, limit)
         except OSError as exc:
             raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
+
+
+def _read_image(f, shown: str, size: int) -> ToolOutcome:
+    if size > READ_IMAGE_MAX_BYTES:
+        raise ToolError(
+            f"{shown}: an image of {size} bytes, more than the {READ_IMAGE_MAX_BYTES} an "
+            "image may be to be shown; make a smaller copy with the shell tool"
+        )
+    f.seek(0)
+    data = f.read(READ_IMAGE_MAX_BYTES + 1)
+    return ToolOutcome(
+        f"{shown}: an image ({len(data)} bytes), shown to you with this result.",
+        is_error=False,
+        image=ImageFile(shown, data),
+    )
 
 
 def _check_readable(info: os.stat_result | None, shown: str) -> None:

@@ -90,7 +90,8 @@ TOOLS: tuple[Tool, ...] = (
             "Read a text file of the workspace. Returns its lines as they are, without line "
             f"numbers: {files.READ_DEFAULT_LINES} lines unless `limit` says otherwise, and at "
             f"most {files.READ_MAX_BYTES // 1024} KiB. When the file goes on, a last line in "
-            "[brackets] says which offset to continue from."
+            "[brackets] says which offset to continue from. An image file (PNG, JPEG, GIF, "
+            "WebP, HEIC) is shown to you as an image instead."
         ),
         input_schema={
             "type": "object",

@@ -4,6 +4,10 @@ It goes through the same path as the web page: the message is queued, a turn
 worker runs it (in this process unless REDIS_URL points at shared workers),
 and the ops come back through the tab's channel-layer group.
 
+`--attach FILE` (repeatable) sends files with the message, checked and normalised as the
+page's uploads are (chat.blobs) before anything is stored or a tab is made; the message
+may then be left out.
+
 `--continue --tab <id>` sends no message of its own: it continues the tab's
 last turn, which was cut short (turns.continue_turn: a message saying what was
 interrupted and where), and follows that turn the same way.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import sys
 import uuid
 from collections.abc import Callable
@@ -30,7 +35,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from chat import bus, lease, startup, turns
+from chat import blobs, bus, lease, startup, turns
 from chat.models import QueuedMessage, Tab
 from chat.preferences import new_tab
 from chat.worker import run_worker
@@ -56,11 +61,20 @@ class Command(BaseCommand):
             dest="continue_turn",
             help="continue the tab's last turn, which was cut short (with --tab, no message)",
         )
+        parser.add_argument(
+            "--attach",
+            action="append",
+            default=[],
+            metavar="FILE",
+            help=f"send FILE with the message (repeatable, at most {blobs.MAX_FILES}): "
+            f"{blobs.ACCEPTED}",
+        )
         parser.add_argument("message", nargs="?")
 
     def handle(self, *args, **options):
         _check_arguments(options)
         startup.check()
+        files = _read_files(options["attach"])
         tab = self._tab(options)
         printer = (
             JsonPrinter(self.stdout) if options["json"] else TextPrinter(self.stdout, self.stderr)
@@ -72,7 +86,7 @@ class Command(BaseCommand):
             start = functools.partial(_continue, tab, auto_approve=auto_approve)
         else:
             start = functools.partial(
-                turns.submit, tab, options["message"], auto_approve=auto_approve
+                _submit, tab, options["message"] or "", files, auto_approve=auto_approve
             )
         failure = asyncio.run(self._run(tab, start, printer, echo=options["continue_turn"]))
         if failure is not None:
@@ -145,12 +159,48 @@ class Command(BaseCommand):
                     )
 
 
+def _read_files(paths: list[str]) -> list[blobs.Normalised]:
+    """The --attach files, normalised; CommandError (nothing stored) for one refused."""
+    if len(paths) > blobs.MAX_FILES:
+        raise CommandError(
+            f"{len(paths)} files attached; the most one message may carry is {blobs.MAX_FILES}"
+        )
+    files = []
+    for path in paths:
+        try:
+            size = os.path.getsize(path)
+            if size > blobs.MAX_UPLOAD_BYTES:
+                raise blobs.AttachmentError(
+                    f"{path} is {blobs.human_bytes(size)}; the most a file may be is "
+                    f"{blobs.human_bytes(blobs.MAX_UPLOAD_BYTES)}."
+                )
+            with open(path, "rb") as f:
+                data = f.read()
+            files.append(blobs.normalise(data, os.path.basename(path)))
+        except OSError as exc:
+            raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except blobs.AttachmentError as exc:
+            raise CommandError(str(exc)) from None
+    return files
+
+
+def _submit(
+    tab: Tab, message: str, files: list[blobs.Normalised], *, auto_approve: bool
+) -> QueuedMessage:
+    """Store the files as the tab's uploads, then send them with the message, as the
+    page does (committed first: the worker may take the message at once)."""
+    values = blobs.add_uploads(tab.pk, files)
+    return turns.submit(tab, message, attachments=values, auto_approve=auto_approve)
+
+
 def _check_arguments(options: dict[str, Any]) -> None:
     """What argparse cannot say: --continue goes with --tab and nothing to send."""
     if not options["continue_turn"]:
-        if options["message"] is None:
+        if options["message"] is None and not options["attach"]:
             raise CommandError("a message is required (or --continue --tab <id>)")
         return
+    if options["attach"]:
+        raise CommandError("--continue sends no files: leave --attach out")
     if options["new"]:
         raise CommandError("--continue needs --tab <id>: a new tab has nothing to continue")
     if options["message"] is not None:

@@ -1,13 +1,14 @@
 """`manage.py wipe_history`: delete all chat history, keep everything else.
 
 History is Chunk, QueuedMessage, RunningTurn with its CheckpointPiece rows,
-and Tab, and the search index over the chunks (chat.search: tables, not
-models). Everything else stays: users, sessions, Setting, ApiKey,
-ProviderEndpoint, UsageRecord and any table another app adds. The command prints what it deletes and what it keeps, asks
-(unless --yes), refuses while a turn runs (unless --force, which cancels those
-turns first), deletes in one transaction with one DELETE per table, then
-reclaims the space: VACUUM on SQLite, VACUUM ANALYZE of the emptied tables on
-PostgreSQL.
+Attachment, Tab and Blob, and the search index over the chunks (chat.search:
+tables, not models), and the attachments' files (chat.blobs, removed after the
+commit). Everything else stays: users, sessions, Setting, ApiKey,
+ProviderEndpoint, UsageRecord and any table another app adds. The command prints
+what it deletes and what it keeps, asks (unless --yes), refuses while a turn runs
+(unless --force, which cancels those turns first), deletes in one transaction
+with one DELETE per table, then reclaims the space: VACUUM on SQLite, VACUUM
+ANALYZE of the emptied tables on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -21,17 +22,27 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import Model
 
-from chat import lease, search, turns
+from chat import blobs, lease, search, turns
 from chat.management.commands.dispatch_status import database_size, human_size
-from chat.models import CheckpointPiece, Chunk, QueuedMessage, RunningTurn, Tab
+from chat.models import (
+    Attachment,
+    Blob,
+    CheckpointPiece,
+    Chunk,
+    QueuedMessage,
+    RunningTurn,
+    Tab,
+)
 
 # Deletion order: every table before the table its foreign keys point to.
 HISTORY_MODELS: tuple[type[Model], ...] = (
     Chunk,
     QueuedMessage,
     CheckpointPiece,
+    Attachment,
     RunningTurn,
     Tab,
+    Blob,
 )
 
 # How long --force waits for cancelled turns to stop. A turn stops at its next
@@ -135,6 +146,8 @@ class Command(BaseCommand):
         for table in history_tables():
             self.stdout.write(f"  {table}: {_rows(_count(using, table))}")
         self.stdout.write(f"  {search.TABLE} (search index): {_rows(_count(using, search.TABLE))}")
+        stored = blobs.Garbage(Blob.objects.count(), blobs.stored_bytes())
+        self.stdout.write(f"  attachment files: {stored.count}, {human_size(stored.bytes)}")
         self.stdout.write("Keeps:")
         for model in kept:
             table = model._meta.db_table
@@ -171,12 +184,15 @@ class Command(BaseCommand):
 
         size_before = database_size(using)
         started = time.monotonic()
-        deleted, indexed = self._delete(using)
+        deleted, indexed, files = self._delete(using)
+        # After the commit: a file goes only once no row can point at it.
+        for sha256 in files:
+            blobs.remove_files(sha256)
         elapsed = time.monotonic() - started
         self.stdout.write(
             f"Deleted {_rows(sum(deleted.values()))} in {elapsed:.1f} s: "
             + ", ".join(f"{table} {n}" for table, n in deleted.items())
-            + f"; search index: {_rows(indexed)}"
+            + f"; search index: {_rows(indexed)}; attachment files: {len(files)}"
         )
         self._vacuum(using, size_before)
 
@@ -217,9 +233,10 @@ class Command(BaseCommand):
                 )
             time.sleep(CANCEL_POLL_SECONDS)
 
-    def _delete(self, using: str) -> tuple[dict[str, int], int]:
+    def _delete(self, using: str) -> tuple[dict[str, int], int, list[str]]:
         """One DELETE per history table, children first, and the search index's rows,
-        in one transaction. The rows deleted per table, and the index's.
+        in one transaction. The rows deleted per table, the index's, and the blobs whose
+        files are to go.
 
         Django's delete() would load every row to run its cascade collector,
         which takes minutes on a large log; no signal or on_delete of these
@@ -240,12 +257,13 @@ class Command(BaseCommand):
                     f"A turn started meanwhile on {', '.join(_describe(r) for r in started)}; "
                     "nothing was deleted."
                 )
+            files = list(Blob.objects.using(using).values_list("sha256", flat=True))
             with connection.cursor() as cursor:
                 indexed = search.clear(cursor)
                 for table in history_tables():
                     cursor.execute(f"DELETE FROM {connection.ops.quote_name(table)}")
                     deleted[table] = cursor.rowcount
-        return deleted, indexed
+        return deleted, indexed, files
 
     def _vacuum(self, using: str, size_before: Any) -> None:
         connection = connections[using]

@@ -1,0 +1,673 @@
+"""Attachments' bytes (DESIGN §13): what a file becomes (`normalise`), where it is
+kept (`store`), who may read it, and when it goes (`collect`).
+
+A file is normalised once, when it arrives: its real type is sniffed (Pillow, the PDF
+header; never the name), an image is decoded, turned upright, converted to sRGB, bounded
+in pixels and bytes and re-encoded without its metadata, with fixed settings, so the same
+file always gives the same bytes. Every later request carries exactly those bytes, and the
+image stays inside the provider's cached prefix. A PDF is kept as it came, once pypdf has
+read every page (its text, for models that cannot read PDFs, is kept beside it).
+
+Bytes live once per SHA-256 under the data directory (`blobs/ab/cd/<sha256>`), written to a
+temporary name and renamed, so a reader never sees half a file. A `Blob` row describes them;
+`Attachment` rows say which tabs use them (uploaded to the composer, sent in a message, read
+by a tool). A blob no row uses is garbage, and so is a composer upload never sent within
+PENDING_TTL.
+
+`normalise` is pure (bytes in, bytes out); the rest reads and writes the database and the
+data directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import math
+import os
+import re
+import secrets
+import shutil
+import unicodedata
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pillow_heif
+import pypdf
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
+
+from chat.models import Attachment, Blob
+from chat.providers.base import upload_path
+
+logger = logging.getLogger(__name__)
+
+pillow_heif.register_heif_opener()
+
+# The most files one message carries: a handful of screenshots, not an album (each is
+# sent again in every later request of the tab).
+MAX_FILES = 10
+# The most one file may be as it arrives: a phone photo is 3-12 MB, a long PDF a few.
+# Past it the upload is refused before it is decoded.
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+# The most a request of files may declare: MAX_FILES of MAX_UPLOAD_BYTES, and room for
+# the multipart framing. Past it, refused before it is read.
+MAX_REQUEST_BYTES = MAX_FILES * MAX_UPLOAD_BYTES + 64 * 1024
+# The long edge of a stored image: what Anthropic scales every image down to anyway.
+MAX_EDGE = 1568
+# The most pixels of a stored image: Anthropic's ~1,600-token bound (1092x1092, 1456x816 at
+# 16:9). A larger image is scaled down by the API, so its extra bytes buy nothing.
+MAX_PIXELS = 1_200_000
+# The most bytes of a stored image (Anthropic refuses larger ones); an image still larger
+# after scaling is scaled down in steps of DOWNSCALE_STEP until it fits.
+MAX_IMAGE_BYTES = 5 * 1024 * 1024
+DOWNSCALE_STEP = 0.8
+# The most pixels a file may declare before it is decoded: a 48 MP phone photo fits, a
+# decompression bomb (a small file of 100,000 x 100,000 pixels) does not.
+MAX_SOURCE_PIXELS = 50_000_000
+# JPEG output: fixed settings, so re-encoding is deterministic.
+JPEG_QUALITY = 85
+# PNG output: zlib's default level; fixed for the same reason.
+PNG_COMPRESS_LEVEL = 6
+# A PDF: Anthropic reads at most 100 pages, and its request (which holds the rest of the
+# conversation too) at most 32 MB, of which a PDF's base64 takes 4/3 of its size.
+MAX_PDF_PAGES = 100
+MAX_DOCUMENT_BYTES = 10 * 1024 * 1024
+# What the page shows next to a message: twice the thumbnail's CSS size, for sharp
+# screens (chat.render.THUMB_EDGE_PX is 160).
+THUMB_EDGE = 320
+# A file name is a label: longer ones are cut, keeping the extension.
+MAX_NAME_CHARS = 120
+# A composer upload not sent within this long was abandoned (the tab was left, the file
+# removed from the tray); its row goes, and its blob with it if nothing else uses it.
+PENDING_TTL = timedelta(days=1)
+
+PNG = "image/png"
+JPEG = "image/jpeg"
+PDF = "application/pdf"
+# Pillow's formats that are accepted as images, and what each is stored as: a lossless
+# source stays lossless, a photo stays a JPEG; a WebP by whether it has transparency.
+IMAGE_FORMATS = {"PNG": PNG, "GIF": PNG, "JPEG": JPEG, "MPO": JPEG, "HEIF": JPEG, "WEBP": None}
+# The decoders tried (an MPO, a camera's JPEG with extra views, comes from JPEG's).
+DECODERS = ("PNG", "GIF", "JPEG", "WEBP", "HEIF")
+# Formats whose extra frames are an animation (an MPO's or a HEIC's are other views of
+# the photo: the first is the photo).
+ANIMATED_FORMATS = frozenset({"PNG", "GIF", "WEBP"})
+ACCEPTED = "PNG, JPEG, GIF, WebP and HEIC images, and PDFs"
+_JPEG_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif")
+# What a file of each source format may be called, and what it is called in each.
+EXTENSIONS = {
+    "PNG": (".png",),
+    "GIF": (".gif",),
+    "JPEG": _JPEG_EXTENSIONS,
+    "MPO": (*_JPEG_EXTENSIONS, ".mpo"),
+    "HEIF": (".heic", ".heif"),
+    "WEBP": (".webp",),
+    "PDF": (".pdf",),
+}
+KIND_NAMES = {
+    "PNG": "PNG image",
+    "GIF": "GIF image",
+    "JPEG": "JPEG image",
+    "MPO": "JPEG image",
+    "HEIF": "HEIC image",
+    "WEBP": "WebP image",
+    "PDF": "PDF",
+}
+STORED_EXTENSIONS = {PNG: (".png",), JPEG: _JPEG_EXTENSIONS, PDF: (".pdf",)}
+# Names of other kinds of file: a file called one of these whose content is an image or a
+# PDF is refused, since its name and its content disagree. (Any other suffix is part of
+# the name: "Screenshot 12.03", and the stored type's extension is added.)
+OTHER_EXTENSIONS = frozenset(
+    (".svg", ".svgz", ".html", ".htm", ".xhtml", ".xml", ".js", ".mjs", ".sh", ".bat")
+    + (".txt", ".md", ".csv", ".json", ".exe", ".dll", ".zip", ".gz", ".tgz", ".tar", ".7z")
+    + (".rar", ".doc", ".docx", ".xls", ".xlsx", ".ppt", ".pptx", ".odt", ".rtf")
+    + (".mp3", ".wav", ".mp4", ".mov", ".avi", ".mkv")
+    + (".bmp", ".tif", ".tiff", ".ico", ".psd", ".avif", ".jxl")
+)
+SVG_START = re.compile(
+    rb"^(\xef\xbb\xbf)?\s*(<\?xml[^>]*>\s*)?(<!--.*?-->\s*)*(<!DOCTYPE svg|<svg)", re.S
+)
+
+
+class AttachmentError(ValueError):
+    """A file that is refused; the message is one sentence for the user."""
+
+
+@dataclass(frozen=True)
+class Normalised:
+    """A file as it will be stored and sent: its bytes and what a message says of it."""
+
+    data: bytes
+    sha256: str
+    mime: str
+    name: str
+    width: int | None = None
+    height: int | None = None
+    pages: int | None = None
+    # A PDF's text (pypdf's), sent instead of the PDF to a model that cannot read one.
+    text: str | None = None
+
+    def ref(self) -> dict[str, Any]:
+        """The reference a chunk's `attachments` holds."""
+        return reference(self.sha256, self.name, self.mime, len(self.data), self)
+
+
+def reference(sha256: str, name: str, mime: str, size: int, dims: Any) -> dict[str, Any]:
+    ref: dict[str, Any] = {"sha256": sha256, "name": name, "mime": mime, "size": size}
+    for key in ("width", "height", "pages"):
+        if getattr(dims, key) is not None:
+            ref[key] = getattr(dims, key)
+    return ref
+
+
+def human_bytes(n: int) -> str:
+    return f"{n / (1024 * 1024):.1f} MB" if n >= 1024 * 1024 else f"{math.ceil(n / 1024)} KB"
+
+
+# --- Normalisation (pure) ---------------------------------------------------------
+
+
+def normalise(data: bytes, name: str) -> Normalised:
+    """The stored form of a file called `name`; AttachmentError when it is refused."""
+    shown = check_name(name)
+    if not data:
+        raise AttachmentError(f"{shown} is empty (0 bytes).")
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise AttachmentError(
+            f"{shown} is {human_bytes(len(data))}; the most a file may be is "
+            f"{human_bytes(MAX_UPLOAD_BYTES)}."
+        )
+    if data.startswith(b"%PDF-"):
+        return _pdf(data, shown)
+    if SVG_START.match(data[:4096]):
+        raise AttachmentError(
+            f"{shown} is an SVG image, which can carry scripts and is not accepted: export "
+            "it as PNG and attach that."
+        )
+    return _image(data, shown)
+
+
+def check_name(name: str) -> str:
+    """`name` as a file name to keep: refused when it holds a path or control characters
+    (a browser sends only the file's own name), cut when too long."""
+    name = unicodedata.normalize("NFC", name).strip()
+    if not name:
+        raise AttachmentError("A file has no name.")
+    if any(unicodedata.category(ch) in ("Cc", "Cf") for ch in name):
+        raise AttachmentError(f"The file name {name!r} holds control characters.")
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise AttachmentError(
+            f"The file name {name!r} is a path: attach the file under its own name."
+        )
+    if len(name) > MAX_NAME_CHARS:
+        stem, ext = os.path.splitext(name)
+        ext = ext if len(ext) <= 10 else ""
+        name = stem[: MAX_NAME_CHARS - len(ext) - 1] + "…" + ext
+    return name
+
+
+def _named(shown: str, source: str, stored: str) -> str:
+    """The stored name of a file called `shown` whose content is of Pillow format (or
+    "PDF") `source`, stored as type `stored`: its extension becomes the stored type's.
+    Refused when the name says it is another kind of file."""
+    stem, ext = os.path.splitext(shown)
+    ext = ext.lower()
+    if ext in EXTENSIONS[source]:
+        return shown if ext in STORED_EXTENSIONS[stored] else stem + STORED_EXTENSIONS[stored][0]
+    if ext in OTHER_EXTENSIONS or any(ext in names for names in EXTENSIONS.values()):
+        raise AttachmentError(
+            f"{shown} is a {KIND_NAMES[source]}, not what its name says: rename it to "
+            f"{stem}{EXTENSIONS[source][0]} if that is right."
+        )
+    return shown + STORED_EXTENSIONS[stored][0]
+
+
+def stored_name(name: str, mime: str) -> str:
+    """`name` (already checked) ending in an extension of type `mime`: a name that came
+    back from a page may have been changed there."""
+    if os.path.splitext(name)[1].lower() in STORED_EXTENSIONS[mime]:
+        return name
+    return name + STORED_EXTENSIONS[mime][0]
+
+
+def _pdf(data: bytes, shown: str) -> Normalised:
+    name = _named(shown, "PDF", PDF)
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise AttachmentError(
+            f"{shown} is {human_bytes(len(data))}; the most a PDF may be is "
+            f"{human_bytes(MAX_DOCUMENT_BYTES)}."
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reader = pypdf.PdfReader(io.BytesIO(data))
+            if reader.is_encrypted:
+                raise AttachmentError(
+                    f"{shown} is password-protected: attach a copy without the password."
+                )
+            pages = len(reader.pages)
+            if pages > MAX_PDF_PAGES:
+                raise AttachmentError(
+                    f"{shown} has {pages} pages; the most a PDF may have is {MAX_PDF_PAGES}."
+                )
+            text = "\n\n".join((page.extract_text() or "").strip() for page in reader.pages)
+    except AttachmentError:
+        raise
+    except Exception as exc:  # pypdf raises many kinds on a damaged file
+        raise AttachmentError(f"{shown} is not a readable PDF ({_reason(exc)}).") from exc
+    if pages == 0:
+        raise AttachmentError(f"{shown} is not a readable PDF (no pages found).")
+    sha = hashlib.sha256(data).hexdigest()
+    return Normalised(data, sha, PDF, name, pages=pages, text=text.strip())
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0][:200] if text else type(exc).__name__) or type(exc).__name__
+
+
+def _image(data: bytes, shown: str) -> Normalised:
+    try:
+        im = Image.open(io.BytesIO(data), formats=DECODERS)
+    except Image.DecompressionBombError as exc:
+        raise AttachmentError(
+            f"{shown} has more pixels than an image may have "
+            f"({MAX_SOURCE_PIXELS // 1_000_000} megapixels at most)."
+        ) from exc
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise AttachmentError(
+            f"{shown} is not a file that can be attached (accepted: {ACCEPTED})."
+        ) from exc
+    with im:
+        width, height = im.size
+        if width * height > MAX_SOURCE_PIXELS:
+            raise AttachmentError(
+                f"{shown} is {width}×{height} pixels; the most an image may have is "
+                f"{MAX_SOURCE_PIXELS // 1_000_000} megapixels."
+            )
+        if im.format in ANIMATED_FORMATS and getattr(im, "is_animated", False):
+            raise AttachmentError(
+                f"{shown} is animated: attach one frame of it as a PNG image instead."
+            )
+        stored = IMAGE_FORMATS[im.format] or _webp_type(im)
+        name = _named(shown, im.format, stored)
+        try:
+            encoded, size = _encode(im, stored)
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+            raise AttachmentError(f"{shown} is a damaged image ({_reason(exc)}).") from exc
+    sha = hashlib.sha256(encoded).hexdigest()
+    return Normalised(encoded, sha, stored, name, width=size[0], height=size[1])
+
+
+def _webp_type(im: Image.Image) -> str:
+    return PNG if im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info else JPEG
+
+
+def bounded(width: int, height: int) -> tuple[int, int]:
+    """The size of an image of `width` x `height` once within MAX_EDGE and MAX_PIXELS."""
+    scale = min(1.0, MAX_EDGE / max(width, height), math.sqrt(MAX_PIXELS / (width * height)))
+    return max(1, math.floor(width * scale)), max(1, math.floor(height * scale))
+
+
+# EXIF orientations that turn the picture a quarter: its width is the stored height.
+QUARTER_TURNS = frozenset({5, 6, 7, 8})
+EXIF_ORIENTATION = 0x0112
+
+
+def _encode(im: Image.Image, mime: str) -> tuple[bytes, tuple[int, int]]:
+    width, height = im.size
+    target = bounded(width, height)
+    if im.format in ("JPEG", "MPO"):
+        # Decodes at 1/2, 1/4 or 1/8 of the size when that is still at least the target:
+        # a 12 MP photo costs a fraction of a full decode.
+        im.draft("RGB", target)
+    if im.getexif().get(EXIF_ORIENTATION) in QUARTER_TURNS:
+        target = target[::-1]
+    im.load()
+    im = _plain_mode(_srgb(_upright(im)), mime)
+    size = target
+    while True:
+        out = im if im.size == size else im.resize(size, Image.Resampling.LANCZOS)
+        encoded = _save(out, mime)
+        if len(encoded) <= MAX_IMAGE_BYTES:
+            return encoded, size
+        size = (
+            max(1, math.floor(size[0] * DOWNSCALE_STEP)),
+            max(1, math.floor(size[1] * DOWNSCALE_STEP)),
+        )
+
+
+def _upright(im: Image.Image) -> Image.Image:
+    """Turned as the camera's orientation tag says: the tag itself is dropped with the
+    rest of the metadata, and the model would see a phone photo on its side."""
+    return ImageOps.exif_transpose(im) or im
+
+
+_SRGB = ImageCms.createProfile("sRGB")
+
+
+def _srgb(im: Image.Image) -> Image.Image:
+    """The pixels in sRGB: the colour profile goes with the metadata, and a wide-gamut
+    photo (a phone's Display P3) would look washed out without it."""
+    icc = im.info.get("icc_profile")
+    if not icc or im.mode not in ("RGB", "RGBA"):
+        return im
+    try:
+        source = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        return ImageCms.profileToProfile(im, source, _SRGB, outputMode=im.mode) or im
+    except (ImageCms.PyCMSError, OSError, ValueError):
+        return im  # an unreadable profile: the pixels as they are
+
+
+def _plain_mode(im: Image.Image, mime: str) -> Image.Image:
+    """RGB, or L for grey; RGBA only for a PNG whose transparency is used."""
+    if mime == PNG and (im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        if rgba.getchannel("A").getextrema() != (255, 255):
+            return rgba
+        return rgba.convert("RGB")
+    return im.convert("L") if im.mode in ("1", "L") else im.convert("RGB")
+
+
+def _save(im: Image.Image, mime: str) -> bytes:
+    out = io.BytesIO()
+    if mime == PNG:
+        im.save(out, "PNG", compress_level=PNG_COMPRESS_LEVEL)
+    else:
+        im.save(out, "JPEG", quality=JPEG_QUALITY, subsampling="4:2:0", optimize=False)
+    return out.getvalue()
+
+
+def normalise_uploads(uploads: Sequence[Any]) -> list[Normalised]:
+    """The normalised forms of a request's files (Django UploadedFiles), each checked
+    for size before it is read; AttachmentError for the first one refused."""
+    if not uploads:
+        raise AttachmentError("Choose a file to attach.")
+    if len(uploads) > MAX_FILES:
+        raise AttachmentError(
+            f"{len(uploads)} files at once; the most one message may carry is {MAX_FILES}."
+        )
+    out = []
+    for upload in uploads:
+        if upload.size > MAX_UPLOAD_BYTES:
+            raise AttachmentError(
+                f"{upload.name} is {human_bytes(upload.size)}; the most a file may be is "
+                f"{human_bytes(MAX_UPLOAD_BYTES)}."
+            )
+        out.append(normalise(upload.read(), upload.name or ""))
+    return out
+
+
+# --- Storage ------------------------------------------------------------------------
+
+
+def root() -> Path:
+    return Path(settings.DATA_DIR) / "blobs"
+
+
+def path_of(sha256: str) -> Path:
+    return root() / sha256[:2] / sha256[2:4] / sha256
+
+
+def _text_path(sha256: str) -> Path:
+    return path_of(sha256).with_name(sha256 + ".txt")
+
+
+def _thumb_path(sha256: str) -> Path:
+    return path_of(sha256).with_name(sha256 + ".thumb")
+
+
+def _write(path: Path, data: bytes) -> None:
+    """`data` at `path`, whole or not at all: written to a temporary name beside it,
+    flushed, then renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def store(normalised: Normalised) -> Blob:
+    """The Blob of `normalised`, its bytes on disk: the same row and file for the same
+    bytes, however often it is stored. The row is locked while the file is checked, so
+    `collect` never deletes a file a store is about to reuse."""
+    n = normalised
+    with transaction.atomic():
+        blob, _ = Blob.objects.select_for_update().get_or_create(
+            sha256=n.sha256,
+            defaults={
+                "mime": n.mime,
+                "size": len(n.data),
+                "width": n.width,
+                "height": n.height,
+                "pages": n.pages,
+            },
+        )
+        if n.text is not None and not _text_path(n.sha256).exists():
+            _write(_text_path(n.sha256), n.text.encode())
+        if not path_of(n.sha256).exists():
+            _write(path_of(n.sha256), n.data)
+    return blob
+
+
+def read(sha256: str) -> bytes | None:
+    """A blob's bytes; None when they are gone (a wiped blob named by an imported tab)."""
+    try:
+        return path_of(sha256).read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def text(sha256: str) -> str | None:
+    """A PDF's extracted text; None when it is gone."""
+    try:
+        return _text_path(sha256).read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+class Reader:
+    """The blob reader a request carries (chat.providers.base.BlobReader): files on disk,
+    no database."""
+
+    def data(self, sha256: str) -> bytes | None:
+        return read(sha256)
+
+    def text(self, sha256: str) -> str | None:
+        return text(sha256)
+
+
+READER = Reader()
+
+
+def thumbnail(blob: Blob) -> Path | None:
+    """The path of an image blob's thumbnail (THUMB_EDGE long edge, the blob's own type),
+    made once and kept beside it; None for a blob that is no image or whose bytes are gone."""
+    if blob.width is None or blob.mime not in (PNG, JPEG):
+        return None
+    path = _thumb_path(blob.sha256)
+    if path.exists():
+        return path
+    data = read(blob.sha256)
+    if data is None:
+        return None
+    with Image.open(io.BytesIO(data), formats=["PNG", "JPEG"]) as im:
+        im.load()
+        scale = min(1.0, THUMB_EDGE / max(im.size))
+        size = (max(1, math.floor(im.width * scale)), max(1, math.floor(im.height * scale)))
+        small = im if size == im.size else im.resize(size, Image.Resampling.LANCZOS)
+        _write(path, _save(small, blob.mime))
+    return path
+
+
+# --- References and garbage ------------------------------------------------------------
+
+
+def attach(tab_id: Any, blob: Blob, name: str, *, sent: bool) -> Attachment:
+    """Record that a tab uses `blob`: an upload waiting in its composer (`sent=False`),
+    or a file in its log."""
+    return Attachment.objects.create(tab_id=tab_id, blob=blob, name=name, sent=sent)
+
+
+def add_uploads(tab_id: Any, files: Iterable[Normalised]) -> list[str]:
+    """Store `files` as uploads waiting in the tab's composer, all in one transaction;
+    their `<sha256>:<name>` values, as the message form sends them to turns.submit."""
+    files = list(files)
+    with transaction.atomic():
+        for n in files:
+            attach(tab_id, store(n), n.name, sent=False)
+    return [f"{n.sha256}:{n.name}" for n in files]
+
+
+def owned(user: Any, sha256: str) -> bool:
+    """Whether `user` may read blob `sha256`: one of their tabs uses it."""
+    return Attachment.objects.filter(blob_id=sha256, tab__owner=user).exists()
+
+
+def refs(owner_id: Any, values: Iterable[str]) -> list[dict[str, Any]]:
+    """The attachment references of a message, from the composer's `<sha256>:<name>`
+    values: each must be a blob one of the user's tabs uses (an upload of theirs). Raises
+    AttachmentError (nothing is recorded) otherwise, or when there are too many."""
+    values = list(values)
+    if len(values) > MAX_FILES:
+        raise AttachmentError(
+            f"{len(values)} files attached; the most one message may carry is {MAX_FILES}."
+        )
+    wanted: list[tuple[str, str]] = []
+    for value in values:
+        sha, sep, name = value.partition(":")
+        if not sep or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise AttachmentError(f"{value[:80]!r} is not an attachment of this app.")
+        wanted.append((sha, name))
+    blobs = {
+        b.sha256: b
+        for b in Blob.objects.filter(
+            sha256__in=[sha for sha, _ in wanted], attachments__tab__owner_id=owner_id
+        ).distinct()
+    }
+    out = []
+    for sha, name in wanted:
+        blob = blobs.get(sha)
+        if blob is None:
+            raise AttachmentError(
+                "An attached file is no longer stored (or is not yours): attach it again."
+            )
+        out.append(
+            reference(sha, stored_name(check_name(name), blob.mime), blob.mime, blob.size, blob)
+        )
+    return out
+
+
+def mark_sent(tab_id: Any, attachments: Iterable[dict[str, Any]]) -> None:
+    """The tab's log uses these blobs now: their rows stay while the tab does."""
+    for ref in attachments:
+        row = Attachment.objects.filter(tab_id=tab_id, blob_id=ref["sha256"], sent=False).first()
+        if row is not None:
+            Attachment.objects.filter(pk=row.pk).update(sent=True, name=ref["name"])
+        else:
+            Attachment.objects.create(
+                tab_id=tab_id, blob_id=ref["sha256"], name=ref["name"], sent=True
+            )
+
+
+def copy_refs(from_tab: Any, to_tab: Any) -> None:
+    """A branch uses the blobs its parent's log used: deleting the parent must not take
+    them from it."""
+    Attachment.objects.bulk_create(
+        Attachment(tab_id=to_tab, blob_id=sha, name=name, sent=True)
+        for sha, name in Attachment.objects.filter(tab_id=from_tab, sent=True).values_list(
+            "blob_id", "name"
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Garbage:
+    count: int
+    bytes: int
+
+
+def garbage() -> Garbage:
+    """What `collect` would delete now."""
+    rows = _unused()
+    return Garbage(rows.count(), rows.aggregate(n=Sum("size"))["n"] or 0)
+
+
+def stored_bytes() -> int:
+    """The bytes of every stored blob."""
+    return Blob.objects.aggregate(n=Sum("size"))["n"] or 0
+
+
+def _unused():
+    return Blob.objects.filter(attachments__isnull=True)
+
+
+def collect() -> Garbage:
+    """Delete composer uploads older than PENDING_TTL, then every blob no tab uses (its
+    row, then its files). Each blob is deleted under its row lock, rechecked, so a
+    `store` of the same bytes waits for it and then writes the file again."""
+    Attachment.objects.filter(sent=False, created_at__lt=timezone.now() - PENDING_TTL).delete()
+    count = size = 0
+    for sha in list(_unused().values_list("sha256", flat=True)):
+        with transaction.atomic():
+            blob = (
+                Blob.objects.select_for_update(skip_locked=True)
+                .filter(sha256=sha, attachments__isnull=True)
+                .first()
+            )
+            if blob is None:
+                continue
+            # Files first, while the row is locked: a crash between leaves a row
+            # without bytes (read() says so), never bytes no row accounts for.
+            remove_files(sha)
+            blob.delete()
+        count += 1
+        size += blob.size
+    return Garbage(count, size)
+
+
+def remove_files(sha256: str) -> None:
+    for path in (path_of(sha256), _text_path(sha256), _thumb_path(sha256)):
+        path.unlink(missing_ok=True)
+
+
+def remove_all_files() -> None:
+    """Every blob's files (the wipe of the whole history, whose rows are gone)."""
+    shutil.rmtree(root(), ignore_errors=True)
+
+
+# --- The workspace ------------------------------------------------------------------------
+
+
+def place(workspace: Path, ref: dict[str, Any]) -> None:
+    """Copy an attachment of a message into the workspace at its upload_path (unless it
+    is there): a model that cannot take the file is told where its tools find it, and
+    any model's tools can work on it. The model's tools write the workspace too, so a
+    directory on the way that leads out of it (a link) is refused."""
+    root = Path(workspace).resolve()
+    target = root / upload_path(ref["sha256"], ref["name"])
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.parent.resolve() != target.parent or target.is_symlink():
+            logger.warning("not placing %s: a link on its way out of the workspace", target)
+            return
+        if target.exists():
+            return
+        data = read(ref["sha256"])
+        if data is not None:
+            _write(target, data)
+    except OSError:
+        logger.warning("could not place %s in the workspace", target, exc_info=True)
