@@ -80,6 +80,14 @@ OUTPUT_BOX_LINES = 20
 OUTPUT_BOX_CHARS = OUTPUT_BOX_LINES * 100
 # Up to this size an output's size is given in bytes, exactly; past it in KiB or MiB.
 EXACT_BYTES_BELOW = 100_000
+# The long edge of an image attachment's thumbnail in a message, in CSS pixels: a
+# screenshot is recognisable at this size, and two side by side fit a phone's bubble.
+THUMB_EDGE_PX = 160
+# What a blob's URL may carry: a chunk's data could come from an edited import.
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# An image that can hold script: never shown, a download (templates/chat/_attachment.html
+# makes the same exception).
+SVG_TYPE = "image/svg+xml"
 
 SYSTEM_LABELS = {
     "notice": "Notice",
@@ -576,6 +584,62 @@ def _live_tail(chunk_id: uuid.UUID, html: SafeString, *, oob: bool) -> SafeStrin
 # --- The page's view of a chunk ------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Attachment:
+    """A file under a user's message (`data["attachments"]`, DESIGN §13): a reference to
+    its blob, never its bytes. Images show as a thumbnail linking to the image; anything
+    else (an SVG too) as a chip that downloads it."""
+
+    sha256: str
+    name: str
+    mime: str
+    size: int
+    width: int | None
+    height: int | None
+
+    @classmethod
+    def of(cls, value: Any) -> Attachment | None:
+        """None for an entry without a blob address to link to."""
+        if not isinstance(value, dict) or not SHA256_HEX.fullmatch(str(value.get("sha256"))):
+            return None
+        return cls(
+            sha256=value["sha256"],
+            name=str(value.get("name") or "attachment"),
+            mime=str(value.get("mime") or ""),
+            size=_count(value.get("size")) or 0,
+            width=_count(value.get("width")),
+            height=_count(value.get("height")),
+        )
+
+    @property
+    def image(self) -> bool:
+        """A raster image: the normaliser measured it, so there is a thumbnail."""
+        return bool(self.width and self.height) and self.mime != SVG_TYPE
+
+    @property
+    def url(self) -> str:
+        return reverse("blob", args=[self.sha256])
+
+    @property
+    def thumb_url(self) -> str:
+        return reverse("blob_thumb", args=[self.sha256])
+
+    @property
+    def thumb_size(self) -> tuple[int, int]:
+        """The thumbnail's box, the image's shape at most THUMB_EDGE_PX long: given to
+        the <img> before it loads, so nothing below it moves when it does."""
+        width, height = self.width or 1, self.height or 1
+        scale = min(1.0, THUMB_EDGE_PX / max(width, height))
+        return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _count(value: Any) -> int | None:
+    """A positive integer from chunk data, else None (bool is an int to Python)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
 @dataclass(eq=False)
 class Item:
     """One chunk element as the templates see it."""
@@ -696,6 +760,13 @@ class Item:
     @cached_property
     def html(self) -> SafeString:
         return markdown(self.text)
+
+    @cached_property
+    def attachments(self) -> list[Attachment]:
+        if self.role != Role.USER or not isinstance(self.data.get("attachments"), list):
+            return []
+        found = (Attachment.of(value) for value in self.data["attachments"])
+        return [a for a in found if a is not None]
 
     @property
     def redacted(self) -> bool:
@@ -935,7 +1006,8 @@ class Item:
 
     @property
     def offers_copy(self) -> bool:
-        return self.sealed and self.type == Kind.TEXT
+        # A message of files alone has no Markdown to copy.
+        return self.sealed and self.type == Kind.TEXT and bool(self.text)
 
     @property
     def has_actions(self) -> bool:

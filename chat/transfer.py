@@ -231,7 +231,7 @@ def markdown_chunk(chunk: Any) -> str:
     match chunk.type:
         case Kind.TEXT:
             text = data.get("text", "")
-            return f"{text.rstrip()}\n\n" if text.strip() else ""
+            return (f"{text.rstrip()}\n\n" if text.strip() else "") + _attachment_list(data)
         case Kind.THINKING:
             text = data.get("text", "")
             if not text.strip():
@@ -260,6 +260,17 @@ def markdown_chunk(chunk: Any) -> str:
             kind = str(data.get("kind", "")).replace("-", " ").capitalize() or "Notice"
             return f"*{_italic(kind)}: {_italic(str(data.get('text', '')))}*\n\n"
     return f"*A chunk of unknown type {_italic(chunk.type)}.*\n\n"
+
+
+def _attachment_list(data: dict[str, Any]) -> str:
+    """A message's files by name: the export carries references, never the bytes."""
+    files = data.get("attachments")
+    if not isinstance(files, list):
+        return ""
+    names = [str(f.get("name") or "attachment") for f in files if isinstance(f, dict)]
+    if not names:
+        return ""
+    return "".join(f"- Attached: {_code(name)}\n" for name in names) + "\n"
 
 
 def fenced(text: str, info: str, *, limit: int | None = None) -> str:

@@ -367,6 +367,7 @@
       // The reset must not bring back an edit's draft, the textarea's default text.
       $('composer-text').defaultValue = '';
       form.reset();
+      takeSent(evt.detail.requestConfig.formData.getAll('attachment'));
       grow($('composer-text'));
       follow = true;
       toBottom();
@@ -664,6 +665,155 @@
     try { text = window.localStorage.getItem(DRAFT_KEY); } catch (err) { text = null; }
     if (text) area.value = text;
   })();
+
+  // --- Attachments ---------------------------------------------------------------------
+  //
+  // Files for the next message come from the attach button, a drop anywhere on the page and
+  // a paste of files (a screenshot). Each batch is one upload: the server normalises and
+  // stores every file or refuses the batch with one line of text (shown on the error line),
+  // and answers with each file's tray markup (chat/_attachment.html), which carries the
+  // hidden `attachment` input the message form sends. Until then the tray shows the batch
+  // uploading. A message may be files alone: the text is required only while the tray is
+  // empty, and Send waits for uploads in flight.
+
+  var tray = $('attach-tray');
+
+  function csrfToken() {
+    var input = document.querySelector('#composer [name="csrfmiddlewaretoken"]');
+    return input ? input.value : '';
+  }
+
+  function trayChanged() {
+    $('composer-text').required = !tray.querySelector('.att');
+  }
+
+  function uploading(files) {
+    var el = document.createElement('div');
+    el.className = 'att uploading';
+    el.setAttribute('role', 'status');
+    var spin = document.createElement('span');
+    spin.className = 'spinner';
+    spin.setAttribute('aria-hidden', 'true');
+    var label = document.createElement('span');
+    label.className = 'att-name';
+    label.textContent = 'Uploading ' + (files.length === 1 ? files[0].name : files.length + ' files') + '…';
+    el.append(spin, label);
+    return el;
+  }
+
+  // The server's answer goes in place of the batch's placeholder; a file the tray already
+  // holds (the same screenshot pasted twice) stays there once.
+  function attached(placeholder, html) {
+    var tpl = document.createElement('template');
+    tpl.innerHTML = html;
+    all(tpl.content, 'input[name="attachment"]').forEach(function (input) {
+      var twin = tray.querySelector('input[name="attachment"][value="' + CSS.escape(input.value) + '"]');
+      if (twin) input.closest('.att').remove();
+    });
+    placeholder.replaceWith(tpl.content);
+  }
+
+  function upload(fileList) {
+    var files = Array.prototype.slice.call(fileList || []);
+    if (!tray || !files.length) return;
+    var placeholder = uploading(files);
+    var label = placeholder.querySelector('.att-name');
+    var what = label.textContent;
+    tray.appendChild(placeholder);
+    trayChanged();
+    composerError('');
+    var body = new FormData();
+    files.forEach(function (file) { body.append('file', file, file.name); });
+    var xhr = new XMLHttpRequest();
+    xhr.open('POST', tray.getAttribute('data-upload'));
+    xhr.setRequestHeader('X-CSRFToken', csrfToken());
+    // XHR, not fetch: fetch cannot tell how much of a large photo has gone.
+    xhr.upload.onprogress = function (e) {
+      if (e.lengthComputable) label.textContent = what + ' ' + Math.floor((100 * e.loaded) / e.total) + '%';
+    };
+    xhr.onload = function () {
+      if (xhr.status === 200) {
+        attached(placeholder, xhr.responseText);
+      } else {
+        placeholder.remove();
+        var reason = (xhr.responseText || '').split('\n')[0].trim();
+        composerError(xhr.status === 400 && reason
+          ? 'Not attached: ' + reason
+          : 'The server could not take the files (HTTP ' + xhr.status + ').');
+      }
+      trayChanged();
+    };
+    xhr.onerror = function () {
+      placeholder.remove();
+      trayChanged();
+      composerError('No answer from the server: the files were not attached. Try again once the page is reconnected.');
+    };
+    xhr.send(body);
+  }
+
+  // After a send, the files it carried leave the tray; any added while it was on its way stay.
+  function takeSent(values) {
+    if (!tray) return;
+    all(tray, 'input[name="attachment"]').forEach(function (input) {
+      if (values.indexOf(input.value) >= 0) input.closest('.att').remove();
+    });
+    trayChanged();
+  }
+
+  if (tray) {
+    var picker = $('attach-input');
+    $('attach-btn').addEventListener('click', function () { picker.click(); });
+    picker.addEventListener('change', function () {
+      upload(picker.files);
+      // The same file may be picked again after it was removed.
+      picker.value = '';
+    });
+
+    tray.addEventListener('click', function (e) {
+      var remove = e.target.closest('.att-remove');
+      if (!remove) return;
+      remove.closest('.att').remove();
+      trayChanged();
+      $('composer-text').focus();
+    });
+
+    document.addEventListener('htmx:beforeRequest', function (evt) {
+      if (evt.detail.elt.id !== 'composer' || !tray.querySelector('.uploading')) return;
+      evt.preventDefault();
+      composerError('Not sent yet: wait for the files to finish uploading.');
+    });
+
+    // Another field (search, a title, the system prompt) keeps its own paste.
+    document.addEventListener('paste', function (e) {
+      var t = e.target;
+      if (t && /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName) && t.id !== 'composer-text') return;
+      var files = e.clipboardData && e.clipboardData.files;
+      if (!files || !files.length) return;
+      e.preventDefault();
+      upload(files);
+    });
+
+    // A drop anywhere attaches: left to the browser, it would open the file instead of the page.
+    var composer = $('composer');
+    var carriesFiles = function (e) {
+      return !!e.dataTransfer && Array.prototype.indexOf.call(e.dataTransfer.types, 'Files') >= 0;
+    };
+    document.addEventListener('dragover', function (e) {
+      if (!carriesFiles(e)) return;
+      e.preventDefault();
+      e.dataTransfer.dropEffect = 'copy';
+      composer.classList.add('dropping');
+    });
+    document.addEventListener('dragleave', function (e) {
+      if (!e.relatedTarget) composer.classList.remove('dropping');
+    });
+    document.addEventListener('drop', function (e) {
+      if (!carriesFiles(e)) return;
+      e.preventDefault();
+      composer.classList.remove('dropping');
+      upload(e.dataTransfer.files);
+    });
+  }
 
   // --- Jump to the latest --------------------------------------------------------------
 
