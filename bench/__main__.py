@@ -23,6 +23,7 @@ BENCHMARKS = [
     "request_build",
     "pages",
     "writes",
+    "checkpoint",
     "cache",
     "streaming",
     "paced",

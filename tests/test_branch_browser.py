@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from chat.models import QueuedMessage, RunningTurn, Tab
+from chat import log
+from chat.models import QueuedMessage, Tab
 from harness.fakeprovider import Reply
 from harness.login import session_for
 from tests.live import (
@@ -188,8 +189,8 @@ async def test_retry_regenerate_edit_and_continue_after_a_server_kill(
     await page.wait_for_selector("#log .t-text.open:has-text('Slow part 2.')")
 
     async def checkpointed() -> bool:
-        running = await sync_to_async(RunningTurn.objects.filter(tab_id=edited).first)()
-        return bool(running and (running.open_chunk or {}).get("data", {}).get("text"))
+        block = await sync_to_async(log.checkpointed)(edited)
+        return bool(block and block.text)
 
     await until(checkpointed, "a checkpoint of the slow answer")
     await sync_to_async(server.kill)()

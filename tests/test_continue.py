@@ -21,7 +21,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from chat import agent, lease, resume, turns
+from chat import agent, lease, log, resume, turns
 from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, Tab
 from harness.fakeprovider import STALL, Reply
 from tests.anthropic_wire import (
@@ -296,20 +296,21 @@ async def crash(tab: Tab, ready) -> dict[str, Any] | None:
     async def publish(op: dict[str, Any]) -> None:
         pass
 
+    def checkpointed() -> dict[str, Any] | None:
+        block = log.checkpointed(tab.pk)
+        return block.to_dict() if block is not None else None
+
     task = asyncio.create_task(agent.TurnRunner(tab.pk, turn_id, publish).run())
     try:
         async with asyncio.timeout(TURN_TIMEOUT):
-            while True:
-                running = await RunningTurn.objects.aget(tab_id=tab.pk)
-                if ready(running.open_chunk):
-                    break
+            while not ready(await database_sync_to_async(checkpointed)()):
                 await asyncio.sleep(POLL_SECONDS)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     stale = timezone.now() - timedelta(seconds=lease.LEASE_STALE_SECONDS * 4)
     await RunningTurn.objects.filter(tab_id=tab.pk).aupdate(heartbeat_at=stale)
-    return (await RunningTurn.objects.aget(tab_id=tab.pk)).open_chunk
+    return await database_sync_to_async(checkpointed)()
 
 
 async def assert_waits_for_the_user(fake_server, tab: Tab) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
-from chat import worker
+from chat import log, worker
 from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, Tab
 from chat.preferences import new_tab
 
@@ -39,11 +39,8 @@ async def until(predicate, what: str):
 
 
 def open_text(tab: Tab) -> str:
-    running = RunningTurn.objects.filter(tab=tab).first()
-    if running is None or not running.open_chunk:
-        return ""
-    data = running.open_chunk.get("data", {})
-    return data.get("text") or data.get("shell_output") or ""
+    block = log.checkpointed(tab.pk)
+    return block.text if block is not None else ""
 
 
 def stop(live, sig: int = signal.SIGTERM) -> int:

@@ -330,27 +330,20 @@ async def test_a_connect_landing_mid_chunk_gets_exactly_the_text(script, plain_f
 
 
 async def test_a_dead_worker_falls_back_to_the_checkpoint(plain_frames, monkeypatch):
-    """No runner answers the snapshot: the checkpoint in the database is sent after a timeout."""
+    """No runner answers the snapshot: the checkpoint in the database (a header and two
+    pieces) is sent after a timeout."""
     monkeypatch.setattr(follow, "SNAPSHOT_TIMEOUT", 0.2)
     from django.utils import timezone
 
     tab = await make_tab()
-    chunk_id = uuid.uuid4()
-    await RunningTurn.objects.acreate(
-        tab_id=tab.pk,
-        turn_id=uuid.uuid4(),
-        worker="gone:1:x",
-        heartbeat_at=timezone.now(),
-        open_chunk={
-            "id": str(chunk_id),
-            "turn_id": None,
-            "step": 1,
-            "role": "assistant",
-            "type": "text",
-            "data": {"text": "saved so far"},
-            "seq": None,
-        },
+    running = await RunningTurn.objects.acreate(
+        tab_id=tab.pk, turn_id=uuid.uuid4(), worker="gone:1:x", heartbeat_at=timezone.now()
     )
+    block = Block(uuid.uuid4(), running.turn_id, 1, "assistant", "text", {"text": "saved "})
+    chunk_id = block.id
+    await database_sync_to_async(log.checkpoint)(tab.pk, block, None)
+    block.data["text"] += "so far"
+    await database_sync_to_async(log.checkpoint)(tab.pk, block, len("saved "))
     owner = await database_sync_to_async(lambda: tab.owner)()
     socket = await open_socket(tab.pk, owner)
     await socket.send_to(text_data=json.dumps({"type": "hello", "last_seq": 0}))
@@ -561,9 +554,8 @@ async def test_lost_stream_text_is_noticed_and_resent_from_the_snapshot(
         running = {"op": "status", "status": {"state": "running"}}
         await _burst(tab.pk, [*[running] * TINY_CAPACITY, opened, *deltas[:-1]])
     # By the time the last delta goes out, the checkpoint holds the whole text.
-    await RunningTurn.objects.filter(tab_id=tab.pk).aupdate(
-        open_chunk={**block.to_dict(), "data": {"text": full}}
-    )
+    block.data["text"] = full
+    await database_sync_to_async(log.checkpoint)(tab.pk, block, None)
     await _burst(tab.pk, deltas[-1:])
     text, opens = "", 0
     async with asyncio.timeout(FRAME_TIMEOUT):
