@@ -30,6 +30,7 @@ BENCHMARKS = [
     "live_markdown",
     "browser",
     "export",
+    "attachments",
     "branch",
     "wipe",
     "search",

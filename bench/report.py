@@ -182,6 +182,30 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                 "one copy in the database: statements and memory flat",
             )
         )
+    if a := r.get("attachments"):
+        small, large = a["tabs"]["small"], a["tabs"]["large"]
+        rows.append(
+            (
+                f"A tab of {a['messages']} image messages, {small['image']} / {large['image']} "
+                "images: rows, database growth, page",
+                f"rows {small['row_bytes'] / 1e3:.1f} / {large['row_bytes'] / 1e3:.1f} KB "
+                f"({a['row_ratio_large_to_small']:.3f}×), database +{small['db_bytes'] / 1e3:.0f}"
+                f" / +{large['db_bytes'] / 1e3:.0f} KB, page {small['page_bytes'] / 1e3:.0f} / "
+                f"{large['page_bytes'] / 1e3:.0f} KB ({a['page_ratio_large_to_small']:.2f}×); "
+                f"the blobs {a['blob_ratio_large_to_small']:.0f}× apart",
+                "independent of the images' bytes",
+            )
+        )
+        p = a["photo"]
+        rows.append(
+            (
+                f"A {p['photo_bytes'] / 1e6:.1f} MB photo, upload to sent",
+                f"{_ms(p['total']['median'])}: upload {_ms(p['upload']['median'])}, send "
+                f"{_ms(p['send']['median'])}, request ({p['request_bytes'] / 1e6:.2f} MB) "
+                f"{_ms(p['request']['median'])}",
+                "",
+            )
+        )
     if (w := r.get("wipe")) and "skipped" not in w:
         rows.append(
             (

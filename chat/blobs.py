@@ -571,6 +571,25 @@ def refs(owner_id: Any, values: Iterable[str]) -> list[dict[str, Any]]:
     return out
 
 
+def adopt(tab_id: Any, owner_id: Any, refs: Iterable[Any]) -> None:
+    """An imported tab uses the blobs its references name that one of its owner's tabs
+    already uses (an export imported again here). Any other reference stays unserved:
+    a hash in a file is no proof of having had the file."""
+    names = {
+        ref["sha256"]: str(ref.get("name") or "attachment")
+        for ref in refs
+        if isinstance(ref, dict) and isinstance(ref.get("sha256"), str)
+    }
+    owned = (
+        Blob.objects.filter(sha256__in=list(names), attachments__tab__owner_id=owner_id)
+        .values_list("sha256", flat=True)
+        .distinct()
+    )
+    Attachment.objects.bulk_create(
+        Attachment(tab_id=tab_id, blob_id=sha, name=names[sha], sent=True) for sha in owned
+    )
+
+
 def mark_sent(tab_id: Any, attachments: Iterable[dict[str, Any]]) -> None:
     """The tab's log uses these blobs now: their rows stay while the tab does."""
     for ref in attachments:

@@ -43,7 +43,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from django.utils import timezone
 from django.utils.text import slugify
 
-from chat import history, log
+from chat import blobs, history, log
 from chat.models import Chunk, Tab
 from chat.stream import Block, Kind, Role
 
@@ -91,7 +91,12 @@ CHUNK_FIELDS = ("id", "seq", "turn_id", "step", "role", "type", "data", "created
 # version wrote. System and error chunks are the UI's (never sent) and may
 # carry extra keys (the runner adds stop_reason, retry, ...).
 SHAPES: dict[tuple[str, str], dict[str, tuple[type, bool]]] = {
-    (Role.USER, Kind.TEXT): {"text": (str, True), "interrupted": (bool, False)},
+    # `attachments`: references to blobs (chat.blobs.reference), never their bytes.
+    (Role.USER, Kind.TEXT): {
+        "text": (str, True),
+        "interrupted": (bool, False),
+        "attachments": (list, False),
+    },
     (Role.ASSISTANT, Kind.TEXT): {"text": (str, True), "interrupted": (bool, False)},
     (Role.ASSISTANT, Kind.THINKING): {
         "text": (str, True),
@@ -116,6 +121,7 @@ SHAPES: dict[tuple[str, str], dict[str, tuple[type, bool]]] = {
         "truncated_lines": (int, False),
         "shell_output": (str, False),
         "interrupted": (bool, False),
+        "attachments": (list, False),
     },
     (Role.ASSISTANT, Kind.ERROR): {"message": (str, True), "status_code": (int, False)},
     (Role.SYSTEM, Kind.SYSTEM): {
@@ -637,8 +643,10 @@ def _write(owner: Any, head: dict[str, Any], checked: IO[str]) -> Tab:
     )
     try:
         batch: list[Block] = []
+        files: list[Any] = []
         for seq, text in enumerate(checked, start=1):
             fields = json.loads(text)
+            files += fields["data"].get("attachments") or []
             turn_id = uuid.UUID(fields["turn_id"]) if fields["turn_id"] is not None else None
             batch.append(
                 Block(
@@ -655,6 +663,7 @@ def _write(owner: Any, head: dict[str, Any], checked: IO[str]) -> Tab:
                 log.append(tab.pk, batch)
                 batch = []
         log.append(tab.pk, batch)
+        blobs.adopt(tab.pk, getattr(owner, "pk", None), files)
         Tab.objects.filter(pk=tab.pk).update(owner=owner)
     except BaseException:
         tab.delete()

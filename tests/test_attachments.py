@@ -22,7 +22,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from PIL import Image
 
-from chat import blobs, history, log, turns
+from chat import blobs, history, log, transfer, turns
 from chat.models import ApiToken, Attachment, Blob, Chunk, QueuedMessage, Tab
 from chat.providers import anthropic as wire
 from chat.providers.anthropic import AnthropicProvider
@@ -784,3 +784,35 @@ def test_the_api_sends_a_multipart_message(alice):
     assert bad.json()["error"]["code"] == "invalid_file"
     assert "x.svg is an SVG image" in bad.json()["error"]["message"]
     assert Blob.objects.count() == 1 and QueuedMessage.objects.count() == 1
+
+
+# --- Export and import ------------------------------------------------------------------------
+
+
+def _with_a_file(owner) -> tuple[Tab, str]:
+    tab = Tab.objects.create(owner=owner, model="offline/demo", title="shots")
+    value = uploaded(tab, files.image(), "shot.png")
+    queued = turns.submit(tab, "look", attachments=[value])
+    data = {"text": "look", "attachments": queued.attachments}
+    log.append(tab.pk, [Block(uuid.uuid4(), uuid.uuid4(), 0, "user", "text", data)])
+    QueuedMessage.objects.all().delete()
+    return tab, value.split(":")[0]
+
+
+def test_an_export_imported_again_by_its_owner_keeps_its_files(alice):
+    tab, sha = _with_a_file(alice)
+    exported = "".join(transfer.export_jsonl(tab)).encode()
+    assert b"base64" not in exported
+    copy = transfer.import_jsonl(alice, io.BytesIO(exported))
+    assert Chunk.objects.get(tab=copy).data["attachments"][0]["sha256"] == sha
+    tab.delete()
+    blobs.collect()
+    assert client_for(alice).get(f"/blob/{sha}/").status_code == 200
+
+
+def test_a_hash_in_an_imported_file_gives_no_access_to_the_blob(alice, bob):
+    tab, sha = _with_a_file(alice)
+    exported = "".join(transfer.export_jsonl(tab)).encode()
+    copy = transfer.import_jsonl(bob, io.BytesIO(exported))
+    assert not Attachment.objects.filter(tab=copy).exists()
+    assert client_for(bob).get(f"/blob/{sha}/").status_code == 404
