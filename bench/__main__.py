@@ -25,6 +25,7 @@ BENCHMARKS = [
     "writes",
     "checkpoint",
     "cache",
+    "compaction",
     "streaming",
     "paced",
     "live_markdown",

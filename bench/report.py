@@ -156,6 +156,29 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                 "100%",
             )
         )
+    if c := r.get("compaction"):
+        d, n = c["designed"], c["naive"]
+        session = f"{c['turns']}-turn session, {c['window'] // 1000}k-token window"
+        rows.append(
+            (
+                f"Compaction, {session}: input billed as cache reads",
+                f"{d['cache_read_share'] * 100:.1f}% ({d['compactions']} compactions, peak "
+                f"{d['peak_context']:,} tokens = {d['peak_share_of_window'] * 100:.0f}% of the "
+                f"window); naive summary without system and tools: "
+                f"{n['cache_read_share'] * 100:.1f}%",
+                "≥ 90%; peak < window",
+            )
+        )
+        rows.append(
+            (
+                f"Compaction, {session}: input tokens weighted as billed "
+                "(writes 1.25×, reads 0.1×)",
+                f"{d['weighted_input'] / 1e6:.2f}M vs {n['weighted_input'] / 1e6:.2f}M naive "
+                f"({c['weighted_ratio_naive_to_designed']:.2f}×); "
+                f"{d['input_tokens'] / 1e6:.1f}M tokens sent",
+                "",
+            )
+        )
     if e := r.get("export"):
         sizes = e["by_size"]
         for fmt, ratio in (("jsonl", "jsonl_peak_ratio"), ("markdown", "markdown_peak_ratio")):

@@ -19,6 +19,11 @@ socket without ending the chunked body). Every request is recorded (raw bytes, p
 headers), and `disconnected` tells when the client closed before the reply was
 over.
 
+Usage like the API's: `FakeProviderServer(cache=SimulatedCache())` bills each
+Anthropic request from its body (a prompt cache keyed by prefix, see SimulatedCache)
+and puts that usage in the stream. Replies that depend on the request:
+`FakeProviderServer(respond=fn)` answers `fn(request)` when nothing is scripted.
+
 Pacing: `Reply(rate=200)` sends its data frames on a fixed schedule, the n-th at
 start + n / 200 s, however late the machine got to one (no drift). Stamping:
 `Reply(stamp=True)` replaces `STAMP` in each frame with the wall clock (ns) at the
@@ -33,6 +38,7 @@ then scripted over HTTP (`CONTROL_REPLIES`, `Reply.to_json`). The tests' fixture
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import select
 import signal
@@ -43,7 +49,7 @@ import time
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -229,6 +235,8 @@ class Recorded:
     json: Any
     disconnected: threading.Event = field(default_factory=threading.Event)
     completed: threading.Event = field(default_factory=threading.Event)
+    # What the server's SimulatedCache billed the request (None: no cache, or no stream).
+    usage: CacheUsage | None = None
 
     def wait_disconnected(self, timeout: float = WAIT_SECONDS) -> bool:
         return self.disconnected.wait(timeout)
@@ -240,8 +248,172 @@ def recorded(name: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
+# --- A simulated Anthropic prompt cache ------------------------------------------
+
+# Anthropic looks for a cached prefix at each breakpoint and at the block boundaries
+# up to this many blocks before it; an older entry is not found from there.
+CACHE_LOOKBACK_BLOCKS = 20
+# The shortest prefix the API caches for Claude Sonnet 4.5 (Sonnet 4 and Opus 4.1
+# too; Haiku 4.5 and Opus 4.5 need 4096): a shorter one is neither written nor read.
+CACHE_MIN_TOKENS = 1024
+# How long an entry lives after it was last written or read (the API's 5-minute
+# ephemeral cache; a read refreshes it).
+CACHE_LIFETIME = 300.0
+# The simulation counts a token as this many characters of a block's JSON.
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True)
+class CacheUsage:
+    """A request's input as the API bills it, and how much of it the cache matched."""
+
+    input_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    # Blocks of the request (tools, system, message content, in that order) and how
+    # many of the first were read from the cache.
+    blocks: int
+    read_blocks: int
+
+    def as_dict(self) -> dict[str, int]:
+        """The usage fields of the API's message_start."""
+        return {
+            "input_tokens": self.input_tokens,
+            "cache_read_input_tokens": self.cache_read_input_tokens,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
+        }
+
+
+class SimulatedCache:
+    """Anthropic's prompt cache, from request bodies alone, so that a fake server can
+    report usage as the API does (`FakeProviderServer(cache=SimulatedCache())`).
+
+    A request is a sequence of blocks in the order the API caches them: tools, system,
+    then each message's content blocks. A prefix's key is the model and those blocks
+    (their JSON without `cache_control`; a message block with its role, and with the
+    request's `thinking` and `tool_choice`, whose change the API says invalidates the
+    messages' cache). A request reads the longest live prefix found at a breakpoint
+    (a block with `cache_control`) or at most CACHE_LOOKBACK_BLOCKS boundaries before
+    one; then it writes the prefix at each of its breakpoints. Usage: the read prefix
+    is `cache_read_input_tokens`, the rest up to the last breakpoint
+    `cache_creation_input_tokens`, what follows `input_tokens`. Tokens are characters
+    / CHARS_PER_TOKEN. Entries expire `lifetime` seconds after their last write or
+    read, on `clock`.
+    """
+
+    def __init__(
+        self,
+        *,
+        lifetime: float = CACHE_LIFETIME,
+        min_tokens: int = CACHE_MIN_TOKENS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lifetime = lifetime
+        self.min_tokens = min_tokens
+        self.clock = clock
+        self._expiry: dict[bytes, float] = {}
+        self._lock = threading.Lock()
+
+    def usage(self, body: dict[str, Any]) -> CacheUsage:
+        keys, tokens, marks = _prefixes(body)
+        with self._lock:
+            now = self.clock()
+            read = 0
+            for mark in marks:
+                for n in range(mark, max(mark - CACHE_LOOKBACK_BLOCKS, 1) - 1, -1):
+                    if n <= read:
+                        break
+                    if self._expiry.get(keys[n], now) > now:
+                        read = n
+                        break
+            if read:
+                self._expiry[keys[read]] = now + self.lifetime
+            written = [m for m in marks if tokens[m] >= self.min_tokens]
+            for mark in written:
+                self._expiry[keys[mark]] = now + self.lifetime
+        cached = tokens[written[-1]] if written else 0
+        return CacheUsage(
+            input_tokens=tokens[-1] - max(cached, tokens[read]),
+            cache_read_input_tokens=tokens[read],
+            cache_creation_input_tokens=max(cached - tokens[read], 0),
+            blocks=len(keys) - 1,
+            read_blocks=read,
+        )
+
+
+def _prefixes(body: dict[str, Any]) -> tuple[list[bytes], list[int], list[int]]:
+    """For n = 0..blocks: the key of the first n blocks and their tokens; and the
+    breakpoints (n of each block with cache_control)."""
+    settings = json.dumps(
+        {k: body.get(k) for k in ("thinking", "tool_choice")}, sort_keys=True
+    ).encode()
+    system = body.get("system") or []
+    if isinstance(system, str):
+        system = [{"type": "text", "text": system}]
+    blocks: list[tuple[bytes, dict[str, Any]]] = [(b"tool", t) for t in body.get("tools") or []]
+    blocks += [(b"system", b) for b in system]
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        role = str(message.get("role")).encode()
+        blocks += [(settings + role, b) for b in content]
+    key = hashlib.sha256(str(body.get("model")).encode()).digest()
+    keys, tokens, marks, chars = [key], [0], [], 0
+    for n, (salt, block) in enumerate(blocks, 1):
+        text = json.dumps(
+            {k: v for k, v in block.items() if k != "cache_control"},
+            sort_keys=True,
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        key = hashlib.sha256(key + salt + text.encode()).digest()
+        chars += len(text)
+        keys.append(key)
+        tokens.append(chars // CHARS_PER_TOKEN)
+        if "cache_control" in block:
+            marks.append(n)
+    return keys, tokens, marks
+
+
+def output_tokens(events: Iterable[Any]) -> int:
+    """The tokens of a reply's content (text, thinking, tool arguments), as the cache counts."""
+    chars = 0
+    for item in events:
+        if isinstance(item, dict) and item.get("type") == "content_block_delta":
+            delta = item.get("delta") or {}
+            for name in ("text", "thinking", "partial_json"):
+                chars += len(str(delta.get(name) or ""))
+    return max(chars // CHARS_PER_TOKEN, 1)
+
+
+def with_usage(events: list[Any], usage: CacheUsage) -> list[Any]:
+    """Anthropic events with `usage` in message_start and the output's tokens in
+    message_delta, in place of what they were scripted with."""
+    out = []
+    for item in events:
+        if isinstance(item, dict) and item.get("type") == "message_start":
+            message = {**item.get("message", {}), "usage": {**usage.as_dict(), "output_tokens": 1}}
+            item = {**item, "message": message}
+        elif isinstance(item, dict) and item.get("type") == "message_delta":
+            item = {**item, "usage": {"output_tokens": output_tokens(events)}}
+        out.append(item)
+    return out
+
+
 class FakeProviderServer:
-    def __init__(self) -> None:
+    """With `cache`, Anthropic streams report the usage it computes from each request
+    (whatever usage they were scripted with). With `respond`, a request nothing is
+    scripted for is answered with `respond(request)`."""
+
+    def __init__(
+        self,
+        *,
+        cache: SimulatedCache | None = None,
+        respond: Callable[[Recorded], Reply] | None = None,
+    ) -> None:
+        self.cache = cache
+        self.respond = respond
         self.replies: deque[Reply] = deque()
         self.requests: list[Recorded] = []
         self._lock = threading.Lock()
@@ -348,6 +520,8 @@ class _Handler(BaseHTTPRequestHandler):
         )
         self.fake._record(record)
         reply = self.fake._next_reply()
+        if reply is None and self.fake.respond is not None:
+            reply = self.fake.respond(record)
         if reply is None:
             reply = Reply.error(500, "api_error", f"fake server: no reply scripted for {self.path}")
         if reply.status != 200:
@@ -355,6 +529,9 @@ class _Handler(BaseHTTPRequestHandler):
             record.completed.set()
             return
         anthropic = self.path.rstrip("/").endswith("/messages")
+        if anthropic and self.fake.cache is not None and isinstance(parsed, dict):
+            record.usage = self.fake.cache.usage(parsed)
+            reply = replace(reply, events=with_usage(reply.events, record.usage))
         try:
             self._stream(reply, anthropic, record)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
