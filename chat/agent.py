@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
+from itertools import takewhile
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -26,7 +27,7 @@ from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 
-from chat import blobs, lease, log, preferences, retry, tools
+from chat import blobs, context, lease, log, preferences, retry, tools
 from chat import usage as chat_usage
 from chat.history import History
 from chat.models import QueuedMessage, Tab, UsageRecord
@@ -40,6 +41,8 @@ from chat.providers.base import (
     Request,
     ShellOutput,
     SystemEvent,
+    TextDelta,
+    ToolCallEvent,
     ToolResultEvent,
     Usage,
 )
@@ -77,6 +80,11 @@ SHELL = "shell"
 # The result of calls a crashed turn never ran, and of the one it was running.
 NOT_RUN_CRASHED = "Not run: the turn stopped on an internal error."
 CRASHED_WHILE_RUNNING = "Interrupted: the turn stopped on an internal error while this call ran."
+# A summary request answered with a tool call, or failing on a retryable error,
+# is asked once more.
+SUMMARY_ATTEMPTS = 2
+# The status line's state while a summary is written.
+COMPACTING = "compacting"
 # The most of an exception's text a crash's error chunk quotes: enough to debug
 # from the tab (the traceback is in the server log), not a wall of repr.
 CRASH_MESSAGE_CHARS = 1000
@@ -139,6 +147,19 @@ class _ProducerDone:
 
 
 @dataclass(frozen=True)
+class _Summary:
+    text: str
+
+
+@dataclass(frozen=True)
+class _Overflow:
+    """A step refused because its request does not fit the context window."""
+
+    error: ProviderError
+    tries: int
+
+
+@dataclass(frozen=True)
 class _Stalled:
     """The watchdog gave up on the stream."""
 
@@ -173,10 +194,14 @@ class TurnStatus:
     waiting_since: str | None = None
     # At the turn's end: its tokens and cost and the tab's (chat.usage.turn_end).
     turn_end: dict[str, Any] | None = None
+    # The context meter (chat.context.Meter.as_dict), after each request.
+    context: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         usage = self.usage
-        extra = {"turn_end": self.turn_end} if self.turn_end is not None else {}
+        extra: dict[str, Any] = {"turn_end": self.turn_end} if self.turn_end is not None else {}
+        if self.context is not None:
+            extra["context"] = self.context
         return {
             "state": self.state,
             "turn_id": self.turn_id,
@@ -258,6 +283,10 @@ class TurnRunner:
         self._crash_logged = False
         # This turn moved its queued messages into the log.
         self._took_queued = False
+        # The tab's context size after its last request (chat.context).
+        self.size = context.Size()
+        # A compaction was tried in this turn for an overflow: once a turn.
+        self._overflow_tried = False
 
     # --- control (called from the worker consumer) --------------------------
 
@@ -384,6 +413,7 @@ class TurnRunner:
         self.status = TurnStatus(turn_id=str(turn_id))
         self._crash_logged = False
         self._took_queued = False
+        self._overflow_tried = False
         self.cancelled.clear()
         # Auto-approval was asked for the message that started the first turn only.
         self.auto_approve = False
@@ -415,12 +445,13 @@ class TurnRunner:
     async def _run_turn(self) -> None:
         tab = await Tab.objects.aget(pk=self.tab_id)
         if self.history is None:
-            chunks = await database_sync_to_async(log.tail)(self.tab_id)
-            self.history = History.build(chunks)
+            await self._rebuild_history()
             self.last_seq = self.history.last_seq
         config = await database_sync_to_async(TurnConfig.load)(tab)
         self.config = config
         self.status.model = config.model
+        self.size = context.Size.from_dict(tab.context)
+        self.status.context = context.meter(self.size, config.model).as_dict()
         try:
             await self._steps(tab, config)
             await self._reload_if_changed()
@@ -432,6 +463,14 @@ class TurnRunner:
     async def _steps(self, tab: Tab, config: TurnConfig) -> None:
         model = config.model
         step = 0
+        compacted = False
+        while (asked := await self._take_compaction()) is not None:
+            through, instructions = asked
+            compacted = (
+                await self._compact(tab, model, "manual", through, instructions) or compacted
+            )
+        if not compacted:
+            await self._fit_at_turn_start(tab, model)
         took = await self._take_queued()
         if not took:
             return
@@ -450,15 +489,20 @@ class TurnRunner:
                 if self.config.model != config.model:
                     model = self.config.model
                 config = self.config
+            if step > 1 and context.overflowing(self.size, self._window(model)):
+                await self._compact_before_turn(tab, model)
             await self._status()
-            request = Request(
-                system=tab.system_prompt,
-                tools=tools.tool_specs(),
-                messages=self.history.messages(),
-                blobs=blobs.READER,
-            )
-            finish = await self._stream_with_retries(request, model, config)
-            if finish is None:
+            finish = await self._stream_with_retries(self._request(tab), model, config)
+            if isinstance(finish, _Overflow):
+                # Refused as too long for the window: everything before this turn is
+                # summarised and the step asked again, once.
+                if not await self._compact_before_turn(tab, model):
+                    await self._give_up(finish.error, model, finish.tries)
+                    return
+                finish = await self._stream_with_retries(
+                    self._request(tab), model, config, overflow=False
+                )
+            if not isinstance(finish, tuple):
                 return  # an error chunk ended the turn
             model = finish[1]
             self.status.model = model
@@ -477,8 +521,12 @@ class TurnRunner:
     # --- streaming ---------------------------------------------------------
 
     async def _stream_with_retries(
-        self, request: Request, model: str, config: TurnConfig
-    ) -> tuple[Finish, str] | None:
+        self, request: Request, model: str, config: TurnConfig, *, overflow: bool = True
+    ) -> tuple[Finish, str] | _Overflow | None:
+        """Stream one step, retrying as chat.retry decides: (finish, the model that
+        answered), or None after an error chunk ended the turn. With `overflow`, a
+        refusal for the context window comes back as _Overflow instead, the log
+        untouched (nothing streamed before a 400), for the caller to compact."""
         attempt = 0
         switched = False
         tries = 0
@@ -490,6 +538,8 @@ class TurnRunner:
                 return finish, model
             except ProviderError as exc:
                 tries += 1
+                if overflow and context.is_overflow(exc) and self.reducer.open is None:
+                    return _Overflow(exc, tries)
                 decision = retry.decide(
                     exc,
                     attempt,
@@ -499,16 +549,7 @@ class TurnRunner:
                     rand=random.random(),
                 )
                 if isinstance(decision, retry.GiveUp):
-                    message = exc.message
-                    if exc.error_type == STALLED and attempt:
-                        message += (
-                            f", on each of {attempt + 1} attempts: the provider seems stalled. "
-                            "Try again later or pick another model."
-                        )
-                    await self._interrupt("Not run: the response was cut off by an error.")
-                    details = explain(exc, model=model, attempts=tries).data()
-                    error = ErrorEvent(message, exc.status_code, details)
-                    await self._apply(self.reducer.feed(error))
+                    await self._give_up(exc, model, tries, attempt)
                     return None
                 # The cut-off attempt stays in the log; the retry notice tells
                 # history not to send it, and its calls are never run.
@@ -540,6 +581,26 @@ class TurnRunner:
                 await self._interrupt("Not run: the response could not be read.")
                 await self._apply(self.reducer.feed(ErrorEvent(str(exc))))
                 return None
+
+    async def _give_up(self, exc: ProviderError, model: str, tries: int, attempt: int = 0) -> None:
+        """End the step on `exc`: the open block and calls closed, the error chunk."""
+        message = exc.message
+        if exc.error_type == STALLED and attempt:
+            message += (
+                f", on each of {attempt + 1} attempts: the provider seems stalled. "
+                "Try again later or pick another model."
+            )
+        await self._interrupt("Not run: the response was cut off by an error.")
+        details = explain(exc, model=model, attempts=tries).data()
+        await self._apply(self.reducer.feed(ErrorEvent(message, exc.status_code, details)))
+
+    def _request(self, tab: Tab) -> Request:
+        return Request(
+            system=tab.system_prompt,
+            tools=tools.tool_specs(),
+            messages=self.history.messages(),
+            blobs=blobs.READER,
+        )
 
     async def _stream(self, request: Request, model: str) -> Finish:
         provider = await provider_for(model)
@@ -652,6 +713,206 @@ class TurnRunner:
             with suppress(BaseException):
                 await self._producer
             self._producer = None
+
+    # --- the context window (chat/context.py) -----------------------------------
+
+    async def _rebuild_history(self) -> None:
+        chunks = await database_sync_to_async(log.context_tail)(self.tab_id)
+        self.history = History.build(chunks)
+
+    def _window(self, model: str) -> int:
+        return context.window(model)[0]
+
+    async def _fit_at_turn_start(self, tab: Tab, model: str) -> None:
+        """Before a turn's messages go in: compact when the context is past
+        COMPACT_AT of the window; else, when the cache has expired anyway, elide old
+        bulky tool results (never step by step: each elision is a cache miss)."""
+        size = self.size
+        if not size.known:
+            # Never measured (a new branch, an import): the builder's estimate.
+            request = self._request(tab)
+            size = context.Size(
+                context.estimate(request.system, request.tools, request.messages),
+                estimated=True,
+            )
+        win = self._window(model)
+        if context.due_at_turn_start(size, win):
+            await self._compact(tab, model, "auto", None, "", tokens_before=size.next)
+        elif size.next >= win * context.COMPACT_TO and context.cache_cold(size, timezone.now()):
+            chunks = await database_sync_to_async(log.context_tail)(self.tab_id)
+            seqs = context.plan_elision(chunks, self.history.elided)
+            if context.elided_chars(chunks, seqs) >= context.ELIDE_MIN_TOTAL:
+                await self._append_context([self._elide_block(chunks, seqs)])
+
+    async def _compact_before_turn(self, tab: Tab, model: str) -> bool:
+        """A turn too big for the window on its own: everything before it is
+        summarised, the turn stays verbatim (its signed thinking and calls intact).
+        False when there is nothing before it to summarise (said once)."""
+        if self._overflow_tried:
+            return False  # one try a turn: what failed once would fail again
+        self._overflow_tried = True
+        chunks = await database_sync_to_async(log.context_tail)(self.tab_id)
+        through = context.plan_through(chunks, self._window(model), keep_current=True)
+        if through is None:
+            await self._system(
+                "compaction-failed",
+                "This turn alone fills the model's context window: there is nothing "
+                "before it left to summarise. Stop it, or start a new tab.",
+            )
+            return False
+        return await self._compact(tab, model, "auto", through, "", tokens_before=self.size.next)
+
+    async def _compact(
+        self,
+        tab: Tab,
+        model: str,
+        trigger: str,
+        through: int | None,
+        instructions: str,
+        *,
+        tokens_before: int = 0,
+    ) -> bool:
+        """Summarise the log through `through` (None: as planned for an automatic
+        compaction, or everything for a manual one) and append the compaction chunk
+        the builder starts from. The summary request is the live request plus one
+        user message: a cache read of the whole conversation. A failure leaves the
+        log as it was, with a notice saying why; True when compacted."""
+        chunks = await database_sync_to_async(log.context_tail)(self.tab_id)
+        win = self._window(model)
+        if through is None and trigger == "auto":
+            through = context.plan_through(chunks, win)
+        elif through is None:
+            through = context.last_sendable(chunks)
+        else:
+            through = context.turn_end(chunks, through)
+        if through is None:
+            await self._system(
+                "compaction-failed",
+                "Nothing to compact: no message since the last compaction reaches that far."
+                if chunks
+                else "Nothing to compact yet.",
+            )
+            return False
+        request = Request(
+            system=tab.system_prompt,
+            tools=tools.tool_specs(),
+            messages=self.history.with_ask(
+                context.ask(instructions, context.kept_from(chunks, through))
+            ),
+        )
+        self.status.state = COMPACTING
+        await self._status()
+        try:
+            summary = await self._summarise(request, model)
+        finally:
+            self.status.state = "running"
+        if isinstance(summary, str):
+            await self._system("compaction-failed", summary)
+            await self._status()
+            return False
+        data: dict[str, Any] = {
+            "summary": summary.text,
+            "through_seq": through,
+            "model": model,
+            "trigger": trigger,
+            "tokens_before": tokens_before or self.size.next,
+        }
+        if instructions.strip():
+            data["instructions"] = instructions.strip()
+        blocks = [
+            Block(uuid.uuid4(), self.turn_id, self.reducer.step, Role.SYSTEM, Kind.COMPACTION, data)
+        ]
+        kept = [c for c in chunks if c.seq is not None and c.seq > through]
+        if seqs := context.plan_elision(kept, self.history.elided):
+            blocks.append(self._elide_block(kept, seqs))
+        await self._append_context(blocks)
+        request = self._request(tab)
+        estimate = context.estimate(request.system, request.tools, request.messages)
+        await self._set_size(context.Size(estimate, at=self.size.at, estimated=True), model)
+        await self._status()
+        return True
+
+    def _elide_block(self, chunks: list[Any], seqs: list[int]) -> Block:
+        chars = context.elided_chars(chunks, seqs)
+        text = (
+            f"Removed {len(seqs)} old tool output{'s' if len(seqs) != 1 else ''} "
+            f"({chars:,} characters) from what the model is sent, to save context; "
+            "they stay in the log."
+        )
+        data = {"kind": context.ELIDE, "text": text, "seqs": seqs, "chars": chars}
+        return Block(uuid.uuid4(), self.turn_id, self.reducer.step, Role.SYSTEM, Kind.SYSTEM, data)
+
+    async def _append_context(self, blocks: list[Block]) -> None:
+        """Append compaction/elide chunks and build the history again from the log
+        (they change what earlier chunks send)."""
+        await self._flush_deltas()
+        await database_sync_to_async(log.append)(self.tab_id, blocks)
+        for block in blocks:
+            self.last_seq = block.seq
+            await self.publish({"op": "seal", "block": block.to_dict()})
+        await self._rebuild_history()
+
+    async def _summarise(self, request: Request, model: str) -> _Summary | str:
+        """The summary's text, or why there is none. A stray tool call is ignored and
+        the request asked again (the same bytes: the cache holds them), once; so is
+        a retryable error."""
+        why = ""
+        for attempt in range(SUMMARY_ATTEMPTS):
+            self._check_cancel()
+            try:
+                text, finish, called = await self._summary_stream(request, model)
+            except ProviderError as exc:
+                why = explain(exc, model=model, attempts=attempt + 1).summary or exc.message
+                if not exc.retryable:
+                    break
+                decision = retry.decide(
+                    exc, attempt, model=model, fallback="", switched=True, rand=random.random()
+                )
+                if isinstance(decision, retry.Retry):
+                    await self._sleep(decision.delay)
+                continue
+            await self._record_usage(model, finish.usage, UsageRecord.Kind.SUMMARY)
+            if finish.stop_reason in STOP_NOTICES:
+                why = "the summary was cut off at the model's output limit"
+                break
+            if text.strip():
+                return _Summary(text.strip())
+            if not called:
+                why = "the summary came back empty"
+                break
+            why = "the model called a tool instead of writing the summary"
+        return f"Could not compact the conversation: {why}. It goes on uncompacted."
+
+    async def _summary_stream(self, request: Request, model: str) -> tuple[str, Finish, bool]:
+        """One summary request: its text (thinking is not kept), how it ended, and
+        whether it called a tool. Nothing goes to the log while it streams."""
+        provider = await provider_for(model)
+        idle = getattr(provider, "idle_timeout", STREAM_IDLE_TIMEOUT)
+
+        async def produce(queue: asyncio.Queue) -> None:
+            async with aclosing(provider.stream(request)) as events:
+                async for event in events:
+                    await queue.put(event)
+
+        watch = _Watch(idle, lambda: getattr(provider, "alive_at", None), model)
+        pieces: list[str] = []
+        called = False
+        finish = Finish()
+        self._last_event_at = asyncio.get_running_loop().time()
+        try:
+            async with aclosing(self._produced(produce, watch)) as events:
+                async for event in events:
+                    await self._progress()
+                    match event:
+                        case TextDelta(text=text):
+                            pieces.append(text)
+                        case ToolCallEvent():
+                            called = True
+                        case Finish():
+                            finish = event
+        finally:
+            self.status.waiting_since = None
+        return "".join(pieces), finish, called
 
     # --- tools ---------------------------------------------------------------
 
@@ -998,6 +1259,9 @@ class TurnRunner:
     def _take_queued_sync(self) -> tuple[list[Block], list[int]]:
         with transaction.atomic():
             queued = list(QueuedMessage.objects.select_for_update().filter(tab_id=self.tab_id))
+            # A compaction asked for waits for the turn's end, and what was sent after
+            # it for the compaction (_take_compaction).
+            queued = list(takewhile(lambda q: not q.compact, queued))
             if not queued:
                 return [], []
             # A rerun row (a regenerated branch) starts the turn and adds nothing.
@@ -1012,10 +1276,33 @@ class TurnRunner:
             blobs.place(self.workspace, ref)
         return blocks, [q.pk for q in queued]
 
+    def _take_compaction_sync(self) -> tuple[int, int | None, str] | None:
+        with transaction.atomic():
+            first = QueuedMessage.objects.select_for_update().filter(tab_id=self.tab_id).first()
+            if first is None or not first.compact:
+                return None
+            taken = (first.pk, first.compact_through, first.text)
+            first.delete()
+            return taken
+
+    async def _take_compaction(self) -> tuple[int | None, str] | None:
+        """A compaction asked for (`/compact`, "summarise up to here") at the head of
+        the queue: taken, as (through seq or None for everything, instructions)."""
+        taken = await database_sync_to_async(self._take_compaction_sync)()
+        if taken is None:
+            return None
+        pk, through, instructions = taken
+        self._took_queued = True
+        await self.publish({"op": "taken", "ids": [pk]})
+        return through, instructions
+
     async def _set_step(self, step: int) -> None:
         await database_sync_to_async(lease.set_step)(self.tab_id, self.turn_id, step)
 
-    async def _record_usage(self, model: str, usage: Usage) -> None:
+    async def _record_usage(
+        self, model: str, usage: Usage, kind: str = UsageRecord.Kind.STEP
+    ) -> None:
+        """Record a request's tokens; a step's are also the tab's context size."""
         self.status.usage = self.status.usage + usage
         tab = await Tab.objects.only("owner_id").aget(pk=self.tab_id)
         await UsageRecord.objects.acreate(
@@ -1024,11 +1311,26 @@ class TurnRunner:
             turn_id=self.turn_id,
             step=self.reducer.step,
             model=model,
+            kind=kind,
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
             cache_read_tokens=usage.cache_read_tokens,
             cache_write_tokens=usage.cache_write_tokens,
         )
+        if kind == UsageRecord.Kind.STEP:
+            size = context.Size(
+                usage.input_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
+                usage.output_tokens,
+                at=timezone.now().isoformat(),
+            )
+            await self._set_size(size, model)
+
+    async def _set_size(self, size: context.Size, model: str) -> None:
+        self.size = size
+        self.status.context = context.meter(size, model).as_dict()
+        await Tab.objects.filter(pk=self.tab_id).aupdate(context=size.as_dict())
 
     async def _heartbeat(self) -> None:
         while True:

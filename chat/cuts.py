@@ -22,18 +22,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from chat.stream import Kind, Role
-
-
-class ChunkLike(Protocol):
-    seq: int | None
-    turn_id: Any
-    step: int
-    role: str
-    type: str
-    data: dict[str, Any]
+from chat.stream import ChunkLike, Kind, Role
 
 
 class CutError(ValueError):

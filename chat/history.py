@@ -31,6 +31,12 @@ Normalisations, each deterministic so that rebuilding gives the same bytes:
   role are merged, and a trailing assistant message without tool calls is
   left out (a request must end with the user's side).
 
+Context management (chat/context.py): a request starts at the newest
+compaction chunk, with its summary as the first user message, followed by the
+chunks after its `through_seq`; the results named by an `elide` system chunk are
+sent as one-line sentinels. Both change earlier messages, so a History that is
+given one of those chunks incrementally is `stale` and must be built again.
+
 A chunk that no request could hold (an unknown role/type pair, a call without
 an id) raises ValueError: it is a bug in whoever wrote the log.
 """
@@ -41,8 +47,9 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
+from chat import context
 from chat.providers.base import (
     DocumentPart,
     ImagePart,
@@ -54,7 +61,7 @@ from chat.providers.base import (
     ToolResultPart,
     upload_path,
 )
-from chat.stream import Kind, Role
+from chat.stream import ChunkLike, Kind, Role
 
 # Anthropic's tool_use id pattern is ^[a-zA-Z0-9_-]+$; OpenAI accepts it too.
 UNSAFE_ID_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
@@ -69,15 +76,6 @@ CONVERSATION_START = "(conversation start)"
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg"})
 PDF_TYPE = "application/pdf"
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
-class ChunkLike(Protocol):
-    seq: int | None
-    turn_id: Any
-    step: int
-    role: str
-    type: str
-    data: dict[str, Any]
 
 
 def canonical(value: Any) -> Any:
@@ -133,11 +131,31 @@ class History:
     # step would otherwise make each new call probe all earlier ones.
     _suffixes: dict[str, int] = field(default_factory=dict)
     last_seq: int = 0
+    # Seqs of the tool results sent as sentinels (elide chunks).
+    _elided: frozenset[int] = frozenset()
+    # A compaction or elide chunk came after the build: the messages are not the
+    # log's any more (see the module docstring).
+    stale: bool = False
 
     @classmethod
     def build(cls, chunks: Iterable[ChunkLike]) -> History:
+        """The history of a log (or of its tail from the newest compaction chunk on)."""
+        chunks = list(chunks)
         history = cls()
-        history.extend(chunks)
+        history._elided = frozenset(seq for c in chunks if _is_elide(c) for seq in _seqs(c))
+        start = next((c for c in reversed(chunks) if c.type == Kind.COMPACTION), None)
+        if start is not None:
+            through = _through(start)
+            summary = start.data.get("summary")
+            if not isinstance(summary, str) or not summary.strip():
+                raise ValueError(f"compaction chunk {start.seq} has no summary")
+            history._to(Role.USER).parts.append(TextPart(context.summary_message(summary)))
+            chunks = [c for c in chunks if c.seq is None or c.seq > through]
+        for chunk in chunks:
+            if chunk.type == Kind.COMPACTION or _is_elide(chunk):
+                history._advance(chunk)
+            else:
+                history.add(chunk)
         return history
 
     def extend(self, chunks: Iterable[ChunkLike]) -> None:
@@ -146,12 +164,13 @@ class History:
 
     def add(self, chunk: ChunkLike) -> None:
         """Fold one more chunk. Raises ValueError on a chunk out of order or unsendable."""
-        if chunk.seq is not None:
-            if chunk.seq <= self.last_seq:
-                raise ValueError(f"chunk seq {chunk.seq} is not after {self.last_seq}")
-            self.last_seq = chunk.seq
+        self._advance(chunk)
         data = chunk.data
         match chunk.role, chunk.type:
+            case Role.SYSTEM, Kind.COMPACTION:
+                self.stale = True
+            case Role.SYSTEM, Kind.SYSTEM if data.get("kind") == context.ELIDE:
+                self.stale = True
             case Role.SYSTEM, Kind.SYSTEM if data.get("retry"):
                 self._discard_attempt(chunk)
             case _, Kind.SYSTEM | Kind.ERROR:
@@ -190,8 +209,21 @@ class History:
             case role, kind:
                 raise ValueError(f"chunk {chunk.seq}: a {role!r} {kind!r} chunk cannot be sent")
 
+    @property
+    def elided(self) -> frozenset[int]:
+        """Seqs of the results this history sends as sentinels."""
+        return self._elided
+
+    def _advance(self, chunk: ChunkLike) -> None:
+        if chunk.seq is not None:
+            if chunk.seq <= self.last_seq:
+                raise ValueError(f"chunk seq {chunk.seq} is not after {self.last_seq}")
+            self.last_seq = chunk.seq
+
     def messages(self) -> Messages:
         """The request messages for the next step."""
+        if self.stale:
+            raise RuntimeError("the log was compacted or elided since this history was built")
         draft = self._draft
         if draft is None:
             return Messages(self._done, len(self._done))
@@ -202,6 +234,18 @@ class History:
             answers = _Draft(Role.USER, expects=draft.calls)
             return Messages(self._done, len(self._done), (draft.freeze(), answers.freeze()))
         return Messages(self._done, len(self._done), (draft.freeze(),))
+
+    def with_ask(self, text: str) -> list[Message]:
+        """The summary request's messages: the live request's, then the answer that
+        ended the last turn (which `messages` leaves out), then `text` from the user.
+        The live request's messages come first unchanged, so the summary request
+        reads the whole conversation from the prompt cache."""
+        messages = list(self.messages())
+        draft = self._draft
+        if draft is not None and draft.role == Role.ASSISTANT and not draft.calls:
+            messages.append(draft.freeze())
+        messages.append(Message(Role.USER, (TextPart(text),)))
+        return messages
 
     def _discard_attempt(self, chunk: ChunkLike) -> None:
         """A retry notice: the response of this step was cut off and is asked again.
@@ -273,7 +317,9 @@ class History:
         user = self._to(Role.USER)
         user.answered.add(call.safe)
         text = str(data["result"]) or EMPTY_RESULT
-        if data.get("interrupted") and data.get("shell_output"):
+        if chunk.seq in self._elided:
+            text = context.sentinel(call.name, context.chunk_chars(chunk))
+        elif data.get("interrupted") and data.get("shell_output"):
             # Cut short while it ran (a Stop, a crash): its result says only why,
             # and what it printed is all the model can know of what it did, which
             # Continue tells it to look for in the result. As the shell tool's own
@@ -300,6 +346,26 @@ class History:
         self._suffixes[safe] = n
         self._used_ids.add(candidate)
         return candidate
+
+
+def _is_elide(chunk: ChunkLike) -> bool:
+    return chunk.type == Kind.SYSTEM and chunk.data.get("kind") == context.ELIDE
+
+
+def _seqs(chunk: ChunkLike) -> list[int]:
+    seqs = chunk.data.get("seqs")
+    if not isinstance(seqs, list):
+        return []
+    return [s for s in seqs if isinstance(s, int) and not isinstance(s, bool)]
+
+
+def _through(chunk: ChunkLike) -> int:
+    through = chunk.data.get("through_seq")
+    if not isinstance(through, int) or isinstance(through, bool) or through < 0:
+        raise ValueError(f"compaction chunk {chunk.seq} has no valid through_seq")
+    if chunk.seq is not None and through >= chunk.seq:
+        raise ValueError(f"compaction chunk {chunk.seq} summarises through a later seq")
+    return through
 
 
 def attachment_parts(refs: Any) -> list[Part]:

@@ -24,8 +24,9 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from chat import bus, log
+from chat import bus, context, log
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, UsageRecord
+from chat.providers import registry
 from chat.stream import Block, Kind, Role
 
 logger = logging.getLogger(__name__)
@@ -54,10 +55,16 @@ def turn_usage(turn_id: uuid.UUID) -> dict[str, int]:
 def status(tab_id: uuid.UUID) -> dict[str, Any]:
     """The tab's turn status as the UI shows it, read from the database."""
     running = RunningTurn.objects.filter(tab_id=tab_id).first()
-    queued = list(QueuedMessage.objects.filter(tab_id=tab_id, rerun=False).values("id", "text"))
+    queued = [
+        {"id": q.pk, "text": q.label, "compact": q.compact}
+        for q in QueuedMessage.objects.filter(tab_id=tab_id, rerun=False).only(
+            "id", "text", "compact", "compact_through"
+        )
+    ]
     if running is None or running.status == RunningTurn.Status.FINISHING:
-        return {"state": "idle", "queued": queued}
+        return {"state": "idle", "queued": queued, "context": meter(tab_id)}
     return {
+        "context": meter(tab_id),
         "state": running.status,
         "turn_id": str(running.turn_id),
         "step": running.step,
@@ -66,6 +73,15 @@ def status(tab_id: uuid.UUID) -> dict[str, Any]:
         "queued": queued,
         "stale": is_stale(running),
     }
+
+
+def meter(tab_id: uuid.UUID) -> dict[str, Any] | None:
+    """The tab's context meter (chat.context.Meter) from its last request."""
+    row = Tab.objects.filter(pk=tab_id).values_list("context", "model").first()
+    if row is None:
+        return None
+    size, model = row
+    return context.meter(context.Size.from_dict(size), model or registry.default_model()).as_dict()
 
 
 # --- The lease --------------------------------------------------------------------

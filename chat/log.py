@@ -20,7 +20,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from chat import search
-from chat.models import CheckpointPiece, Chunk, RunningTurn, Tab
+from chat.models import CheckpointPiece, Chunk, ChunkType, RunningTurn, Tab
 from chat.stream import Block, _body_key
 
 
@@ -121,6 +121,20 @@ def tail(tab_id: uuid.UUID, *, after: int = 0, limit: int | None = None) -> list
     """Chunks with seq > `after`, in seq order."""
     qs = Chunk.objects.filter(tab_id=tab_id, seq__gt=after).order_by("seq")
     return list(qs[:limit] if limit is not None else qs)
+
+
+def context_tail(tab_id: uuid.UUID) -> list[Chunk]:
+    """What the next request is built from (chat.history.History.build): the
+    newest compaction chunk and every chunk after the seq it summarises through,
+    or the whole log when it was never compacted."""
+    newest = (
+        Chunk.objects.filter(tab_id=tab_id, type=ChunkType.COMPACTION)
+        .order_by("-seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+    through = newest.get("through_seq") if isinstance(newest, dict) else None
+    return tail(tab_id, after=through if isinstance(through, int) else 0)
 
 
 def count(tab_id: uuid.UUID) -> int:

@@ -174,6 +174,15 @@ class QueuedMessage(models.Model):
     def __str__(self) -> str:
         return f"queued #{self.pk} for {self.tab_id}"
 
+    @property
+    def label(self) -> str:
+        """What the queue on the page shows: the message, or the compaction asked for."""
+        if not self.compact:
+            return self.text
+        where = f"through chunk {self.compact_through}" if self.compact_through else "everything"
+        focus = f"; focus: {self.text}" if self.text else ""
+        return f"Compact the conversation ({where}{focus}) when the turn ends"
+
 
 class Blob(models.Model):
     """The bytes of an attachment, stored once by their SHA-256 under the data directory

@@ -14,19 +14,9 @@ never run again by itself).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from chat.stream import Kind, Role
-
-
-class ChunkLike(Protocol):
-    seq: int | None
-    turn_id: Any
-    step: int
-    role: str
-    type: str
-    data: dict[str, Any]
-
+from chat.stream import ChunkLike, Kind, Role
 
 NOTHING = "Nothing to continue: the last turn finished normally."
 EMPTY = "Nothing to continue: this tab has no turn yet."

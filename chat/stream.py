@@ -18,7 +18,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from chat.providers.base import (
     ErrorEvent,
@@ -49,6 +49,17 @@ class Kind:
     ERROR = "error"
     SYSTEM = "system"
     COMPACTION = "compaction"
+
+
+class ChunkLike(Protocol):
+    """What the pure modules read of a chunk: a Chunk row or a Block."""
+
+    seq: int | None
+    turn_id: Any
+    step: int
+    role: str
+    type: str
+    data: dict[str, Any]
 
 
 @dataclass(slots=True)

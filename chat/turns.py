@@ -83,6 +83,46 @@ def _enqueue(tab: Tab, text: str, attachments: list[dict[str, Any]] | None = Non
     return queued
 
 
+# What the composer takes as a compaction: `/compact` and what to focus on.
+COMPACT_COMMAND = "/compact"
+
+
+def compact_command(text: str) -> str | None:
+    """The focus of a `/compact [focus]` message, or None when it is a message."""
+    head, _, rest = text.strip().partition(" ")
+    first, _, more = head.partition("\n")
+    if first != COMPACT_COMMAND:
+        return None
+    return (more + " " + rest).strip()
+
+
+def compact(tab: Tab, *, through: int | None = None, instructions: str = "") -> QueuedMessage:
+    """Ask for a compaction of the tab's context (DESIGN §12): through the end of
+    the turn of chunk `through`, or of everything. It runs as a turn of its own, so
+    asked while a turn runs it waits for that turn's end (queued, as a message
+    does). ValueError (for the user) for a chunk that does not exist, or when a
+    compaction is already waiting."""
+    with transaction.atomic():
+        last = Tab.objects.select_for_update().filter(pk=tab.pk).values_list("last_seq").get()[0]
+        if not last:
+            raise ValueError("Nothing to compact yet: the tab has no messages.")
+        if through is not None and not (
+            0 < through <= last and Chunk.objects.filter(tab_id=tab.pk, seq=through).exists()
+        ):
+            raise ValueError(f"There is no chunk {through} in this tab.")
+        if QueuedMessage.objects.filter(tab_id=tab.pk, compact=True).exists():
+            raise ValueError("A compaction is already waiting to run.")
+        queued = QueuedMessage.objects.create(
+            tab=tab, text=instructions.strip(), compact=True, compact_through=through
+        )
+        bus.publish(
+            tab.pk,
+            {"op": "queued", "id": queued.pk, "text": queued.label, "compact": True},
+        )
+    bus.request_run(tab.pk)
+    return queued
+
+
 FROZEN_PROMPT = (
     "The system prompt is fixed once the first message is sent: every request starts with "
     "it, and changing it would lose the prompt cache. Start a new tab for another prompt."

@@ -34,6 +34,7 @@ urlpatterns = [
     path("t/<uuid:tab_id>/regenerate/", views.tab_regenerate, name="tab_regenerate"),
     path("t/<uuid:tab_id>/retry/", views.tab_retry, name="tab_retry"),
     path("t/<uuid:tab_id>/continue/", views.tab_continue, name="tab_continue"),
+    path("t/<uuid:tab_id>/compact/", views.tab_compact, name="tab_compact"),
     path("t/<uuid:tab_id>/export/", views.tab_export, name="tab_export"),
     path(
         "t/<uuid:tab_id>/chunk/<int:seq>/output/",

@@ -521,8 +521,12 @@ def tab_send(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     if not form.is_valid():
         return _composer_error(request, tab, form.errors["text"][0], 422)
     untitled = not tab.title
+    text = form.cleaned_data["text"]
     try:
-        turns.submit(tab, form.cleaned_data["text"], attachments=request.POST.getlist("attachment"))
+        if (focus := turns.compact_command(text)) is not None:
+            turns.compact(tab, instructions=focus)
+        else:
+            turns.submit(tab, text, attachments=request.POST.getlist("attachment"))
     except ValueError as exc:
         return _composer_error(request, tab, str(exc), 422)
     if not getattr(request, "htmx", False):
@@ -625,6 +629,27 @@ def tab_continue(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = _get_tab_for_user(request, tab_id)
     try:
         turns.continue_turn(tab)
+    except ValueError as exc:
+        return _composer_error(request, tab, str(exc), 422)
+    if not getattr(request, "htmx", False):
+        return redirect("tab", tab_id=tab.id)
+    return HttpResponse(render_to_string("chat/tab.html#composer_error", {"error": ""}))
+
+
+@login_required
+@require_POST
+@tab_gone_is_404
+def tab_compact(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Compact the tab's context: through the turn of chunk `seq` ("summarise up to
+    here"), or everything; it runs when no turn does, and shows over the socket."""
+    tab = _get_tab_for_user(request, tab_id)
+    raw = request.POST.get("seq", "").strip()
+    try:
+        through = int(raw) if raw else None
+    except ValueError:
+        return _composer_error(request, tab, f"Not a chunk number: {raw[:40]!r}.", 422)
+    try:
+        turns.compact(tab, through=through, instructions=request.POST.get("instructions", ""))
     except ValueError as exc:
         return _composer_error(request, tab, str(exc), 422)
     if not getattr(request, "htmx", False):

@@ -39,7 +39,9 @@ def use_anthropic(monkeypatch, server) -> None:
 # --- Replies ----------------------------------------------------------------------
 
 
-def message_start() -> dict[str, Any]:
+def message_start(usage: dict[str, int] | None = None) -> dict[str, Any]:
+    """The first event; `usage` as the API reports it at the start (input_tokens,
+    cache_read_input_tokens, cache_creation_input_tokens)."""
     return {
         "type": "message_start",
         "message": {
@@ -50,17 +52,17 @@ def message_start() -> dict[str, Any]:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 50, "output_tokens": 1},
+            "usage": {"input_tokens": 50, "output_tokens": 1, **(usage or {})},
         },
     }
 
 
-def message_end(stop_reason: str) -> list[dict[str, Any]]:
+def message_end(stop_reason: str, output_tokens: int = 20) -> list[dict[str, Any]]:
     return [
         {
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-            "usage": {"output_tokens": 20},
+            "usage": {"output_tokens": output_tokens},
         },
         {"type": "message_stop"},
     ]
@@ -122,14 +124,21 @@ def tool_use(call_id: str, name: str, **arguments: Any) -> Block:
     return block
 
 
-def reply(*blocks: Block, stop: str | None = "end_turn", then: Sequence[Any] = ()) -> Reply:
+def reply(
+    *blocks: Block,
+    stop: str | None = "end_turn",
+    then: Sequence[Any] = (),
+    usage: dict[str, int] | None = None,
+    output_tokens: int = 20,
+) -> Reply:
     """A streamed response of these blocks (numbered in order), ending with `stop`
-    (None: no end, for a reply cut by what `then` holds: a STALL, an error event)."""
-    events: list[Any] = [message_start()]
+    (None: no end, for a reply cut by what `then` holds: a STALL, an error event);
+    `usage` and `output_tokens` as the API reports them (see message_start)."""
+    events: list[Any] = [message_start(usage)]
     for index, block in enumerate(blocks):
         events += block(index)
     if stop is not None:
-        events += message_end(stop)
+        events += message_end(stop, output_tokens)
     return Reply(events=[*events, *then])
 
 

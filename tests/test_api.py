@@ -130,7 +130,9 @@ def test_it_creates_a_tab_with_the_settings_defaults(api, alice):
     assert tab.owner == alice
     assert (tab.model, tab.system_prompt) == ("offline/demo", "Answer in French.")
     assert response["Location"] == f"/api/v1/tabs/{tab.id}"
-    assert body["status"] == {"state": "idle", "queued": []}
+    status = body["status"]
+    assert (status["state"], status["queued"]) == ("idle", [])
+    assert status["context"]["used"] == 0 and status["context"]["window_known"] is True
 
 
 def test_it_creates_a_tab_as_asked(api):

@@ -242,7 +242,7 @@ def test_run_starts_a_turn_answering_the_branch(api, tab):
     body = response.json()
     queued = QueuedMessage.objects.get()
     assert (str(queued.tab_id), queued.rerun, queued.text) == (body["id"], True, "")
-    assert body["status"] == {"state": "idle", "queued": []}
+    assert (body["status"]["state"], body["status"]["queued"]) == ("idle", [])
     assert worker_channel_messages() == [{"type": "turn.start", "tab_id": body["id"]}]
     assert not QueuedMessage.objects.filter(tab=tab).exists()
 
