@@ -469,7 +469,7 @@ class TurnRunner:
             compacted = (
                 await self._compact(tab, model, "manual", through, instructions) or compacted
             )
-        if not compacted:
+        if not compacted and await QueuedMessage.objects.filter(tab_id=self.tab_id).aexists():
             await self._fit_at_turn_start(tab, model)
         took = await self._take_queued()
         if not took:
