@@ -141,14 +141,19 @@ def test_too_many_files_are_refused(alice):
     assert not Blob.objects.exists()
 
 
-def test_a_file_over_the_size_cap_is_refused(alice, monkeypatch):
+def test_a_file_over_the_size_cap_is_refused_unread(alice, monkeypatch):
     monkeypatch.setattr(blobs, "MAX_UPLOAD_BYTES", 1000)
+    monkeypatch.setattr(blobs, "normalise", _never)
     tab = Tab.objects.create(owner=alice)
     response = client_for(alice).post(attach_url(tab), {"file": upload("big.png", files.image())})
     assert response.status_code == 400
     assert "big.png is" in response.content.decode()
     assert "the most a file may be is 1 KB" in response.content.decode()
     assert not Blob.objects.exists()
+
+
+def _never(*args):
+    raise AssertionError("read a file past the cap")
 
 
 def test_a_request_declaring_too_much_is_refused_unread(alice):

@@ -76,6 +76,22 @@ def test_a_photo_is_bounded_upright_and_without_metadata():
     assert b"Secret Camera" not in n.data and b"Secret Camera" in raw
 
 
+def test_a_sideways_photo_is_turned_not_squeezed():
+    """Orientation 6 (the camera held upright, the sensor sideways): what was the left of
+    the stored pixels is the top of the picture."""
+    im = Image.new("RGB", (400, 200), (255, 0, 0))
+    im.paste((0, 0, 255), (200, 0, 400, 200))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    im.save(out, "JPEG", exif=exif.tobytes(), quality=95)
+    upright = opened(blobs.normalise(out.getvalue(), "side.jpg").data)
+    assert upright.size == (200, 400)
+    red, blue = upright.getpixel((100, 50)), upright.getpixel((100, 350))
+    assert red[0] > 200 and red[2] < 60
+    assert blue[2] > 200 and blue[0] < 60
+
+
 def test_a_small_image_keeps_its_size_and_loses_its_text_chunks():
     raw = files.image("PNG", (640, 480), pnginfo=_pnginfo(Comment="from my laptop"))
     n = blobs.normalise(raw, "small.png")
