@@ -322,7 +322,9 @@ def continue_turn(tab: Tab, *, auto_approve: bool = False) -> QueuedMessage:
         if QueuedMessage.objects.filter(tab_id=tab.pk).exists():
             raise ValueError("A message is already waiting to start the next turn.")
         last = (
+            # Not a turn of notices alone (a compaction asked for after it).
             Chunk.objects.filter(tab_id=tab.pk, turn_id__isnull=False)
+            .exclude(role=Role.SYSTEM)
             .order_by("-seq")
             .values_list("turn_id", flat=True)
             .first()

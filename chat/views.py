@@ -284,7 +284,10 @@ def _mark_page(
     if after is not None:
         valid.discard(after.seq)
     last_answer = resumable = None
-    last = next((c for c in reversed(chunks) if c.turn_id is not None), None)
+    # Not a turn of notices alone (a compaction asked for after it).
+    last = next(
+        (c for c in reversed(chunks) if c.turn_id is not None and c.role != Role.SYSTEM), None
+    )
     # A finished turn ends at a valid cut; the running one has none.
     if at_end and last is not None and last.seq in valid:
         turn = [c for c in chunks if c.turn_id == last.turn_id]

@@ -413,3 +413,21 @@ async def test_a_model_the_registry_does_not_know_gets_a_conservative_window(fak
     meter = await database_sync_to_async(lease.meter)(tab.pk)
     assert meter["window"] == context.UNKNOWN_WINDOW and meter["window_known"] is False
     assert meter["used"] == 0
+
+
+async def test_a_turn_cut_short_can_be_continued_after_a_compaction(
+    fake_server, monkeypatch, workspace
+):
+    """Compacting after an error, then Continue: the compaction's turn of notices alone
+    is not the turn Continue looks at."""
+    use_anthropic(monkeypatch, fake_server)
+    fake_server.add(Reply.error(400, "invalid_request_error", "bad request"))
+    async with running_worker():
+        tab = await make_tab(MODEL)
+        await run_one(tab, "Hello")
+        fake_server.add(reply(text(SUMMARY)))
+        await compact(tab)
+        assert kinds(await chunks(tab.pk)) == ["user/text", "assistant/error", "system/compaction"]
+        queued = await database_sync_to_async(turns.continue_turn)(tab)
+        assert "error" in queued.text.lower()
+        await database_sync_to_async(QueuedMessage.objects.filter(pk=queued.pk).delete)()
