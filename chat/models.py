@@ -2,13 +2,15 @@
 
 Chat history (wiped by `wipe_history`): Tab, Chunk, RunningTurn, QueuedMessage,
 Attachment and Blob (with the blobs' files).
-Kept state (survives the wipe): Setting, ApiKey, ProviderEndpoint, UsageRecord, ApiToken.
+Kept state (survives the wipe): Setting, ApiKey, ProviderEndpoint, UsageRecord, ApiToken,
+Profile, PermissionRule, McpServer.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import secrets
 import uuid
 from typing import Any
@@ -44,6 +46,24 @@ class Tab(models.Model):
     # How full the model's context window is: the provider's usage of the tab's last
     # request (chat.context.Size.as_dict), or an estimate after a compaction.
     context = models.JSONField(default=dict, blank=True)
+    # The profile the tab was made with (its prompt, model, tools and rules are the
+    # tab's own copy from then on: editing the profile changes no existing tab).
+    profile = models.ForeignKey(
+        "Profile", null=True, blank=True, on_delete=models.SET_NULL, related_name="tabs"
+    )
+    # The tool set every request of the tab sends, frozen (sorted, sorted-key schemas):
+    # [{name, description, input_schema, server?, tool?}]; None until its first turn.
+    # Changed only at a turn boundary, with a config-reload chunk (a new list is a
+    # cache miss of the whole conversation).
+    tools = models.JSONField(null=True, blank=True)
+    # Tool names (patterns) the tab may use, from its profile; empty: every tool.
+    tool_allow = models.JSONField(default=list, blank=True)
+    # The tab's own permission rules, [{action, pattern}] (chat.rules): its profile's,
+    # copied at creation, and each "always allow" said on one of its approval cards.
+    rules = models.JSONField(default=list, blank=True)
+    # A subfolder of the workspace the tab's tools work in ("": the workspace itself),
+    # so that parallel tabs do not trample each other.
+    workdir = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
 
@@ -218,6 +238,123 @@ class Attachment(models.Model):
 
 
 # --- Kept state ----------------------------------------------------------------
+
+
+class Profile(models.Model):
+    """A named agent setup, chosen when a tab is created and copied into it: system
+    prompt, model, the tools it may use (name patterns; empty: all) and its
+    permission rules (PermissionRule rows)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    system_prompt = models.TextField(blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    tools = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PermissionRule(models.Model):
+    """One rule deciding a tool call without asking (chat.rules): `allow`, `ask` or
+    `deny` calls matching `pattern` (`shell(git status)`, `write_file(src/**)`,
+    `mcp__github__*`). A user's (Settings) or a profile's: exactly one. A tab's own
+    rules are its `rules` (history: they go with the tab)."""
+
+    class Action(models.TextChoices):
+        ALLOW = "allow"
+        ASK = "ask"
+        DENY = "deny"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="permission_rules",
+    )
+    profile = models.ForeignKey(
+        Profile, null=True, blank=True, on_delete=models.CASCADE, related_name="rules"
+    )
+    action = models.CharField(max_length=8, choices=Action.choices)
+    pattern = models.CharField(max_length=500)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                name="permissionrule_one_owner",
+                condition=(
+                    models.Q(user__isnull=False, profile__isnull=True)
+                    | models.Q(user__isnull=True, profile__isnull=False)
+                ),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.pattern}"
+
+
+class McpServer(models.Model):
+    """An MCP server whose tools tabs may use (chat.mcp). Staff only: a stdio server
+    is a program run on this machine (inside the shell's sandbox). Secrets in `env`
+    and `headers` are encrypted at rest like API keys."""
+
+    class Transport(models.TextChoices):
+        STDIO = "stdio"
+        HTTP = "http", "streamable HTTP"
+
+    # Part of every tool's name (mcp__<name>__<tool>): letters, digits, _ and -.
+    name = models.SlugField(max_length=40, unique=True)
+    transport = models.CharField(max_length=8, choices=Transport.choices)
+    command = models.CharField(max_length=500, blank=True)
+    args = models.JSONField(default=list, blank=True)
+    env_encrypted = models.TextField(blank=True)
+    url = models.URLField(max_length=500, blank=True)
+    headers_encrypted = models.TextField(blank=True)
+    # Seconds a call (and the connection) may take before it is given up.
+    timeout = models.FloatField(default=60.0)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_env(self) -> dict[str, str] | None:
+        """The environment variables (None when SECRET_KEY changed since they were saved)."""
+        return _decrypt_json(self.env_encrypted)
+
+    def set_env(self, env: dict[str, str]) -> None:
+        self.env_encrypted = _encrypt_json(env)
+
+    def get_headers(self) -> dict[str, str] | None:
+        return _decrypt_json(self.headers_encrypted)
+
+    def set_headers(self, headers: dict[str, str]) -> None:
+        self.headers_encrypted = _encrypt_json(headers)
+
+
+def _encrypt_json(value: dict[str, str]) -> str:
+    return _fernet().encrypt(json.dumps(value, sort_keys=True).encode()).decode() if value else ""
+
+
+def _decrypt_json(token: str) -> dict[str, str] | None:
+    if not token:
+        return {}
+    try:
+        return json.loads(_fernet().decrypt(token.encode()))
+    except InvalidToken:
+        return None
 
 
 class Setting(models.Model):
