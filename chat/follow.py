@@ -167,8 +167,8 @@ class HtmlRenderer:
     def status(self, status: dict[str, Any]) -> str:
         return render.fragment_status(status)
 
-    def queued(self, id: int, text: str) -> str:
-        return render.fragment_queued(id, text)
+    def queued(self, id: int, text: str, *, compact: bool = False) -> str:
+        return render.fragment_queued(id, text, compact=compact)
 
     def taken(self, ids: list[int]) -> str:
         return render.fragment_taken(ids)
@@ -243,8 +243,10 @@ class SseRenderer:
             self.running_turn = None
         return frame
 
-    def queued(self, id: int, text: str) -> str:
-        return self._event("queued", {"id": id, "text": text})
+    def queued(self, id: int, text: str, *, compact: bool = False) -> str:
+        return self._event(
+            "queued", {"id": id, "text": text, **({"compact": True} if compact else {})}
+        )
 
     def taken(self, ids: list[int]) -> str:
         return self._event("taken", {"ids": list(ids)})
@@ -478,7 +480,9 @@ class Follower:
             case "status":
                 return self.renderer.status(message["status"])
             case "queued":
-                return self.renderer.queued(message["id"], message["text"])
+                return self.renderer.queued(
+                    message["id"], message["text"], compact=message.get("compact") is True
+                )
             case "taken":
                 return self.renderer.taken(message["ids"])
         return None

@@ -52,6 +52,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
+from chat import context
 from chat.stream import Block, Kind, Role
 from chat.tools import sandbox, shell
 from chat.usage import Totals, format_usd
@@ -97,6 +98,7 @@ SYSTEM_LABELS = {
     "interrupted": "Interrupted",
     "forked": "Branch",
     "step-limit": "Step limit",
+    context.ELIDE: "Context trimmed",
 }
 # The system notices that end a turn early: with an error chunk, what Continue
 # applies to (chat.resume.ENDINGS, which this layer may not import; a test holds
@@ -111,11 +113,14 @@ FORK_LABELS = {
     "regenerate": "Answered again",
     "retry": "Retried after an error",
 }
+# How a compaction chunk says it was asked for (chat.agent writes one of these).
+COMPACTION_TRIGGERS = ("auto", "manual")
 STATE_LABELS = {
     "idle": "Idle",
     "running": "Running",
     "waiting": "Waiting for approval",
     "stopping": "Stopping",
+    "compacting": "Compacting the conversation…",
 }
 
 
@@ -715,8 +720,9 @@ class Item:
 
     @property
     def assistant_side(self) -> bool:
-        """Part of a turn's bubble (the user's own messages and lone notices are not)."""
-        if self.role == Role.USER:
+        """Part of a turn's bubble (the user's own messages, lone notices and compactions
+        are not: a compaction splits a turn it happens in)."""
+        if self.role == Role.USER or self.type == Kind.COMPACTION:
             return False
         if self.type in (Kind.SYSTEM, Kind.ERROR):
             return self.turn_id is not None
@@ -958,6 +964,42 @@ class Item:
     def kind_label(self) -> str:
         return SYSTEM_LABELS.get(self.kind, self.kind.replace("-", " ").capitalize())
 
+    # Compactions (chat.context) ----------------------------------------------------------
+
+    @property
+    def compaction_summary(self) -> str:
+        return str(self.data.get("summary") or "")
+
+    @cached_property
+    def compaction_html(self) -> SafeString:
+        """The summary is the model's Markdown: rendered and sanitised as its answers are."""
+        return markdown(self.compaction_summary)
+
+    @property
+    def compaction_line(self) -> str:
+        """What the folded notice says after its label: how it was asked for, how much,
+        up to where."""
+        parts = []
+        if (trigger := self.data.get("trigger")) in COMPACTION_TRIGGERS:
+            parts.append(trigger)
+        if before := _count(self.data.get("tokens_before")):
+            parts.append(f"{tokens(before)} tokens summarised")
+        if through := _count(self.data.get("through_seq")):
+            parts.append(f"up to #{through}")
+        return " · ".join(parts)
+
+    @property
+    def compaction_note(self) -> str:
+        """Under the summary: who wrote it, what it was told to focus on."""
+        notes = [
+            "The model is sent this summary instead of the messages before it; the log keeps them."
+        ]
+        if model := str(self.data.get("model") or ""):
+            notes.append(f"Written by {model}.")
+        if focus := " ".join(str(self.data.get("instructions") or "").split()):
+            notes.append(f"Focus: {focus}")
+        return " ".join(notes)
+
     # Branches and message actions ------------------------------------------------------
 
     @property
@@ -1008,6 +1050,19 @@ class Item:
     def offers_copy(self) -> bool:
         # A message of files alone has no Markdown to copy.
         return self.sealed and self.type == Kind.TEXT and bool(self.text)
+
+    @property
+    def offers_compact(self) -> bool:
+        """ "Summarise up to here": on an answer that ends its turn (a compaction keeps
+        turns whole). A page render knows where (`cut`, as for a branch); a live answer
+        carries it `if-end`, as `offers_end`."""
+        return (
+            self.sealed
+            and self.role == Role.ASSISTANT
+            and self.type == Kind.TEXT
+            and self.turn_id is not None
+            and (self.cut or not self.known)
+        )
 
     @property
     def has_actions(self) -> bool:
@@ -1376,6 +1431,65 @@ def _turn_end_context(status: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# --- The context meter (chat.context.Meter, in the status line) -----------------------------
+
+# The meter's bar is an SVG (the CSP allows no style attribute to set a width): its
+# user units, the bar being this long.
+METER_UNITS = 100
+
+
+def context_meter(raw: Any) -> dict[str, Any] | None:
+    """What the `meter` partial shows of a status's `context` (chat.context.Meter.as_dict):
+    used / window at a glance, the bar with its compaction tick, the cached share, and
+    the exact figures in its title. None for no meter (a status without one, whose page
+    keeps the last it showed)."""
+    if not isinstance(raw, dict):
+        return None
+    window = _count(raw.get("window"))
+    if window is None:
+        return None
+    used = _count(raw.get("used")) or 0
+    compact_at = min(_count(raw.get("compact_at")) or window, window)
+    estimated = raw.get("estimated") is True
+    known = raw.get("window_known") is not False
+    cached = raw.get("cached")
+    if not isinstance(cached, int | float) or isinstance(cached, bool) or not 0 <= cached <= 1:
+        cached = 0
+    # A share of an estimate's cache is meaningless: an estimate has no cache reads.
+    cached_pct = round(cached * 100) if used and not estimated else None
+    share = min(used / window, 1.0)
+    pct = round(share * 100)
+    if not used:
+        title = [f"Context: nothing sent yet; the window is {window:,} tokens."]
+    elif estimated:
+        title = [
+            f"Context: about {used:,} of {window:,} tokens ({pct}%), estimated since the "
+            "compaction; the next request counts it."
+        ]
+    else:
+        title = [
+            f"Context: {used:,} of {window:,} tokens ({pct}%); the last request read "
+            f"{cached_pct}% of its input from the prompt cache."
+        ]
+    title.append(
+        f"The conversation is compacted when a turn would start above {compact_at:,} tokens "
+        f"({round(compact_at / window * 100)}%)."
+    )
+    if not known:
+        title.append(f"This model's context window is unknown: assuming {window:,} tokens.")
+    return {
+        "used": ("≈" if estimated else "") + tokens(used),
+        "window": tokens(window),
+        "window_known": known,
+        "cached": cached_pct,
+        "fill": round(share * METER_UNITS, 2),
+        "tick": round(compact_at / window * METER_UNITS, 2),
+        "near": used >= compact_at,
+        "estimated": estimated,
+        "title": " ".join(title),
+    }
+
+
 def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, Any]:
     """What the status partials need, from chat.turns.status() or the runner's status."""
     state = status.get("state") or "idle"
@@ -1428,6 +1542,7 @@ def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, An
         "approval": approval,
         "has_queued": "queued" in status,
         "queued": status.get("queued") or [],
+        "context": context_meter(status.get("context")),
         # A warning only when the shell is unsandboxed or unavailable (cached verdict).
         "sandbox": sandbox.state(sandbox.policy_from(settings)),
         **_turn_end_context(status),
@@ -1589,9 +1704,10 @@ def fragment_status(status: dict[str, Any]) -> str:
     return _render("status_frame", {"s": status_context(status, oob=True)})
 
 
-def fragment_queued(id: int, text: str) -> str:
-    """A message waiting for the running turn to take it."""
-    return _render("queued_insert", {"q": {"id": id, "text": text}})
+def fragment_queued(id: int, text: str, *, compact: bool = False) -> str:
+    """A message waiting for the running turn to take it, or a compaction (`compact`)
+    waiting for the turn's end."""
+    return _render("queued_insert", {"q": {"id": id, "text": text, "compact": compact}})
 
 
 def fragment_taken(ids: Iterable[int]) -> str:

@@ -129,10 +129,27 @@ SHAPES: dict[tuple[str, str], dict[str, tuple[type, bool]]] = {
         "text": (str, True),
         "retry": (bool, False),
     },
+    # Sent: its summary replaces every chunk through `through_seq` (chat.context).
+    (Role.SYSTEM, Kind.COMPACTION): {
+        "summary": (str, True),
+        "through_seq": (int, True),
+        "model": (str, False),
+        "trigger": (str, False),
+        "instructions": (str, False),
+        "tokens_before": (int, False),
+    },
 }
 OPEN_SHAPES = {(Role.ASSISTANT, Kind.ERROR), (Role.SYSTEM, Kind.SYSTEM)}
 ROLES = {Role.USER, Role.ASSISTANT, Role.TOOL, Role.SYSTEM}
-TYPES = {Kind.TEXT, Kind.THINKING, Kind.TOOL_CALL, Kind.TOOL_RESULT, Kind.ERROR, Kind.SYSTEM}
+TYPES = {
+    Kind.TEXT,
+    Kind.THINKING,
+    Kind.TOOL_CALL,
+    Kind.TOOL_RESULT,
+    Kind.ERROR,
+    Kind.SYSTEM,
+    Kind.COMPACTION,
+}
 
 
 class ImportRefused(ValueError):
@@ -265,7 +282,27 @@ def markdown_chunk(chunk: Any) -> str:
         case Kind.SYSTEM:
             kind = str(data.get("kind", "")).replace("-", " ").capitalize() or "Notice"
             return f"*{_italic(kind)}: {_italic(str(data.get('text', '')))}*\n\n"
+        case Kind.COMPACTION:
+            return _compaction(data)
     return f"*A chunk of unknown type {_italic(chunk.type)}.*\n\n"
+
+
+def _compaction(data: dict[str, Any]) -> str:
+    """A compaction as a notice, its summary (the model's Markdown) folded under it."""
+    what = [f"through #{data.get('through_seq')}"]
+    if data.get("trigger"):
+        what.append(str(data["trigger"]))
+    if isinstance(data.get("tokens_before"), int):
+        what.append(f"{data['tokens_before']:,} tokens summarised")
+    if data.get("model"):
+        what.append(f"by {data['model']}")
+    if data.get("instructions"):
+        what.append(f"focus: {data['instructions']}")
+    summary = str(data.get("summary", "")).rstrip()
+    return (
+        f"*Conversation compacted ({_italic('; '.join(what))}).*\n\n"
+        f"<details><summary>Summary</summary>\n\n{summary}\n\n</details>\n\n"
+    )
 
 
 def _attachment_list(data: dict[str, Any]) -> str:
@@ -531,8 +568,11 @@ def _check_data(number: int, role: str, kind: str, data: dict[str, Any]) -> None
                 _base64(number, data[key], f"the thinking {key}")
     if kind == Kind.TOOL_CALL and not data["name"]:
         raise ImportRefused(number, "a tool call without a tool name")
-    if "duration_ms" in data and data["duration_ms"] < 0:
-        raise ImportRefused(number, "duration_ms is negative")
+    if kind == Kind.COMPACTION and not data["summary"].strip():
+        raise ImportRefused(number, "a compaction with an empty summary")
+    for key in ("duration_ms", "tokens_before"):
+        if key in data and data[key] < 0:
+            raise ImportRefused(number, f"{key} is negative")
 
 
 def _has_nul(value: Any) -> bool:
@@ -585,6 +625,10 @@ def _check_chunk(number: int, value: Any, seq: int, text: str) -> Block:
             raise ImportRefused(number, "created_at is not an ISO 8601 date and time") from None
     data = _object(number, fields["data"], "data")
     _check_data(number, role, kind, data)
+    if kind == Kind.COMPACTION and not 0 <= data["through_seq"] < seq:
+        raise ImportRefused(
+            number, f"a compaction at seq {seq} cannot summarise through seq {data['through_seq']}"
+        )
     # PostgreSQL's jsonb cannot hold U+0000; the raw line shows whether to look.
     if "\\u0000" in text and connection.vendor == "postgresql" and _has_nul(data):
         raise ImportRefused(number, "the data holds a NUL character (\\u0000)")

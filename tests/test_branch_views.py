@@ -505,7 +505,12 @@ def test_live_fragments_offer_what_they_can_know(tab):
     assert acts(user) == ["md", "edit-form"]
     assert acts(thinking) == [] and acts(call) == []
     assert acts(result) == ["out"]
-    assert acts(text) == ["md", "regenerate-form if-end", "branch-form if-end"]
+    assert acts(text) == [
+        "md",
+        "regenerate-form if-end",
+        "branch-form if-end",
+        "compact-form if-end",
+    ]
     error = replace(failed()[2], seq=8)
     assert acts(error) == [
         "retry-form",

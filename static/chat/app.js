@@ -946,13 +946,15 @@
     }
   });
 
-  // How the turn ended, from its last chunk: an answer, an error, or a notice (stopped,
-  // interrupted by a restart, cut at the output limit).
+  // How the turn ended, from its last chunk: an answer, an error, a compaction (a turn of its
+  // own when asked for), or a notice (stopped, interrupted by a restart, cut at the output
+  // limit).
   function ending() {
     var chunks = document.querySelectorAll('#log > .chunk');
     var last = chunks[chunks.length - 1];
     var notice = last && last.classList.contains('t-system') && last.querySelector('.sys-text');
     if (last && last.classList.contains('t-error')) return 'The turn ended with an error.';
+    if (last && last.classList.contains('t-compaction')) return 'The conversation was compacted.';
     if (notice) return 'The turn ended: ' + notice.textContent.trim();
     return 'The answer is ready.';
   }
