@@ -236,7 +236,7 @@ class SseRenderer:
     def status(self, status: dict[str, Any]) -> str:
         frame = self._event("status", status)
         state, turn_id = status.get("state"), status.get("turn_id")
-        if state in ("running", "waiting"):
+        if state != "idle":  # running, waiting for approval, compacting
             self.running_turn = turn_id
         elif self.running_turn is not None:
             frame += self._event("turn-done", {"turn_id": self.running_turn})

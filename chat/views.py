@@ -284,10 +284,12 @@ def _mark_page(
     if after is not None:
         valid.discard(after.seq)
     last_answer = resumable = None
-    # Not a turn of notices alone (a compaction asked for after it).
-    last = next(
+    # The last chunk of the last turn that is not one of notices alone (a compaction
+    # asked for after it).
+    answered = next(
         (c for c in reversed(chunks) if c.turn_id is not None and c.role != Role.SYSTEM), None
     )
+    last = answered and next(c for c in reversed(chunks) if c.turn_id == answered.turn_id)
     # A finished turn ends at a valid cut; the running one has none.
     if at_end and last is not None and last.seq in valid:
         turn = [c for c in chunks if c.turn_id == last.turn_id]

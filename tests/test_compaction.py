@@ -13,6 +13,7 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from chat import context, lease, turns
+from chat.follow import SseRenderer
 from chat.models import QueuedMessage, Tab, UsageRecord
 from harness.fakeprovider import STALL, Pause, Reply
 from tests.anthropic_wire import (
@@ -431,3 +432,14 @@ async def test_a_turn_cut_short_can_be_continued_after_a_compaction(
         queued = await database_sync_to_async(turns.continue_turn)(tab)
         assert "error" in queued.text.lower()
         await database_sync_to_async(QueuedMessage.objects.filter(pk=queued.pk).delete)()
+
+
+async def test_the_event_stream_does_not_end_a_turn_that_is_compacting():
+    """SSE clients see turn-done once, at idle: not when the status says compacting."""
+    renderer = SseRenderer()
+    renderer.bind(type("F", (), {"position": lambda self: "0"})())
+    events = [
+        renderer.status({"state": state, "turn_id": "t1"})
+        for state in ("running", "compacting", "running", "idle")
+    ]
+    assert ["turn-done" in e for e in events] == [False, False, False, True]
