@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from chat import search
 from chat.models import CheckpointPiece, Chunk, ChunkType, RunningTurn, Tab
-from chat.stream import Block, _body_key
+from chat.stream import Block, body_key
 
 
 def append(
@@ -188,7 +188,7 @@ def checkpoint(tab_id: uuid.UUID, block: Block, stored: int | None) -> None:
         mine = RunningTurn.objects.filter(tab_id=tab_id, turn_id=block.turn_id)
         if stored is None:
             header = block.to_dict()
-            header["data"] = {k: v for k, v in block.data.items() if k != _body_key(block.type)}
+            header["data"] = {k: v for k, v in block.data.items() if k != body_key(block.type)}
             if not mine.update(open_header=header, checkpointed_at=now, heartbeat_at=now):
                 return
             CheckpointPiece.objects.filter(running_id=tab_id).delete()
@@ -234,5 +234,5 @@ def open_block(rows: Iterable[tuple[Any, ...]]) -> Block | None:
         body.append(text[length - offset :])
         length = max(length, offset + len(text))
     if block is not None:
-        block.data[_body_key(block.type)] = "".join(body)
+        block.data[body_key(block.type)] = "".join(body)
     return block

@@ -104,7 +104,7 @@ class Block:
     @property
     def text(self) -> str:
         """The streamable body: text, thinking or live tool output."""
-        return self.data.get(_body_key(self.type), "")
+        return self.data.get(body_key(self.type), "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +148,7 @@ class Reducer:
         """The open block, its body complete up to the last delta fed."""
         block = self._open
         if block is not None and self._pieces:
-            key = _body_key(block.type)
+            key = body_key(block.type)
             block.data[key] = block.data[key] + "".join(self._pieces)
             self._pieces.clear()
         return block
@@ -286,5 +286,5 @@ class Reducer:
         return self._single(Role.TOOL, Kind.TOOL_RESULT, data)
 
 
-def _body_key(kind: str) -> str:
+def body_key(kind: str) -> str:
     return "shell_output" if kind == Kind.TOOL_RESULT else "text"
