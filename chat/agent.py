@@ -49,8 +49,8 @@ from chat.providers.base import (
 from chat.providers.errors import STREAM_IDLE, explain
 from chat.providers.registry import STREAM_IDLE_TIMEOUT
 from chat.stream import Block, Delta, Kind, Op, Open, Reducer, Role, Seal
-from chat.tools import sandbox
-from chat.tools.base import ImageFile
+from chat.tools import sandbox, toolset, workdir
+from chat.tools.base import ImageFile, ToolError
 
 logger = logging.getLogger(__name__)
 
@@ -287,6 +287,8 @@ class TurnRunner:
         self.size = context.Size()
         # A compaction was tried in this turn for an overflow: once a turn.
         self._overflow_tried = False
+        # The tab's working directory (Tab.workdir): its tools' root under the workspace.
+        self.cwd = ""
 
     # --- control (called from the worker consumer) --------------------------
 
@@ -449,6 +451,7 @@ class TurnRunner:
             self.last_seq = self.history.last_seq
         config = await database_sync_to_async(TurnConfig.load)(tab)
         self.config = config
+        self.cwd = tab.workdir
         self.status.model = config.model
         self.size = context.Size.from_dict(tab.context)
         self.status.context = context.meter(self.size, config.model).as_dict()
@@ -464,6 +467,8 @@ class TurnRunner:
         model = config.model
         step = 0
         compacted = False
+        # Before any request of the turn (a compaction's too): they all send the tools.
+        await self._refresh_tools(tab)
         while (asked := await self._take_compaction()) is not None:
             through, instructions = asked
             compacted = (
@@ -517,6 +522,23 @@ class TurnRunner:
             # Mid-turn messages go right after this step's results, so the
             # next step sees them.
             await self._take_queued()
+
+    async def _refresh_tools(self, tab: Tab) -> None:
+        """Freeze the tab's tool set at its first turn; at a later turn's start, take a
+        changed one (an MCP server's new tools, an admin's edit) with a config-reload
+        chunk saying what changed. Never within a turn: each change costs the cache."""
+        fresh, problems = await toolset.current(tab.tool_allow)
+        for problem in problems:
+            logger.warning("tab %s: %s", self.tab_id, problem)
+        if fresh == tab.tools:
+            return
+        trouble = "".join(f" {p}." for p in problems)
+        if tab.tools is not None:
+            await self._system("config-reload", toolset.describe(tab.tools, fresh) + trouble)
+        elif problems:
+            await self._system("tool-problem", "Some tools are not available:" + trouble)
+        tab.tools = fresh
+        await Tab.objects.filter(pk=tab.pk).aupdate(tools=fresh)
 
     # --- streaming ---------------------------------------------------------
 
@@ -597,7 +619,7 @@ class TurnRunner:
     def _request(self, tab: Tab) -> Request:
         return Request(
             system=tab.system_prompt,
-            tools=tools.tool_specs(),
+            tools=tools.tab_specs(tab),
             messages=self.history.messages(),
             blobs=blobs.READER,
         )
@@ -795,7 +817,7 @@ class TurnRunner:
             return False
         request = Request(
             system=tab.system_prompt,
-            tools=tools.tool_specs(),
+            tools=tools.tab_specs(tab),
             messages=self.history.with_ask(
                 context.ask(instructions, context.kept_from(chunks, through))
             ),
@@ -945,6 +967,7 @@ class TurnRunner:
                 self.workspace,
                 on_output=on_output,
                 policy=sandbox.policy_from(django_settings),
+                cwd=self.cwd,
             )
             result, is_error, attachments = outcome.result, outcome.is_error, ()
             if outcome.image is not None:
@@ -1272,8 +1295,15 @@ class TurnRunner:
             ]
             log.append(self.tab_id, blocks)
             QueuedMessage.objects.filter(pk__in=[q.pk for q in queued]).delete()
-        for ref in (ref for q in queued for ref in q.attachments):
-            blobs.place(self.workspace, ref)
+        refs = [ref for q in queued for ref in q.attachments]
+        if refs:
+            try:
+                root = workdir.ensure(self.workspace, self.cwd)
+            except ToolError as exc:
+                logger.warning("tab %s: files not placed: %s", self.tab_id, exc)
+                refs = []
+        for ref in refs:
+            blobs.place(root, ref)
         return blocks, [q.pk for q in queued]
 
     def _take_compaction_sync(self) -> tuple[int, int | None, str] | None:

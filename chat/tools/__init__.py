@@ -5,13 +5,25 @@ path. The public interface:
 
 - TOOLS: the fixed, ordered tool table (its order is part of the prompt cache).
 - tool_specs(): the same as provider ToolSpecs, in that order.
+- tab_specs(tab): a tab's frozen tool set as ToolSpecs (toolset.py: computed at a
+  turn's start from the built-ins and the MCP servers' tools).
 - needs_approval(name): whether a call waits for the user.
-- run_tool(name, arguments, workspace, *, on_output=None, timeout=None) -> ToolOutcome.
+- run_tool(name, arguments, workspace, *, on_output=None, timeout=None, cwd="") -> ToolOutcome.
+- workdir: a tab's working directory (a subfolder of the workspace), checked and made.
 """
 
 from __future__ import annotations
 
 from chat.tools.base import ToolOutcome
 from chat.tools.registry import TOOLS, Tool, needs_approval, run_tool, tool_specs
+from chat.tools.toolset import tab_specs
 
-__all__ = ["TOOLS", "Tool", "ToolOutcome", "needs_approval", "run_tool", "tool_specs"]
+__all__ = [
+    "TOOLS",
+    "Tool",
+    "ToolOutcome",
+    "needs_approval",
+    "run_tool",
+    "tab_specs",
+    "tool_specs",
+]

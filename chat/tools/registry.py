@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from chat.providers.base import ToolSpec
-from chat.tools import files, sandbox, shell
+from chat.tools import files, sandbox, shell, workdir
 from chat.tools.base import ToolError, ToolOutcome
 
 logger = logging.getLogger(__name__)
@@ -201,8 +201,11 @@ async def run_tool(
     on_output: OnOutput | None = None,
     timeout: float | None = None,
     policy: sandbox.Policy | None = None,
+    cwd: str = "",
 ) -> ToolOutcome:
-    """Run one tool call in `workspace` (created if missing).
+    """Run one tool call in `workspace` (created if missing), or in its subfolder
+    `cwd` (a tab's working directory, chat.tools.workdir), which is then the tool's
+    whole world: paths are relative to it and the shell can write nothing else.
 
     Bad calls (unknown tool, invalid arguments, a path leaving the workspace, a
     failing command) come back as an `is_error` outcome, never as an exception;
@@ -222,7 +225,7 @@ async def run_tool(
     # Optional arguments sent as null (as OpenAI-style models do) mean "not given".
     args = {key: value for key, value in arguments.items() if value is not None}
     try:
-        root = await asyncio.to_thread(files.ensure_workspace, Path(workspace))
+        root = await asyncio.to_thread(workdir.ensure, Path(workspace), cwd)
         return await tool.run(
             args, root, on_output, timeout or shell.SHELL_TIMEOUT, policy or sandbox.Policy()
         )

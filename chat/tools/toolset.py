@@ -1,0 +1,95 @@
+"""A tab's tool set: the built-ins and the MCP servers' tools, frozen on the tab.
+
+Every request of a tab sends the same tools, byte for byte: they come first in
+the provider's cached prefix, so a list that changed between two requests would
+make the whole conversation a cache miss. The runner computes the list at a
+turn's start (`current`), stores it in `Tab.tools` the first time, and after
+that replaces it only when it differs, with a `config-reload` chunk saying what
+changed (`describe`): never within a turn. Requests read it back with
+`tab_specs`. Entries are sorted by name, schemas by key at every level, so the
+bytes depend on the tools alone (not on the order servers answer in, nor on how
+a database stores JSON: PostgreSQL's jsonb reorders keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from fnmatch import fnmatchcase
+from typing import Any
+
+from chat.providers.base import ToolSpec
+from chat.tools.registry import TOOLS
+
+Entry = dict[str, Any]
+
+
+def sorted_keys(value: Any) -> Any:
+    """`value` with every mapping's keys in sorted order (a deep copy)."""
+    if isinstance(value, Mapping):
+        return {key: sorted_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list | tuple):
+        return [sorted_keys(item) for item in value]
+    return value
+
+
+def allowed(name: str, allow: Sequence[str]) -> bool:
+    """Whether a tool is in an allow-list of name patterns (`*`, `?`, `[…]`; empty: all)."""
+    return not allow or any(fnmatchcase(name, pattern) for pattern in allow)
+
+
+def builtin_entries() -> list[Entry]:
+    return [
+        {"name": t.name, "description": t.description, "input_schema": dict(t.input_schema)}
+        for t in TOOLS
+    ]
+
+
+def mcp_entries(specs: Iterable[Any]) -> list[Entry]:
+    """MCP tools as entries; `tool` is the name the server knows it by."""
+    return [
+        {
+            "name": s.name,
+            "description": s.description,
+            "input_schema": dict(s.input_schema),
+            "server": s.server,
+            "tool": s.tool,
+        }
+        for s in specs
+    ]
+
+
+def freeze(entries: Iterable[Entry], allow: Sequence[str]) -> list[Entry]:
+    """The entries the allow-list lets through, sorted by name, keys sorted throughout;
+    a name twice keeps its first entry (a built-in before an MCP tool)."""
+    seen: dict[str, Entry] = {}
+    for entry in entries:
+        if allowed(entry["name"], allow):
+            seen.setdefault(entry["name"], sorted_keys(entry))
+    return [seen[name] for name in sorted(seen)]
+
+
+async def current(allow: Sequence[str]) -> tuple[list[Entry], list[str]]:
+    """The tool set a tab with this allow-list gets now, and what went wrong listing
+    it (a server down, too many tools): the turn goes on with the rest."""
+    return freeze(builtin_entries(), allow), []
+
+
+def tab_specs(tab: Any) -> tuple[ToolSpec, ...]:
+    """The tab's frozen tools as sent to the provider. Before its first turn (nothing
+    frozen yet) the built-ins its allow-list lets through."""
+    entries = tab.tools if tab.tools is not None else freeze(builtin_entries(), tab.tool_allow)
+    return tuple(
+        ToolSpec(e["name"], e["description"], sorted_keys(e["input_schema"])) for e in entries
+    )
+
+
+def describe(old: Sequence[Entry], new: Sequence[Entry]) -> str:
+    """What changed between two tool sets, for the config-reload chunk: tool names
+    added (+), removed (-) and changed (~: description or schema)."""
+    before = {e["name"]: sorted_keys(e) for e in old}
+    after = {e["name"]: sorted_keys(e) for e in new}
+    added = sorted(after.keys() - before.keys())
+    removed = sorted(before.keys() - after.keys())
+    changed = sorted(n for n in after.keys() & before.keys() if after[n] != before[n])
+    parts = [f"+{n}" for n in added] + [f"-{n}" for n in removed] + [f"~{n}" for n in changed]
+    return "Tools changed: " + ", ".join(parts) + "."

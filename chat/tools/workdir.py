@@ -1,0 +1,119 @@
+"""A tab's working directory: a plain subfolder of the workspace its tools run in.
+
+Parallel tabs on one workspace trample each other's files; a tab made with a
+working directory gets that folder as its tools' root (files and shell alike),
+so the shell's sandbox makes only it writable. The name is checked as text
+(relative, no `..`, nothing odd), then each component is made or opened with
+O_NOFOLLOW under its parent's descriptor: a link anywhere on the way is
+refused, so the folder is never somewhere outside the workspace. The runner
+checks again at every call (the shell may have swapped a link in since).
+
+Also here: reading a workspace file the app itself uses (AGENTS.md), with the
+same no-link rule, so a link planted in the workspace cannot pull another file
+(the data dir's, say) into a system prompt.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from chat.tools.base import ToolError
+from chat.tools.files import ensure_workspace
+
+# The Tab.workdir column's length.
+MAX_WORKDIR_CHARS = 200
+# Deep enough for any project layout; deeper is a mistake.
+MAX_WORKDIR_DEPTH = 8
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class BadWorkdir(ValueError):
+    """A working directory that is not a plain subfolder of the workspace; the message says why."""
+
+
+def check(value: str) -> str:
+    """`value` as stored ("" for the workspace itself; no trailing or doubled slash),
+    or BadWorkdir."""
+    value = value.strip()
+    if not value or value in (".", "./"):
+        return ""
+    if len(value) > MAX_WORKDIR_CHARS:
+        raise BadWorkdir(f"A working directory has at most {MAX_WORKDIR_CHARS} characters.")
+    if "\x00" in value or "\\" in value or any(not c.isprintable() for c in value):
+        raise BadWorkdir("A working directory is a plain folder name: no control characters.")
+    if value.startswith(("/", "~")):
+        raise BadWorkdir(
+            f"“{value}” is not relative: a working directory is a folder inside the "
+            "workspace, such as projects/site."
+        )
+    parts = [p for p in value.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise BadWorkdir(f"“{value}” leaves the workspace (..): name a folder inside it.")
+    if len(parts) > MAX_WORKDIR_DEPTH:
+        raise BadWorkdir(f"A working directory is at most {MAX_WORKDIR_DEPTH} folders deep.")
+    return "/".join(parts)
+
+
+def ensure(workspace: Path, workdir: str) -> Path:
+    """The tools' root for a tab: the workspace, or its subfolder `workdir` (made if
+    missing); ToolError when the folder cannot be made or is (or passes through) a link
+    or anything but a directory."""
+    root = ensure_workspace(Path(workspace))
+    try:
+        parts = check(workdir).split("/") if workdir else []
+    except BadWorkdir as exc:
+        raise ToolError(str(exc)) from exc
+    if not parts:
+        return root
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise ToolError(
+                    f"the working directory {workdir} cannot be created: {exc.strerror or exc}"
+                ) from exc
+            try:
+                inner = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise ToolError(
+                    f"the working directory {workdir} is not a folder of the workspace "
+                    f"({part} is a link or a file)"
+                ) from exc
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    return root.joinpath(*parts)
+
+
+def read_text(root: Path, name: str, limit: int) -> tuple[str, int] | None:
+    """The first `limit` characters of the regular file `name` in the folder `root`
+    (UTF-8, undecodable bytes replaced) and the file's size in bytes; None when there
+    is no such file, or it is a link or not a regular file, or `root` is not a folder."""
+    try:
+        folder = os.open(root, _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
+        )
+    except OSError:
+        return None
+    finally:
+        os.close(folder)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        # UTF-8 takes at most 4 bytes a character.
+        data = f.read(limit * 4)
+    return data.decode("utf-8", "replace")[:limit], info.st_size
