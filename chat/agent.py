@@ -75,8 +75,6 @@ STOP_NOTICES = {
         "The model stopped because the conversation filled its context window.",
     ),
 }
-# The tool whose output streams into its result block while it runs.
-SHELL = "shell"
 # The result of calls a crashed turn never ran, and of the one it was running.
 NOT_RUN_CRASHED = "Not run: the turn stopped on an internal error."
 CRASHED_WHILE_RUNNING = "Interrupted: the turn stopped on an internal error while this call ran."
@@ -954,7 +952,7 @@ class TurnRunner:
             await self._run_tool(call_id, name, call)
 
     async def _run_tool(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
-        if name == SHELL:
+        if tools.streams_output(name):
             await self._open_output(call_id)
 
         async def produce(queue: asyncio.Queue) -> None:
@@ -996,10 +994,15 @@ class TurnRunner:
     def _store_image(self, image: ImageFile) -> dict[str, Any]:
         """An image a tool read, stored as the tab's attachment (as a message's files
         are); its reference keeps the workspace path it was read from."""
-        normalised = blobs.normalise(image.data, PurePosixPath(image.path).name)
+        normalised = blobs.normalise(image.data, image.name or PurePosixPath(image.path).name)
         with transaction.atomic():
             blob = blobs.store(normalised)
             blobs.attach(self.tab_id, blob, normalised.name, sent=True)
+        if not image.path:
+            # In no file (an MCP tool's): placed where a message's file would be, so a
+            # model that cannot see images is told the truth about where it is.
+            blobs.place(self.workspace, normalised.ref())
+            return normalised.ref()
         return {**normalised.ref(), "path": image.path}
 
     async def _open_output(self, call_id: str) -> None:

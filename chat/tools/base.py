@@ -31,10 +31,12 @@ class ToolOutcome:
 
 @dataclass(frozen=True, slots=True)
 class ImageFile:
-    """An image file of the workspace as read: its path there and its bytes."""
+    """An image file of the workspace as read: its path there and its bytes; or an
+    image in no file (an MCP tool's): no path, and a name to store it under."""
 
     path: str
     data: bytes
+    name: str = ""
 
 
 class ToolError(Exception):

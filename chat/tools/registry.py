@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from chat.providers.base import ToolSpec
-from chat.tools import files, sandbox, shell, workdir
+from chat.tools import files, mcp, mcp_names, sandbox, shell, workdir
 from chat.tools.base import ToolError, ToolOutcome
 
 logger = logging.getLogger(__name__)
@@ -183,12 +183,21 @@ def tool_specs() -> tuple[ToolSpec, ...]:
     )
 
 
+def streams_output(name: str) -> bool:
+    """Whether a call's output streams into its result block as it runs (the shell's
+    output, an MCP tool's progress)."""
+    return name == "shell" or mcp_names.is_mcp(name)
+
+
 def needs_approval(name: str) -> bool:
     """Whether a call must wait for the user's approval.
 
     An unknown name needs none: nothing runs, run_tool answers it with an error
-    at once, and the model can correct itself without bothering the user.
+    at once, and the model can correct itself without bothering the user. An MCP
+    tool (`mcp__*`) needs it: whatever it does happens outside the workspace.
     """
+    if mcp_names.is_mcp(name):
+        return True
     tool = _BY_NAME.get(name)
     return tool is not None and tool.needs_approval
 
@@ -207,6 +216,8 @@ async def run_tool(
     `cwd` (a tab's working directory, chat.tools.workdir), which is then the tool's
     whole world: paths are relative to it and the shell can write nothing else.
 
+    An `mcp__*` name is called at the MCP server offering it (chat.tools.mcp), with
+    `timeout` (None: the server's own).
     Bad calls (unknown tool, invalid arguments, a path leaving the workspace, a
     failing command) come back as an `is_error` outcome, never as an exception;
     cancelling the awaiting task kills a running command and re-raises.
@@ -215,6 +226,8 @@ async def run_tool(
     """
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if mcp_names.is_mcp(name):
+        return await mcp.call(name, arguments, on_output=on_output, timeout=timeout)
     tool = _BY_NAME.get(name)
     if tool is None:
         known = ", ".join(_BY_NAME)

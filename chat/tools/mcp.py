@@ -1,0 +1,667 @@
+"""MCP servers' tools: connections, listing, calling, results.
+
+Staff configure servers (chat.models.McpServer): a program run over stdio, inside the
+shell's bubblewrap sandbox (the workspace writable, no data directory, the shell's
+scrubbed environment plus the server's own variables), or a streamable-HTTP URL with
+headers. The public interface:
+
+- specs(): every enabled server's tools as provider-safe McpToolSpecs, and problems
+  ("server x: not reachable (...)"); never raises for a broken server.
+- call(name, arguments, *, on_output, timeout=None) -> ToolOutcome: one call, an
+  `is_error` outcome naming the server for every failure.
+
+Connections live per event loop (a worker has one; each test its own): opened on first
+use, reused by every turn and tab after it (a handshake per message costs seconds), and
+closed once unused for MCP_IDLE_SECONDS, an HTTP session with its DELETE (a server keeps
+a session's state until then). A connection is a task of its own that enters the SDK's
+transport and session and leaves them when told to: anyio's scopes must be left by the
+task that entered them, and a call comes from whichever turn needs it. A tool listing is
+kept per connection until the server says `notifications/tools/list_changed`; the
+frozen per-tab tool set picks the change up at a turn boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import httpx2
+import mcp_types as types
+from channels.db import database_sync_to_async
+from django.conf import settings
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+from chat.models import McpServer
+from chat.tools import mcp_names, sandbox, shell
+from chat.tools.base import ImageFile, ToolOutcome, clean_text
+
+logger = logging.getLogger(__name__)
+
+# An unused connection is closed after this: long enough that a conversation's pauses
+# (reading an answer, typing the next question) keep it, short enough that a server is
+# not held (a process, an HTTP session's state) for tabs nobody uses.
+MCP_IDLE_SECONDS = 300.0
+# How often idle connections are looked for; a connection lives at most this longer.
+SWEEP_SECONDS = 30.0
+
+# Tools offered per server: each costs its definition's tokens in every request, and
+# peers' users lost 50-150k tokens of context to servers offering hundreds.
+MAX_TOOLS_PER_SERVER = 100
+# Pages of tools/list read per server: a server whose cursor never ends stops here.
+MAX_LIST_PAGES = 50
+# A tool's description is sent with every request; past this it is cut.
+MAX_DESCRIPTION_CHARS = 2000
+
+# The HTTP transport's read timeout: a tool may stream progress or think for long, and
+# the server's own timeout bounds each call; the SDK's default would cut calls short.
+HTTP_READ_TIMEOUT = 3600.0
+
+# One message over HTTP (a result): the SDK's 1 MiB default would fail a big result,
+# which is to be cut to the shell's cap instead. Past this the call fails.
+MAX_HTTP_EVENT_BYTES = 32 * 1024 * 1024
+
+# Closing a stdio server waits for it (2 s after stdin closes, then TERM, then KILL: the
+# SDK's steps); an HTTP one for its DELETE. Past this the connection's task is cancelled.
+CLOSE_GRACE = 10.0
+
+# Kept of a failed server's stderr (and of output that was not MCP) for its message.
+DETAIL_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class McpToolSpec:
+    """One MCP tool as the model sees it (`name`, `description`, `input_schema` with
+    sorted keys) and where it comes from (`server`, and `tool`, the name it is called by)."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    server: str
+    tool: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """A McpServer row as a connection needs it; equal configs share a connection, so
+    an edit (any field) opens a new one."""
+
+    name: str
+    transport: str
+    command: str
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    timeout: float
+    # Set when the row cannot be used as it is (secrets saved under another SECRET_KEY).
+    problem: str = ""
+
+    @classmethod
+    def from_row(cls, row: McpServer) -> ServerConfig:
+        env, headers = row.get_env(), row.get_headers()
+        problem = ""
+        if env is None or headers is None:
+            problem = "its env or headers cannot be decrypted (SECRET_KEY changed): save them again"
+        return cls(
+            name=row.name,
+            transport=row.transport,
+            command=row.command,
+            args=tuple(str(arg) for arg in row.args or ()),
+            env=tuple(sorted((env or {}).items())),
+            url=row.url,
+            headers=tuple(sorted((headers or {}).items())),
+            timeout=row.timeout,
+            problem=problem,
+        )
+
+
+class Unreachable(Exception):
+    """A server that could not be connected to; the message says why, for people."""
+
+
+# --- Connections ------------------------------------------------------------------------
+
+
+class Connection:
+    """One server's transport and session, held open by a task of its own."""
+
+    def __init__(self, config: ServerConfig, workspace: Path, policy: sandbox.Policy) -> None:
+        self.config = config
+        self.workspace = workspace
+        self.policy = policy
+        self.session: ClientSession | None = None
+        self.tools: list[types.Tool] | None = None
+        # Bumped by tools/list_changed: a listing read across a change is not kept.
+        self.generation = 0
+        self.busy = 0
+        self.last_used = asyncio.get_running_loop().time()
+        self.closed = False
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stderr: IO[str] | None = None
+        self._not_mcp = ""
+
+    async def open(self) -> None:
+        """Start the server (or reach it) and shake hands, within the server's timeout."""
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._hold(ready), name=f"mcp {self.config.name}")
+        try:
+            async with asyncio.timeout(self.config.timeout):
+                await asyncio.shield(ready)
+        except TimeoutError:
+            detail = self._detail()
+            await self.close()
+            raise Unreachable(f"no answer within {self.config.timeout:g} s{detail}") from None
+        except BaseException as exc:
+            detail = self._detail()
+            await self.close()
+            if isinstance(exc, Exception):
+                raise Unreachable(f"{_reason(exc)}{detail}") from exc
+            raise
+
+    async def _hold(self, ready: asyncio.Future[None]) -> None:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                read, write = await stack.enter_async_context(self._transport(stack))
+                session = await stack.enter_async_context(
+                    ClientSession(read, write, message_handler=self._on_message)
+                )
+                await session.initialize()
+                self.session = session
+                ready.set_result(None)
+                await self._stop.wait()
+        except Exception as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                logger.warning("MCP server %s: connection ended: %s", self.config.name, exc)
+        finally:
+            self.closed = True
+            self.session = None
+            if not ready.done():
+                ready.set_exception(Unreachable("closed while connecting"))
+
+    def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
+        if self.config.transport == McpServer.Transport.HTTP:
+            client = httpx2.AsyncClient(
+                headers=dict(self.config.headers),
+                timeout=httpx2.Timeout(self.config.timeout, read=HTTP_READ_TIMEOUT),
+            )
+            stack.push_async_callback(client.aclose)
+            return streamable_http_client(
+                self.config.url, http_client=client, max_sse_event_size=MAX_HTTP_EVENT_BYTES
+            )
+        # Its stderr, for the message when it fails to start: never shown live.
+        # Closed with the connection (its task's end), not by a block here.
+        self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
+        return stdio_client(self._stdio_parameters(), errlog=self._stderr)
+
+    def _stdio_parameters(self) -> StdioServerParameters:
+        root = self.workspace
+        argv = [self.config.command, *self.config.args]
+        env = {**shell.shell_env(root, sandboxed=not self.policy.unsandboxed)}
+        env.update(self.config.env)
+        if not self.policy.unsandboxed:
+            verdict = sandbox.check(self.policy)
+            if not verdict.available:
+                raise Unreachable(
+                    f"not started, since stdio servers run in the shell's sandbox: "
+                    f"{verdict.problem}"
+                )
+            argv = _sandboxed(self.policy, root, argv)
+        return StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=root)
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.generation += 1
+            self.tools = None
+        elif isinstance(message, Exception):
+            # A line on stdout that is not JSON-RPC: kept for the message if the
+            # handshake never completes.
+            self._not_mcp = str(message)[:DETAIL_CHARS]
+
+    def _detail(self) -> str:
+        parts = []
+        if self._not_mcp:
+            parts.append(f"it wrote something that is not MCP: {self._not_mcp}")
+        if self._stderr is not None and not self._stderr.closed:
+            with contextlib.suppress(OSError, ValueError):
+                self._stderr.seek(0)
+                said = self._stderr.read().strip()[-DETAIL_CHARS:]
+                if said:
+                    parts.append(f"its stderr ends: {said}")
+        return "".join(f"; {part}" for part in parts)
+
+    async def list_tools(self) -> list[types.Tool]:
+        if self.tools is not None:
+            return self.tools
+        session = self._session()
+        generation = self.generation
+        tools: list[types.Tool] = []
+        cursor: str | None = None
+        async with asyncio.timeout(self.config.timeout):
+            for _ in range(MAX_LIST_PAGES):
+                params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                page = await session.list_tools(params=params)
+                tools += page.tools
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+        if generation == self.generation:
+            self.tools = tools
+        return tools
+
+    def _session(self) -> ClientSession:
+        if self.session is None or self.closed:
+            raise Unreachable("the connection has closed")
+        return self.session
+
+    async def close(self) -> None:
+        self.closed = True
+        self._stop.set()
+        task = self._task
+        if task is not None and not task.done():
+            if self.session is None:
+                # Still connecting: nothing to end politely.
+                task.cancel()
+            _, pending = await asyncio.wait({task}, timeout=CLOSE_GRACE)
+            if pending:
+                logger.warning(
+                    "MCP server %s did not close within %g s", self.config.name, CLOSE_GRACE
+                )
+                task.cancel()
+                await asyncio.wait({task}, timeout=CLOSE_GRACE)
+        if self._stderr is not None:
+            self._stderr.close()
+
+
+def _sandboxed(policy: sandbox.Policy, root: Path, argv: list[str]) -> list[str]:
+    """bwrap's command line for a stdio server: the shell's sandbox with the host's
+    network when the shell has network (the SDK's transport passes no descriptors, so
+    not the shell's private one) and its seccomp filter, read by bwrap from a file
+    descriptor that a small sh opens for it."""
+    program = _filter_path()
+    command = sandbox.command(policy, root, argv, None, 3 if program else None)
+    if not program:
+        return command
+    return ["/bin/sh", "-c", 'exec "$@" 3<"$0"', program, *command]
+
+
+_FILTER: list[str] = []
+
+
+def _filter_path() -> str:
+    """A file holding the sandbox's seccomp program (written once per process), or ""."""
+    if not _FILTER:
+        program = sandbox.setid_filter()
+        path = ""
+        if program is not None and shutil.which("sh"):
+            handle, path = tempfile.mkstemp(prefix="dispatch-seccomp-")
+            with os.fdopen(handle, "wb") as file:
+                file.write(program)
+        _FILTER.append(path)
+    return _FILTER[0]
+
+
+class _Pool:
+    """One event loop's connections, by server name."""
+
+    def __init__(self) -> None:
+        self.connections: dict[str, Connection] = {}
+        # Replaced by an edit while a call ran on them: closed once free.
+        self.retired: list[Connection] = []
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.sweeper: asyncio.Task[None] | None = None
+
+    def lock(self, name: str) -> asyncio.Lock:
+        return self.locks.setdefault(name, asyncio.Lock())
+
+    async def retire(self, connection: Connection) -> None:
+        if connection.busy:
+            self.retired.append(connection)
+        else:
+            await connection.close()
+
+    async def close_idle(self, now: float) -> None:
+        for name, connection in list(self.connections.items()):
+            idle = not connection.busy and now - connection.last_used >= MCP_IDLE_SECONDS
+            if idle or connection.closed:
+                del self.connections[name]
+                await connection.close()
+        for connection in [c for c in self.retired if not c.busy]:
+            self.retired.remove(connection)
+            await connection.close()
+
+    def watch(self) -> None:
+        if self.sweeper is None or self.sweeper.done():
+            self.sweeper = asyncio.create_task(self._sweep(), name="mcp idle sweep")
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.connections or self.retired:
+            await asyncio.sleep(SWEEP_SECONDS)
+            await self.close_idle(loop.time())
+
+
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
+
+
+def _pool() -> _Pool:
+    loop = asyncio.get_running_loop()
+    pool = _POOLS.get(loop)
+    if pool is None:
+        pool = _POOLS[loop] = _Pool()
+    return pool
+
+
+async def _connect(config: ServerConfig) -> Connection:
+    """The running loop's connection to this server, opened if there is none (or the
+    one there is was closed, or made for a config since edited)."""
+    if config.problem:
+        raise Unreachable(config.problem)
+    pool = _pool()
+    async with pool.lock(config.name):
+        connection = pool.connections.get(config.name)
+        if connection is not None and (connection.closed or connection.config != config):
+            del pool.connections[config.name]
+            await pool.retire(connection)
+            connection = None
+        if connection is None:
+            workspace = Path(settings.DISPATCH_WORKSPACE)
+            await asyncio.to_thread(workspace.mkdir, parents=True, exist_ok=True)
+            connection = Connection(config, workspace, sandbox.policy_from(settings))
+            await connection.open()
+            pool.connections[config.name] = connection
+            pool.watch()
+        connection.last_used = asyncio.get_running_loop().time()
+        return connection
+
+
+@contextlib.asynccontextmanager
+async def _using(connection: Connection) -> AsyncIterator[Connection]:
+    connection.busy += 1
+    try:
+        yield connection
+    finally:
+        connection.busy -= 1
+        connection.last_used = asyncio.get_running_loop().time()
+
+
+async def close_idle(now: float | None = None) -> None:
+    """Close this loop's connections unused for MCP_IDLE_SECONDS as of `now` (the
+    loop's clock; the sweep calls this every SWEEP_SECONDS)."""
+    await _pool().close_idle(asyncio.get_running_loop().time() if now is None else now)
+
+
+async def close_all() -> None:
+    """Close every connection of this loop (a worker stopping; tests)."""
+    pool = _POOLS.pop(asyncio.get_running_loop(), None)
+    if pool is None:
+        return
+    if pool.sweeper is not None:
+        pool.sweeper.cancel()
+    for connection in [*pool.connections.values(), *pool.retired]:
+        await connection.close()
+
+
+# --- Listing ----------------------------------------------------------------------------
+
+
+async def enabled_servers() -> list[ServerConfig]:
+    return await database_sync_to_async(_enabled)()
+
+
+def _enabled() -> list[ServerConfig]:
+    return [ServerConfig.from_row(row) for row in McpServer.objects.filter(enabled=True)]
+
+
+async def specs() -> tuple[list[McpToolSpec], list[str]]:
+    """Every enabled server's tools (sorted by name) and what went wrong, for people."""
+    configs = await enabled_servers()
+    await _forget_others({config.name for config in configs})
+    return await _specs(configs)
+
+
+async def _specs(configs: list[ServerConfig]) -> tuple[list[McpToolSpec], list[str]]:
+    listed = await asyncio.gather(*(_server_tools(config) for config in configs))
+    problems = [problem for _, server_problems in listed for problem in server_problems]
+    offered = [
+        (config.name, tool)
+        for config, (tools, _) in zip(configs, listed, strict=True)
+        for tool in tools
+    ]
+    names, clashes = mcp_names.assign((server, tool.name) for server, tool in offered)
+    problems += clashes
+    found = [
+        McpToolSpec(
+            names[(server, tool.name)],
+            _description(tool),
+            _sorted(tool.input_schema),
+            server,
+            tool.name,
+        )
+        for server, tool in offered
+        if (server, tool.name) in names
+    ]
+    return sorted(found, key=lambda spec: spec.name), problems
+
+
+async def _server_tools(config: ServerConfig) -> tuple[list[types.Tool], list[str]]:
+    label = f"server {config.name}"
+    try:
+        connection = await _connect(config)
+        async with _using(connection):
+            tools = await connection.list_tools()
+    except Unreachable as exc:
+        return [], [f"{label}: not reachable ({exc})"]
+    except TimeoutError:
+        return [], [f"{label}: did not list its tools within {config.timeout:g} s"]
+    except Exception as exc:
+        logger.warning("MCP %s: listing failed", label, exc_info=True)
+        return [], [f"{label}: listing its tools failed ({_reason(exc)})"]
+    problems = []
+    usable = []
+    seen: set[str] = set()
+    for tool in tools:
+        if tool.name in seen:
+            problems.append(f"{label}: tool {tool.name!r} is listed twice; the first is kept")
+            continue
+        seen.add(tool.name)
+        usable.append(tool)
+    if len(usable) > MAX_TOOLS_PER_SERVER:
+        problems.append(
+            f"{label}: {len(usable)} tools, only the first {MAX_TOOLS_PER_SERVER} are offered"
+        )
+        usable = usable[:MAX_TOOLS_PER_SERVER]
+    return usable, problems
+
+
+def _description(tool: types.Tool) -> str:
+    text = tool.description or tool.title or ""
+    if len(text) > MAX_DESCRIPTION_CHARS:
+        text = text[: MAX_DESCRIPTION_CHARS - 1] + "…"
+    return text
+
+
+def _sorted(schema: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(schema, sort_keys=True))
+
+
+async def _drop(connection: Connection) -> None:
+    pool = _pool()
+    if pool.connections.get(connection.config.name) is connection:
+        del pool.connections[connection.config.name]
+    await pool.retire(connection)
+
+
+async def _forget_others(names: set[str]) -> None:
+    """Close connections to servers removed or disabled since they opened."""
+    pool = _pool()
+    for name in [name for name in pool.connections if name not in names]:
+        await pool.retire(pool.connections.pop(name))
+
+
+async def test(config: ServerConfig) -> tuple[list[str], list[str]]:
+    """Settings' Test: the server's tool names as offered, and its problems."""
+    found, problems = await _specs([config])
+    return [spec.tool for spec in found], problems
+
+
+# --- Calling ----------------------------------------------------------------------------
+
+
+async def call(
+    name: str,
+    arguments: Any,
+    *,
+    on_output: Callable[[str], None] | None = None,
+    timeout: float | None = None,
+) -> ToolOutcome:
+    """Call the MCP tool offered as `name`; `timeout` (seconds) overrides the server's.
+
+    Every failure is an `is_error` outcome naming the server; cancelling the awaiting
+    task (Stop) cancels the call at the server and leaves the connection open.
+    """
+    if not isinstance(arguments, Mapping):
+        return ToolOutcome(f"the arguments of {name} must be a JSON object", is_error=True)
+    configs = await enabled_servers()
+    # Only servers whose names the tool's name can start with need listing.
+    likely = [c for c in configs if name.startswith(mcp_names.plain(c.name, ""))]
+    found, _ = await _specs(likely)
+    spec = next((spec for spec in found if spec.name == name), None)
+    if spec is None:
+        return ToolOutcome(
+            f"there is no MCP tool {name} now: its server is disabled, removed or not "
+            "reachable, or no longer offers it",
+            is_error=True,
+        )
+    config = next(c for c in likely if c.name == spec.server)
+    label = f"server {config.name}"
+    limit = timeout or config.timeout
+    live = shell._Output(on_output)
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        counted = f"{done:g}/{total:g}" if total else f"{done:g}"
+        live.feed(f"[{counted}] {message or ''}".rstrip().encode() + b"\n")
+
+    try:
+        connection = await _connect(config)
+    except Unreachable as exc:
+        return ToolOutcome(f"{label} is not reachable: {exc}", is_error=True)
+    try:
+        async with _using(connection), asyncio.timeout(limit):
+            result = await connection._session().call_tool(
+                spec.tool, dict(arguments), progress_callback=progress
+            )
+    except TimeoutError:
+        # The server may be stuck: the next call starts it (or its session) afresh.
+        await _drop(connection)
+        return ToolOutcome(f"{label}: {spec.tool} did not answer within {limit:g} s", is_error=True)
+    except Exception as exc:
+        if not isinstance(exc, MCPError | Unreachable) or _lost(exc):
+            logger.warning("MCP %s: %s failed", label, spec.tool, exc_info=True)
+            await _drop(connection)
+        return ToolOutcome(f"{label}: {spec.tool} failed: {_reason(exc)}", is_error=True)
+    finally:
+        live.finish()
+    if not isinstance(result, types.CallToolResult):
+        return ToolOutcome(f"{label}: {spec.tool} gave no tool result", is_error=True)
+    return outcome(spec.tool, result)
+
+
+def _lost(exc: Exception) -> bool:
+    return isinstance(exc, MCPError) and exc.error.code == types.CONNECTION_CLOSED
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, MCPError) and exc.error.code == types.CONNECTION_CLOSED:
+        return "the server closed the connection (it may have exited)"
+    if isinstance(exc, httpx2.HTTPError):
+        return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ValidationError):
+        where = "; ".join(
+            f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in exc.errors()[:3]
+        )
+        return f"its answer is not valid MCP ({where})"
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_reason(inner) for inner in exc.exceptions)
+    return str(exc) or type(exc).__name__
+
+
+# --- Results ----------------------------------------------------------------------------
+
+_IMAGE_SUFFIX = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
+
+
+def outcome(tool: str, result: types.CallToolResult) -> ToolOutcome:
+    """A tool result as the model and the log see it: text as it is, structured content
+    as sorted-key JSON (instead of a text block holding the same data), the first image
+    for the blob store, other content as a marker; capped as the shell's output is."""
+    texts: list[str] = []
+    notes: list[str] = []
+    images: list[types.ImageContent] = []
+    for item in result.content:
+        if isinstance(item, types.TextContent):
+            texts.append(item.text)
+        elif isinstance(item, types.ImageContent):
+            images.append(item)
+        elif isinstance(item, types.EmbeddedResource) and isinstance(
+            item.resource, types.TextResourceContents
+        ):
+            texts.append(item.resource.text)
+        else:
+            notes.append(f"[{item.type} content not shown]")
+    structured = result.structured_content
+    if structured is not None:
+        dumped = json.dumps(structured, sort_keys=True, ensure_ascii=False)
+        copies = [text for text in texts if _same_json(text, structured)]
+        if copies or not texts:
+            texts = [dumped if text in copies else text for text in texts] or [dumped]
+    image = None
+    if images:
+        first = images[0]
+        try:
+            data = base64.b64decode(first.data, validate=True)
+        except (binascii.Error, ValueError):
+            notes.append("[an image that was not valid base64, left out]")
+        else:
+            suffix = _IMAGE_SUFFIX.get(first.mime_type, "img")
+            image = ImageFile("", data, name=f"{tool}.{suffix}")
+        if len(images) > 1:
+            notes.append(f"[{len(images) - 1} more images left out: one image per result]")
+    # Never empty: providers refuse an empty text block.
+    text = "\n".join([*texts, *notes]) or ("(an image)" if image else "(no output)")
+    capped = shell._Output(None)
+    capped.feed(clean_text(text).encode("utf-8", "replace"))
+    dropped_bytes, dropped_lines = capped.dropped()
+    return ToolOutcome(
+        capped.text(),
+        is_error=bool(result.is_error),
+        truncated=capped.truncated,
+        truncated_bytes=dropped_bytes,
+        truncated_lines=dropped_lines,
+        image=image,
+    )
+
+
+def _same_json(text: str, value: Any) -> bool:
+    try:
+        return json.loads(text) == value
+    except ValueError:
+        return False

@@ -1,0 +1,68 @@
+"""A minimal MCP server on the standard library alone, for the stdio sandbox test: the
+sandbox shows the system's Python but not the project's packages, so this one is copied
+into the workspace and run there. `broken` as its argument: it also lists a tool whose
+schema no provider takes; `garbage`: it writes a line that is
+not JSON-RPC, then nothing; `exit`: it fails at once, saying why on stderr."""
+
+import json
+import os
+import sys
+
+if sys.argv[1:] == ["exit"]:
+    sys.stderr.write("bare: cannot start, no configuration\n")
+    sys.exit(2)
+if sys.argv[1:] == ["garbage"]:
+    print("hello, this is not MCP", flush=True)
+    sys.stdin.read()
+    sys.exit(0)
+
+TOOLS = [
+    {"name": "where", "description": "What the server sees.", "inputSchema": {"type": "object"}}
+]
+if sys.argv[1:] == ["broken"]:
+    # A property that is no schema: the SDK lets it through, no provider takes it.
+    TOOLS.append({"name": "broken", "inputSchema": {"type": "object", "properties": {"x": 5}}})
+
+
+def answer(message_id, result):
+    print(json.dumps({"jsonrpc": "2.0", "id": message_id, "result": result}), flush=True)
+
+
+def seen():
+    data = os.environ.get("DISPATCH_TEST_DATA_DIR", "")
+    try:
+        with open("written-by-mcp.txt", "w") as file:
+            file.write("ok")
+        writable = "yes"
+    except OSError:
+        writable = "no"
+    return {
+        "cwd": os.getcwd(),
+        "token": os.environ.get("MCP_TEST_TOKEN", ""),
+        "secret": os.environ.get("DISPATCH_TEST_SECRET", ""),
+        "data_dir_visible": bool(data) and os.path.exists(data),
+        "workspace_writable": writable,
+        "pid": os.getpid(),
+    }
+
+
+for line in sys.stdin:
+    message = json.loads(line)
+    method, message_id = message.get("method"), message.get("id")
+    if method == "initialize":
+        answer(
+            message_id,
+            {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "bare", "version": "1"},
+            },
+        )
+    elif method == "tools/list":
+        answer(message_id, {"tools": TOOLS})
+    elif method == "tools/call":
+        text = json.dumps(seen(), sort_keys=True)
+        answer(message_id, {"content": [{"type": "text", "text": text}], "isError": False})
+    elif message_id is not None:
+        error = {"code": -32601, "message": "no such method"}
+        print(json.dumps({"jsonrpc": "2.0", "id": message_id, "error": error}), flush=True)

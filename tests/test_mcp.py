@@ -1,0 +1,351 @@
+"""The MCP client (chat.tools.mcp) against real servers written with the SDK's server
+side: tests/mcp_servers/tools.py over stdio (a subprocess per connection) and over
+streamable HTTP (one process for the module, on 127.0.0.1), and tests/mcp_servers/bare.py
+(standard library only) inside the shell's sandbox.
+
+The module shares one event loop, so its connections (and the stdio servers' processes)
+are shared by its tests, as a worker's are by its turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from django.conf import settings
+
+from chat.models import McpServer
+from chat.tools import mcp, needs_approval, run_tool, sandbox, shell
+from harness.servers import Proc, clean_env
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.django_db(transaction=True)]
+
+SERVERS = Path(__file__).parent / "mcp_servers"
+TOOLS = str(SERVERS / "tools.py")
+TIMEOUT = 20.0
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory) -> str:
+    log = tmp_path_factory.mktemp("mcp") / "web.log"
+    proc = Proc("mcp-web", [sys.executable, TOOLS, "http"], clean_env(), log).start()
+    yield f"http://127.0.0.1:{proc.listening().port}"
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory) -> str:
+    log = tmp_path_factory.mktemp("mcp") / "many.log"
+    proc = Proc("mcp-many", [sys.executable, TOOLS, "http", "--many"], clean_env(), log).start()
+    yield f"http://127.0.0.1:{proc.listening().port}/mcp"
+    proc.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", autouse=True)
+async def _closed():
+    yield
+    await mcp.close_all()
+
+
+@pytest.fixture(autouse=True)
+def _unsandboxed(settings):
+    # tools.py needs the project's packages, which the sandbox does not show; the
+    # sandbox has tests of its own below.
+    settings.DISPATCH_SHELL_UNSANDBOXED = True
+
+
+@pytest.fixture
+def servers(web):
+    McpServer.objects.create(
+        name="local",
+        transport="stdio",
+        command=sys.executable,
+        args=[TOOLS, "stdio"],
+        timeout=TIMEOUT,
+    )
+    McpServer.objects.create(name="web", transport="http", url=f"{web}/mcp", timeout=TIMEOUT)
+
+
+def deletes(web: str) -> int:
+    with urllib.request.urlopen(f"{web}/deletes") as response:
+        return int(response.read())
+
+
+def connection(name: str) -> mcp.Connection | None:
+    return mcp._pool().connections.get(name)
+
+
+TRANSPORTS = pytest.mark.parametrize("server", ["local", "web"])
+
+
+async def test_it_lists_every_enabled_servers_tools(servers):
+    await McpServer.objects.acreate(
+        name="off", transport="http", url="http://127.0.0.1:9/", enabled=False
+    )
+    found, problems = await mcp.specs()
+    assert problems == []
+    names = [spec.name for spec in found]
+    assert names == sorted(names)
+    assert {"mcp__local__echo", "mcp__web__echo", "mcp__local__add"} <= set(names)
+    assert not any(name.startswith("mcp__off__") for name in names)
+    echo = next(spec for spec in found if spec.name == "mcp__web__echo")
+    assert (echo.server, echo.tool, echo.description) == ("web", "echo", "Say the text back.")
+    assert list(echo.input_schema) == sorted(echo.input_schema)
+    assert echo.input_schema["properties"]["text"]["type"] == "string"
+
+
+@TRANSPORTS
+async def test_it_calls_a_tool_for_text(servers, server):
+    result = await mcp.call(f"mcp__{server}__echo", {"text": "hi"})
+    assert (result.result, result.is_error) == ("echo: hi", False)
+
+
+@TRANSPORTS
+async def test_structured_content_is_sorted_key_json(servers, server):
+    result = await mcp.call(f"mcp__{server}__add", {"b": 2, "a": 1})
+    assert result.result == '{"a": 1, "b": 2, "sum": 3}'
+
+
+@TRANSPORTS
+async def test_an_image_goes_to_the_outcome(servers, server):
+    result = await mcp.call(f"mcp__{server}__pixel", {})
+    assert result.image is not None
+    assert result.image.data.startswith(b"\x89PNG")
+    assert (result.image.path, result.image.name) == ("", "pixel.png")
+    assert (result.result, result.is_error) == ("(an image)", False)
+
+
+@TRANSPORTS
+async def test_is_error_is_kept(servers, server):
+    result = await mcp.call(f"mcp__{server}__fail", {"why": "x"})
+    assert result.is_error
+    assert "fail" in result.result
+
+
+@TRANSPORTS
+async def test_progress_streams_to_on_output(servers, server):
+    seen: list[str] = []
+    result = await mcp.call(f"mcp__{server}__slow", {"steps": 3}, on_output=seen.append)
+    assert result.result == "slow done"
+    assert "".join(seen) == "[1/3] step 1\n[2/3] step 2\n[3/3] step 3\n"
+
+
+@TRANSPORTS
+async def test_a_hung_call_times_out_and_the_next_call_works(servers, server):
+    result = await mcp.call(f"mcp__{server}__hang", {}, timeout=1.0)
+    assert result.is_error
+    assert result.result == f"server {server}: hang did not answer within 1 s"
+    again = await mcp.call(f"mcp__{server}__echo", {"text": "again"})
+    assert again.result == "echo: again"
+
+
+async def test_a_server_exiting_mid_call_is_an_error_naming_it(servers):
+    result = await mcp.call("mcp__local__crash", {})
+    assert result.is_error
+    assert result.result.startswith("server local: crash failed: ")
+    assert "closed the connection" in result.result
+    again = await mcp.call("mcp__local__echo", {"text": "back"})
+    assert again.result == "echo: back"
+
+
+@TRANSPORTS
+async def test_a_10_mb_result_is_capped_like_shell_output(servers, server):
+    result = await mcp.call(f"mcp__{server}__huge", {"megabytes": 10})
+    assert result.truncated
+    assert len(result.result.encode()) < shell.OUTPUT_CAP + 200
+    assert result.truncated_bytes > 10 * 1024 * 1024 - shell.OUTPUT_CAP - 100
+    assert "bytes of output dropped" in result.result
+
+
+async def test_500_tools_are_capped_with_a_problem(many):
+    await McpServer.objects.acreate(name="many", transport="http", url=many, timeout=TIMEOUT)
+    found, problems = await mcp.specs()
+    assert len(found) == mcp.MAX_TOOLS_PER_SERVER
+    assert problems == [
+        f"server many: 509 tools, only the first {mcp.MAX_TOOLS_PER_SERVER} are offered"
+    ]
+
+
+async def test_list_changed_is_picked_up_at_the_next_listing(servers):
+    await McpServer.objects.acreate(
+        name="growing", transport="stdio", command=sys.executable, args=[TOOLS, "stdio"]
+    )
+    before, _ = await mcp.specs()
+    assert "mcp__growing__extra" not in {spec.name for spec in before}
+    assert (await mcp.call("mcp__growing__grow", {})).result == "grown"
+    for _ in range(100):
+        if connection("growing").tools is None:
+            break
+        await asyncio.sleep(0.05)
+    after, _ = await mcp.specs()
+    assert "mcp__growing__extra" in {spec.name for spec in after}
+    assert (await mcp.call("mcp__growing__extra", {})).result == "extra"
+
+
+async def test_idle_connections_close_and_http_sessions_are_terminated(servers, web):
+    await mcp.call("mcp__web__echo", {"text": "x"})
+    held = connection("web")
+    assert held is not None and held.session is not None
+    before = deletes(web)
+    await mcp.close_idle(held.last_used + mcp.MCP_IDLE_SECONDS - 1)
+    assert connection("web") is held
+    await mcp.close_idle(held.last_used + mcp.MCP_IDLE_SECONDS)
+    assert connection("web") is None
+    assert held.closed
+    assert deletes(web) == before + 1
+
+
+async def test_an_edited_server_gets_a_new_connection(servers):
+    await mcp.call("mcp__web__echo", {"text": "x"})
+    old = connection("web")
+    await McpServer.objects.filter(name="web").aupdate(timeout=TIMEOUT + 1)
+    await mcp.call("mcp__web__echo", {"text": "x"})
+    assert connection("web") is not old
+    assert old.closed
+
+
+async def test_stop_cancels_a_call_and_the_connection_stays_usable(servers):
+    await mcp.call("mcp__local__echo", {"text": "warm"})
+    held = connection("local")
+    task = asyncio.create_task(mcp.call("mcp__local__hang", {}))
+    for _ in range(200):
+        if held.busy:
+            break
+        await asyncio.sleep(0.02)
+    assert held.busy == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert held.busy == 0
+    assert (await mcp.call("mcp__local__echo", {"text": "after"})).result == "echo: after"
+    assert connection("local") is held
+
+
+async def test_a_server_that_does_not_start_is_a_problem_and_its_calls_errors():
+    await McpServer.objects.acreate(name="nothing", transport="stdio", command="/nonexistent/mcp")
+    await McpServer.objects.acreate(
+        name="quits",
+        transport="stdio",
+        command=sys.executable,
+        args=[str(SERVERS / "bare.py"), "exit"],
+        timeout=10,
+    )
+    found, problems = await mcp.specs()
+    assert found == []
+    assert problems[0].startswith("server nothing: not reachable (")
+    assert "No such file" in problems[0]
+    assert problems[1].startswith("server quits: not reachable (")
+    assert "bare: cannot start, no configuration" in problems[1]
+    result = await mcp.call("mcp__nothing__echo", {})
+    assert result.is_error
+    assert result.result.startswith("there is no MCP tool mcp__nothing__echo now")
+
+
+async def test_garbage_on_stdout_is_a_problem_saying_so():
+    await McpServer.objects.acreate(
+        name="garbage",
+        transport="stdio",
+        command=sys.executable,
+        args=[str(SERVERS / "bare.py"), "garbage"],
+        timeout=2,
+    )
+    found, problems = await mcp.specs()
+    assert found == []
+    assert problems[0].startswith("server garbage: not reachable (no answer within 2 s; ")
+    assert "not MCP" in problems[0]
+
+
+async def test_a_listing_with_a_schema_no_provider_takes_is_a_problem():
+    """The SDK refuses the whole listing (tools/list results are validated), and the
+    problem says where."""
+    await McpServer.objects.acreate(
+        name="odd",
+        transport="stdio",
+        command=sys.executable,
+        args=[str(SERVERS / "bare.py"), "broken"],
+    )
+    found, problems = await mcp.specs()
+    assert found == []
+    assert problems[0].startswith(
+        "server odd: listing its tools failed (its answer is not valid MCP "
+        "(tools.1.inputSchema.properties.x"
+    )
+
+
+async def test_a_server_that_is_down_is_a_problem_naming_it():
+    await McpServer.objects.acreate(name="down", transport="http", url="http://127.0.0.1:9/mcp")
+    found, problems = await mcp.specs()
+    assert found == []
+    assert problems[0].startswith("server down: not reachable (")
+
+
+async def test_run_tool_routes_mcp_names_and_asks_approval(servers, tmp_path):
+    assert needs_approval("mcp__web__echo")
+    result = await run_tool("mcp__web__echo", {"text": "routed"}, tmp_path)
+    assert result.result == "echo: routed"
+    bad = await run_tool("mcp__web__echo", ["not", "an", "object"], tmp_path)
+    assert bad.is_error
+
+
+async def test_undecryptable_secrets_are_a_problem():
+    await McpServer.objects.acreate(
+        name="stale", transport="http", url="http://127.0.0.1:9/mcp", env_encrypted="garbage"
+    )
+    _, problems = await mcp.specs()
+    assert problems == [
+        "server stale: not reachable (its env or headers cannot be decrypted "
+        "(SECRET_KEY changed): save them again)"
+    ]
+
+
+# --- The sandbox ---------------------------------------------------------------------------
+
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+
+
+@pytest.fixture
+def sandboxed(settings, monkeypatch):
+    settings.DISPATCH_SHELL_UNSANDBOXED = False
+    workspace = Path(settings.DISPATCH_WORKSPACE)
+    workspace.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SERVERS / "bare.py", workspace / "bare.py")
+    monkeypatch.setenv("DISPATCH_TEST_SECRET", "leaked")
+    return workspace
+
+
+@pytest.mark.skipif(
+    not sandbox.check(sandbox.policy_from(settings)).available or not SYSTEM_PYTHON,
+    reason="needs bubblewrap and the system's python3 (the sandbox's tests say why not)",
+)
+async def test_a_stdio_server_runs_in_the_shells_sandbox(sandboxed):
+    row = McpServer(name="boxed", transport="stdio", command=SYSTEM_PYTHON, args=["bare.py"])
+    row.set_env(
+        {"MCP_TEST_TOKEN": "tok", "DISPATCH_TEST_DATA_DIR": str(settings.DATA_DIR / "secret_key")}
+    )
+    await row.asave()
+    found, problems = await mcp.specs()
+    assert ([spec.name for spec in found], problems) == (["mcp__boxed__where"], [])
+    result = await mcp.call("mcp__boxed__where", {})
+    seen = json.loads(result.result)
+    assert seen["cwd"] == str(sandboxed.resolve())
+    assert seen["token"] == "tok"
+    assert seen["secret"] == ""
+    assert seen["data_dir_visible"] is False
+    assert seen["workspace_writable"] == "yes"
+    assert (sandboxed / "written-by-mcp.txt").read_text() == "ok"
+
+
+async def test_without_bubblewrap_stdio_servers_are_refused(sandboxed, monkeypatch):
+    monkeypatch.setattr(sandbox, "BWRAP", "no-such-bwrap")
+    await McpServer.objects.acreate(name="unboxed", transport="stdio", command="/bin/true")
+    _, problems = await mcp.specs()
+    assert problems[0].startswith(
+        "server unboxed: not reachable (not started, since stdio servers run in the shell's "
+        "sandbox: The shell tool is unavailable: bubblewrap ('no-such-bwrap') is not installed."
+    )
