@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from itertools import takewhile
 from pathlib import PurePosixPath
@@ -155,6 +155,7 @@ class _Overflow:
 
     error: ProviderError
     tries: int
+    model: str  # the fallback's, when the turn had switched to it
 
 
 @dataclass(frozen=True)
@@ -499,6 +500,7 @@ class TurnRunner:
             if isinstance(finish, _Overflow):
                 # Refused as too long for the window: everything before this turn is
                 # summarised and the step asked again, once.
+                model = finish.model
                 if not await self._compact_before_turn(tab, model):
                     await self._give_up(finish.error, model, finish.tries)
                     return
@@ -559,7 +561,7 @@ class TurnRunner:
             except ProviderError as exc:
                 tries += 1
                 if overflow and context.is_overflow(exc) and self.reducer.open is None:
-                    return _Overflow(exc, tries)
+                    return _Overflow(exc, tries, model)
                 decision = retry.decide(
                     exc,
                     attempt,
@@ -780,7 +782,9 @@ class TurnRunner:
                 "before it left to summarise. Stop it, or start a new tab.",
             )
             return False
-        return await self._compact(tab, model, "auto", through, "", tokens_before=self.size.next)
+        return await self._compact(
+            tab, model, "auto", through, "", tokens_before=self.size.next, keep_current=True
+        )
 
     async def _compact(
         self,
@@ -791,12 +795,16 @@ class TurnRunner:
         instructions: str,
         *,
         tokens_before: int = 0,
+        keep_current: bool = False,
     ) -> bool:
         """Summarise the log through `through` (None: as planned for an automatic
         compaction, or everything for a manual one) and append the compaction chunk
         the builder starts from. The summary request is the live request plus one
-        user message: a cache read of the whole conversation. A failure leaves the
-        log as it was, with a notice saying why; True when compacted."""
+        user message: a cache read of the whole conversation. With `keep_current` (a
+        turn too big for the window) the live request would not fit either, so it is the
+        log through `through` (the previous turn's last request and answer, cached too)
+        plus the message. A failure leaves the log as it was, with a notice saying why;
+        True when compacted."""
         chunks = await database_sync_to_async(log.context_tail)(self.tab_id)
         win = self._window(model)
         if through is None and trigger == "auto":
@@ -813,12 +821,17 @@ class TurnRunner:
                 else "Nothing to compact yet.",
             )
             return False
+        if keep_current:
+            history = History.build([c for c in chunks if c.seq is not None and c.seq <= through])
+            question = context.ask(instructions)
+        else:
+            history = self.history
+            question = context.ask(instructions, context.kept_from(chunks, through))
         request = Request(
             system=tab.system_prompt,
             tools=tools.tab_specs(tab),
-            messages=self.history.with_ask(
-                context.ask(instructions, context.kept_from(chunks, through))
-            ),
+            messages=history.with_ask(question),
+            blobs=blobs.READER,
         )
         self.status.state = COMPACTING
         await self._status()
@@ -883,6 +896,11 @@ class TurnRunner:
                 text, finish, called = await self._summary_stream(request, model)
             except ProviderError as exc:
                 why = explain(exc, model=model, attempts=attempt + 1).summary or exc.message
+                if context.is_overflow(exc) and request.max_tokens is None:
+                    # Some models refuse input + max_tokens past the window: a summary
+                    # needs far less room than an answer (the cache ignores max_tokens).
+                    request = replace(request, max_tokens=context.SUMMARY_MAX_TOKENS)
+                    continue
                 if not exc.retryable:
                     break
                 decision = retry.decide(
@@ -1044,6 +1062,11 @@ class TurnRunner:
     async def _finish_cancel(self) -> None:
         if self.lease_lost:
             return  # the recovery that took the lease already closed this turn
+        if not self._took_queued:
+            # Stopped before the turn took its messages (while it compacted): they are
+            # what was stopped, so they go into the log before the notice, not on to
+            # start the next turn.
+            await self._take_queued()
         # The running call's open result (live shell output) is the first
         # pending call: answering it seals that block with its output kept.
         if self.stopping:

@@ -24,6 +24,8 @@ from datetime import datetime
 from typing import Any
 
 from chat.providers.base import (
+    DocumentPart,
+    ImagePart,
     Message,
     ProviderError,
     TextPart,
@@ -58,8 +60,15 @@ ELIDE_KEEP_TURNS = 2
 # (and the context is above COMPACT_TO): below that, the model loses more than
 # the request saves.
 ELIDE_MIN_TOTAL = 20_000
+# The output limit of a summary request asked again after a refusal for the window
+# (some models count input + max_tokens against it): room for a long summary.
+SUMMARY_MAX_TOKENS = 16_000
 # The rough rule for text: a token is about four characters (English and code).
 CHARS_PER_TOKEN = 4
+# Anthropic's rule for an image (width x height / 750 tokens), and about what a PDF
+# page costs (its text and its picture): attachments weigh in the estimates.
+IMAGE_PIXELS_PER_TOKEN = 750
+PDF_PAGE_TOKENS = 2_000
 # The window assumed for a model the registry does not know, per provider:
 # every Claude model has at least 200k; OpenAI-compatible servers vary, and
 # 128k is what the common ones offer. Said so on the meter.
@@ -185,6 +194,10 @@ def cache_cold(size: Size, now: datetime) -> bool:
 # Providers word a request over the window differently; each wording is a 400.
 _OVERFLOW_WORDS = (
     "prompt is too long",  # Anthropic
+    "exceed context limit",  # Anthropic: "input length and `max_tokens` exceed context limit"
+    "exceed your context limit",
+    "input is too long",
+    "input length exceeds",
     "context_length_exceeded",  # OpenAI's code
     "maximum context length",  # OpenAI's message
     "context window",
@@ -213,7 +226,36 @@ def part_chars(part: Any) -> int:
             return len(name) + len(json.dumps(arguments, ensure_ascii=False))
         case ToolResultPart(result=result):
             return len(result)
+        case ImagePart(width=width, height=height):
+            return _image_chars(width, height)
+        case DocumentPart(pages=pages):
+            return _pdf_chars(pages)
     return 0
+
+
+def _image_chars(width: Any, height: Any) -> int:
+    if not isinstance(width, int) or not isinstance(height, int):
+        return 0
+    return max(width * height, 0) // IMAGE_PIXELS_PER_TOKEN * CHARS_PER_TOKEN
+
+
+def _pdf_chars(pages: Any) -> int:
+    return max(pages, 1) * PDF_PAGE_TOKENS * CHARS_PER_TOKEN if isinstance(pages, int) else 0
+
+
+def _attachment_chars(attachments: Any) -> int:
+    """What a chunk's files add to a request (chat.blobs references)."""
+    if not isinstance(attachments, list):
+        return 0
+    total = 0
+    for ref in attachments:
+        if not isinstance(ref, dict):
+            continue
+        if str(ref.get("mime", "")).startswith("image/"):
+            total += _image_chars(ref.get("width"), ref.get("height"))
+        else:
+            total += _pdf_chars(ref.get("pages", 1))
+    return total
 
 
 def estimate(system: str, tools: Iterable[ToolSpec], messages: Iterable[Message]) -> int:
@@ -233,13 +275,14 @@ def chunk_chars(chunk: ChunkLike) -> int:
     data = chunk.data
     match chunk.type:
         case Kind.TEXT:
-            return len(data.get("text") or "")
+            return len(data.get("text") or "") + _attachment_chars(data.get("attachments"))
         case Kind.THINKING:
             return len(data.get("text") or "")
         case Kind.TOOL_CALL:
             return len(json.dumps(data.get("arguments") or {}, ensure_ascii=False)) + 20
         case Kind.TOOL_RESULT:
-            return len(str(data.get("result") or "")) + len(str(data.get("shell_output") or ""))
+            text = len(str(data.get("result") or "")) + len(str(data.get("shell_output") or ""))
+            return text + _attachment_chars(data.get("attachments"))
     return 0
 
 

@@ -190,9 +190,15 @@ async def test_a_turn_that_overflows_keeps_itself_verbatim(
     requests = fake_server.requests
     asked_at = 3 if trigger == "refused" else 2
     assert len(requests) == asked_at + 2
+    # The live request does not fit: the summary request is the log before the turn
+    # (the first turn's request, its answer, the question), smaller than what was refused.
     summary = body(fake_server, asked_at)
-    assert_same_prefix(requests[2].body, requests[asked_at].body, blocks=6)
-    assert 'begins "Read notes.txt"' in summary.blocks[-1]["text"]
+    assert_same_prefix(requests[0].body, requests[asked_at].body, blocks=1)
+    assert summary.blocks[1:] == [
+        {"type": "text", "text": "Hi."},
+        {"type": "text", "text": context.ask()},
+    ]
+    assert b"Read notes.txt" not in requests[asked_at].body
     retried = body(fake_server, asked_at + 1)
     assert retried.blocks == [
         {"type": "text", "text": context.summary_message(SUMMARY)},
@@ -443,3 +449,53 @@ async def test_the_event_stream_does_not_end_a_turn_that_is_compacting():
         for state in ("running", "compacting", "running", "idle")
     ]
     assert ["turn-done" in e for e in events] == [False, False, False, True]
+
+
+async def test_a_summary_refused_for_the_window_is_asked_again_with_less_room_to_answer(
+    fake_server, monkeypatch, workspace
+):
+    """Some models count input + max_tokens against the window: the summary is asked
+    again, the same messages with a small output limit."""
+    use_anthropic(monkeypatch, fake_server)
+    async with running_worker():
+        tab = await make_tab(MODEL)
+        await first_turn(fake_server, tab)
+        fake_server.add(
+            Reply.error(
+                400,
+                "invalid_request_error",
+                "input length and `max_tokens` exceed context limit: 180000 + 64000 > 200000",
+            ),
+            reply(text(SUMMARY)),
+        )
+        await compact(tab)
+    first, second = fake_server.requests[2].json, fake_server.requests[3].json
+    assert first["max_tokens"] == 64_000
+    assert second["max_tokens"] == context.SUMMARY_MAX_TOKENS
+    assert first["messages"] == second["messages"] and first["thinking"] == second["thinking"]
+    assert kinds(await chunks(tab.pk))[-1] == "system/compaction"
+
+
+async def test_stop_while_compacting_at_a_turn_start_stops_that_turn(
+    fake_server, monkeypatch, workspace
+):
+    """The message that started the turn goes into the log before the cancelled notice;
+    it does not start another turn (which would compact and answer after a Stop)."""
+    use_anthropic(monkeypatch, fake_server)
+    async with running_worker():
+        tab = await make_tab(MODEL)
+        await first_turn(fake_server, tab, usage=NEAR_FULL)
+        fake_server.add(reply(text("Half a summ", stop=False), stop=None, then=[STALL]))
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "Next question")
+            await watcher.until(
+                lambda m: m["op"] == "status" and m["status"]["state"] == "compacting"
+            )
+            await database_sync_to_async(turns.cancel)(tab.pk)
+            await watcher.until_idle()
+        await settled(tab.pk)
+    rows = await chunks(tab.pk)
+    assert kinds(rows)[5:] == ["user/text", "system/system"]
+    assert rows[5].data["text"] == "Next question" and rows[6].data["kind"] == "cancelled"
+    assert len(fake_server.requests) == 3
+    assert not await QueuedMessage.objects.filter(tab_id=tab.pk).aexists()

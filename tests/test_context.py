@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from chat import context
+from chat.providers.base import DocumentPart, ImagePart, ProviderError, TextPart, ToolSpec
 from chat.providers.base import Message as Msg
-from chat.providers.base import ProviderError, TextPart, ToolSpec
 from chat.stream import Block
 
 T1, T2, T3, T4 = (uuid.UUID(int=n) for n in range(1, 5))
@@ -158,6 +158,12 @@ def test_cache_cold(at, cold):
         (400, "context_length_exceeded", "This model's maximum context length is 128000", True),
         (400, None, "Please reduce the length: maximum context length is 8192 tokens", True),
         (413, None, "request exceeds the context window", True),
+        (
+            400,
+            "invalid_request_error",
+            "input length and `max_tokens` exceed context limit: 170000 + 32000 > 200000",
+            True,
+        ),
         (400, "invalid_request_error", "messages: roles must alternate", False),
         (429, "rate_limit_error", "too many tokens per minute", False),
         (500, None, "prompt is too long", False),
@@ -284,3 +290,21 @@ def test_estimate_counts_every_part_of_the_request():
     bare = context.estimate("", (), messages)
     assert bare == 100
     assert context.estimate("s" * 40, tools, messages) > bare + 10
+
+
+def test_attachments_weigh_in_the_estimates():
+    photo = {
+        "sha256": "a" * 64,
+        "name": "p.png",
+        "mime": "image/png",
+        "width": 1500,
+        "height": 1000,
+    }
+    pdf = {"sha256": "b" * 64, "name": "d.pdf", "mime": "application/pdf", "pages": 10}
+    message = chunk(1, T1, "user", "text", text="look", attachments=[photo, pdf, "junk", {}])
+    # 1500 x 1000 / 750 = 2000 tokens; 10 pages x 2000 tokens; 4 characters a token.
+    assert context.chunk_chars(message) == 4 + (2_000 + 20_000) * 4 + 2_000 * 4
+    image = ImagePart("a" * 64, "p.png", "image/png", 1500, 1000, "uploads/p.png")
+    document = DocumentPart("b" * 64, "d.pdf", "application/pdf", 10, 10, "uploads/d.pdf")
+    messages = [Msg("user", (image, document))]
+    assert context.estimate("", (), messages) == 22_000

@@ -58,7 +58,7 @@ from chat.providers.common import (
     parse_arguments,
     read_body,
 )
-from chat.providers.registry import STREAM_IDLE_TIMEOUT, ModelInfo
+from chat.providers.registry import MIN_THINKING_BUDGET, STREAM_IDLE_TIMEOUT, ModelInfo
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def build_params(request: Request, model: ModelInfo) -> dict[str, Any]:
     mark_breakpoints(tools, system, messages)
     params: dict[str, Any] = {
         "model": model.name,
-        "max_tokens": model.max_output,
+        "max_tokens": _max_tokens(request, model),
         "messages": messages,
     }
     if system:
@@ -248,6 +248,15 @@ def build_params(request: Request, model: ModelInfo) -> dict[str, Any]:
     elif model.thinking == "adaptive":
         params["thinking"] = {"type": "adaptive"}
     return params
+
+
+def _max_tokens(request: Request, model: ModelInfo) -> int:
+    """The model's output limit, or the request's lower one; never at or below a
+    manual thinking budget, which the API wants below it (without interleaving)."""
+    if request.max_tokens is None:
+        return model.max_output
+    floor = model.thinking_budget + MIN_THINKING_BUDGET if model.thinking == "manual" else 1
+    return min(model.max_output, max(request.max_tokens, floor))
 
 
 def _tool(spec: Any) -> dict[str, Any]:

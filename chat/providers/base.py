@@ -223,6 +223,8 @@ class Request:
     # Where the bytes of the messages' images and documents are read (None: nowhere,
     # each is sent as a line saying it is not available).
     blobs: BlobReader | None = None
+    # An output limit below the model's (None: the model's own).
+    max_tokens: int | None = None
 
 
 # --- Errors ------------------------------------------------------------------
