@@ -27,10 +27,10 @@ from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 
-from chat import blobs, context, lease, log, preferences, retry, tools
+from chat import blobs, context, lease, log, preferences, retry, rules, tools
 from chat import usage as chat_usage
 from chat.history import History
-from chat.models import QueuedMessage, Tab, UsageRecord
+from chat.models import PermissionRule, QueuedMessage, Tab, UsageRecord
 from chat.pacing import Coalescer, Debouncer, check_silence
 from chat.providers import aget_provider
 from chat.providers.base import (
@@ -250,6 +250,11 @@ class TurnRunner:
         self.cancelled = asyncio.Event()
         self._producer: asyncio.Task | None = None
         self._approvals: dict[str, asyncio.Future[bool]] = {}
+        # What "always allow" did with an approval, by call id (chat.views.tab_approve).
+        self._approval_rules: dict[str, dict[str, Any]] = {}
+        # The permission rules of this turn (the tab's, then its owner's): read at its
+        # first tool call, again after "always allow" added one.
+        self._rules: list[rules.Rule] | None = None
         self._thinking_since: float | None = None
         # Arguments of this turn's calls, by call id, for running them.
         self._args: dict[str, dict[str, Any]] = {}
@@ -301,10 +306,12 @@ class TurnRunner:
             if not future.done():
                 future.set_exception(TurnCancelled())
 
-    def approve(self, call_id: str, approved: bool) -> bool:
+    def approve(self, call_id: str, approved: bool, rule: dict[str, Any] | None = None) -> bool:
         future = self._approvals.get(call_id)
         if future is None or future.done():
             return False
+        if rule is not None:
+            self._approval_rules[call_id] = rule
         future.set_result(approved)
         return True
 
@@ -415,6 +422,7 @@ class TurnRunner:
         self._crash_logged = False
         self._took_queued = False
         self._overflow_tried = False
+        self._rules = None
         self.cancelled.clear()
         # Auto-approval was asked for the message that started the first turn only.
         self.auto_approve = False
@@ -955,11 +963,31 @@ class TurnRunner:
     # --- tools ---------------------------------------------------------------
 
     async def _run_tools(self, config: TurnConfig) -> None:
+        if self._rules is None:
+            await self._load_rules()
         for call_id, name in list(self.reducer.pending_calls):
             self._check_cancel()
             call = self._args.get(call_id, {})
-            if config.approve_tools and not self.auto_approve and tools.needs_approval(name):
+            decision = rules.decide(self._rules, name, call)
+            if decision is not None:
+                await self._audit(call_id, decision)
+                if decision.action == rules.DENY:
+                    await self._apply(
+                        self.reducer.feed(
+                            ToolResultEvent(call_id, name, f"{decision.text}.", is_error=True)
+                        )
+                    )
+                    continue
+            if (decision is not None and decision.action == rules.ASK) or (
+                decision is None
+                and config.approve_tools
+                and not self.auto_approve
+                and tools.needs_approval(name)
+            ):
                 approved = await self._wait_for_approval(call_id, name, call)
+                if added := self._approval_rules.pop(call_id, None):
+                    await self._system("rule", added["text"], call_id=call_id, **added["rule"])
+                    await self._load_rules()
                 if not approved:
                     await self._apply(
                         self.reducer.feed(
@@ -968,6 +996,31 @@ class TurnRunner:
                     )
                     continue
             await self._run_tool(call_id, name, call)
+
+    async def _load_rules(self) -> None:
+        self._rules, problems = await database_sync_to_async(self._read_rules)()
+        for problem in problems:
+            logger.warning("tab %s: %s", self.tab_id, problem)
+            await self._system("rule", problem)
+
+    def _read_rules(self) -> tuple[list[rules.Rule], list[str]]:
+        tab_rules, owner_id = Tab.objects.values_list("rules", "owner_id").get(pk=self.tab_id)
+        own, problems = rules.parse_all(tab_rules or [], source=rules.TAB)
+        rows = PermissionRule.objects.filter(user_id=owner_id).values("action", "pattern")
+        users, more = rules.parse_all(rows, source=rules.USER)
+        return own + users, problems + more
+
+    async def _audit(self, call_id: str, decision: rules.Decision) -> None:
+        """A rule decided a call: the log says which (the audit trail)."""
+        rule = decision.rule
+        await self._system(
+            "rule",
+            decision.text,
+            call_id=call_id,
+            action=decision.action,
+            pattern=rule.pattern,
+            source=rule.source,
+        )
 
     async def _run_tool(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
         if tools.streams_output(name):

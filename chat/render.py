@@ -52,7 +52,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from chat import context
+from chat import context, rules
 from chat.stream import Block, Kind, Role
 from chat.tools import sandbox, shell
 from chat.usage import Totals, format_usd
@@ -98,6 +98,7 @@ SYSTEM_LABELS = {
     "interrupted": "Interrupted",
     "forked": "Branch",
     "step-limit": "Step limit",
+    "rule": "Rule",
     context.ELIDE: "Context trimmed",
 }
 # The system notices that end a turn early: with an error chunk, what Continue
@@ -813,6 +814,12 @@ class Item:
         return self.data.get("arguments") or {}
 
     @property
+    def always_rule(self) -> str | None:
+        """The rule the approval buttons' "always allow" adds (chat.rules.natural)."""
+        args = self.arguments
+        return rules.natural(self.name, args) if isinstance(args, dict) else None
+
+    @property
     def command(self) -> str:
         """A shell command to show as a terminal line, if the call is one."""
         args = self.arguments
@@ -963,6 +970,11 @@ class Item:
     @property
     def kind_label(self) -> str:
         return SYSTEM_LABELS.get(self.kind, self.kind.replace("-", " ").capitalize())
+
+    @property
+    def rule_text(self) -> SafeString:
+        """A rule's decision (chat.rules.Decision.text): its `patterns` as code."""
+        return code_spans(str(self.data.get("text") or ""))
 
     # Compactions (chat.context) ----------------------------------------------------------
 
@@ -1513,6 +1525,7 @@ def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, An
             "name": call.name,
             "key": call.approve,
             "summary": call.command or call.args_summary,
+            "rule": call.always_rule,
         }
     label = STATE_LABELS.get(state, state.capitalize())
     if status.get("stale"):

@@ -178,11 +178,15 @@ def notice(tab_id: uuid.UUID, kind: str, text: str) -> None:
     bus.publish(tab_id, {"op": "seal", "block": block.to_dict()})
 
 
-def approve(tab_id: uuid.UUID, call_id: str, approved: bool) -> None:
-    """Answer the approval the running turn waits for on `call_id`."""
+def approve(
+    tab_id: uuid.UUID, call_id: str, approved: bool, *, rule: dict[str, Any] | None = None
+) -> None:
+    """Answer the approval the running turn waits for on `call_id`; `rule` is what
+    "always allow" did ({text, rule: {action, pattern, source, added}}), for its log."""
+    message = {"type": "turn.approve", "tab_id": str(tab_id), "call_id": call_id}
     bus.group_send(
         bus.control_group(tab_id),
-        {"type": "turn.approve", "tab_id": str(tab_id), "call_id": call_id, "approved": approved},
+        {**message, "approved": approved, **({"rule": rule} if rule else {})},
     )
 
 

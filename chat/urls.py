@@ -13,6 +13,8 @@ urlpatterns = [
     path("settings/keys/<str:provider>/delete/", views.apikey_delete, name="apikey_delete"),
     path("account/tokens/", views.api_tokens_view, name="api_tokens"),
     path("account/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
+    path("account/rules/", views.rules_view, name="permission_rules"),
+    path("account/rules/<int:rule_id>/delete/", views.rule_delete, name="rule_delete"),
     path(
         "settings/endpoints/<str:provider>/delete/",
         views.endpoint_delete,
@@ -29,6 +31,7 @@ urlpatterns = [
     path("t/<uuid:tab_id>/send/", views.tab_send, name="tab_send"),
     path("t/<uuid:tab_id>/stop/", views.tab_stop, name="tab_stop"),
     path("t/<uuid:tab_id>/approve/", views.tab_approve, name="tab_approve"),
+    path("t/<uuid:tab_id>/rules/delete/", views.tab_rule_delete, name="tab_rule_delete"),
     path("t/<uuid:tab_id>/branch/", views.tab_branch, name="tab_branch"),
     path("t/<uuid:tab_id>/edit/", views.tab_edit, name="tab_edit"),
     path("t/<uuid:tab_id>/regenerate/", views.tab_regenerate, name="tab_regenerate"),

@@ -37,7 +37,7 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from chat import blobs, cuts, lease, log, preferences, resume, search, transfer, turns, usage
+from chat import blobs, cuts, lease, log, preferences, resume, rules, search, transfer, turns, usage
 from chat import render as chat_render
 from chat.forms import (
     MAX_MESSAGE_CHARS,
@@ -61,6 +61,7 @@ from chat.models import (
     Attachment,
     Blob,
     Chunk,
+    PermissionRule,
     ProviderEndpoint,
     RunningTurn,
     Setting,
@@ -83,6 +84,8 @@ MAX_BRANCHES_LISTED = 100
 # A tool output's plain-text view goes out in pieces of this many characters: an
 # imported log may hold a huge one, which is then never encoded whole at once.
 OUTPUT_PIECE_CHARS = 64 * 1024
+# The approval form's answers: each names the call it answers.
+APPROVAL_ANSWERS = ("approve", "deny", "always_tab", "always_user")
 
 
 def _get_tab_for_user(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
@@ -559,15 +562,106 @@ def tab_stop(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 @login_required
 @require_POST
 def tab_approve(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
-    """Answer a pending approval: the button says approve=<call_id> or deny=<call_id>."""
+    """Answer a pending approval: the button says approve=<call_id> or deny=<call_id>, or
+    always_tab / always_user=<call_id>: approve it and add the call's rule
+    (chat.rules.natural) to this tab or to all the user's tabs."""
     tab = _get_tab_for_user(request, tab_id)
-    approve, deny = request.POST.get("approve"), request.POST.get("deny")
-    if bool(approve) == bool(deny):
-        return HttpResponseBadRequest("Send either approve=<call id> or deny=<call id>.")
-    turns.approve(tab.id, approve or deny, bool(approve))
+    given = [(key, request.POST[key]) for key in APPROVAL_ANSWERS if request.POST.get(key)]
+    if len(given) != 1:
+        return HttpResponseBadRequest(
+            "Send one of approve, deny, always_tab or always_user = <call id>."
+        )
+    answer, call_id = given[0]
+    rule = None
+    if answer in ("always_tab", "always_user"):
+        source = rules.TAB if answer == "always_tab" else rules.USER
+        try:
+            rule = _always_allow(request, tab, call_id, source)
+        except rules.RuleError as exc:
+            # Plain text: the message may quote the call id the request sent.
+            return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+    turns.approve(tab.id, call_id, answer != "deny", rule=rule)
     if not getattr(request, "htmx", False):
         return redirect("tab", tab_id=tab.id)
     return HttpResponse(status=204)
+
+
+def _always_allow(request: HttpRequest, tab: Tab, call_id: str, source: str) -> dict[str, Any]:
+    """Add the call's own rule for this tab or the user, unless a rule already allows the
+    call or an ask or deny rule would still win over it. Returns what the runner logs."""
+    call = (
+        Chunk.objects.filter(tab=tab, type=Kind.TOOL_CALL, data__call_id=call_id)
+        .order_by("-seq")
+        .first()
+    )
+    if call is None:
+        raise rules.RuleError(f"There is no call {call_id!r} in this tab.")
+    name, arguments = str(call.data.get("name") or ""), call.data.get("arguments") or {}
+    pattern = rules.natural(name, arguments) if isinstance(arguments, dict) else None
+    if pattern is None:
+        raise rules.RuleError(
+            "This call has no rule to always allow (a compound command, a wildcard or a path "
+            "outside the workspace): approve it once, or add a rule in Permission rules."
+        )
+    new = rules.parse(rules.ALLOW, pattern, source=source)
+    where = "this tab" if source == rules.TAB else "all your tabs"
+    note: dict[str, Any] = {"action": rules.ALLOW, "pattern": pattern, "source": source}
+    with transaction.atomic():
+        locked = Tab.objects.select_for_update().get(pk=tab.pk)
+        before = rules.decide(_rules_of(locked), name, arguments)
+        if before is not None and before.action == rules.ALLOW:
+            text = f"Approved; no rule added: {before.text} already allows this call"
+        elif before is not None:
+            text = f"Approved once; no rule added: {before.text} would still decide first"
+        else:
+            if source == rules.TAB:
+                entry = {"action": rules.ALLOW, "pattern": new.pattern}
+                Tab.objects.filter(pk=tab.pk).update(rules=[*locked.rules, entry])
+            else:
+                PermissionRule.objects.create(
+                    user=request.user, action=rules.ALLOW, pattern=new.pattern
+                )
+            text = f"Rule added for {where}: allow `{pattern}`"
+            note["added"] = True
+    return {"text": text, "rule": note}
+
+
+@login_required
+@require_POST
+@tab_gone_is_404
+def tab_rule_delete(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+    """Remove one of the tab's own rules (the tab menu), named by its action and pattern."""
+    tab = _get_tab_for_user(request, tab_id)
+    action, pattern = request.POST.get("action", ""), request.POST.get("pattern", "")
+    with transaction.atomic():
+        locked = Tab.objects.select_for_update().get(pk=tab.pk)
+        kept = list(locked.rules or [])
+        index = next(
+            (
+                i
+                for i, entry in enumerate(kept)
+                if isinstance(entry, dict)
+                and entry.get("action") == action
+                and entry.get("pattern") == pattern
+            ),
+            None,
+        )
+        if index is not None:
+            del kept[index]
+            Tab.objects.filter(pk=tab.pk).update(rules=kept)
+    if index is None:
+        messages.error(request, f"This tab has no rule {action} `{pattern}` (already removed?).")
+    else:
+        messages.success(request, f"Removed this tab's rule {action} `{pattern}`.")
+    return redirect("tab", tab_id=tab.id)
+
+
+def _rules_of(tab: Tab) -> list[rules.Rule]:
+    """The rules that decide the tab's calls, in order: its own, then its owner's."""
+    own, _ = rules.parse_all(tab.rules or [], source=rules.TAB)
+    rows = PermissionRule.objects.filter(user_id=tab.owner_id).values("action", "pattern")
+    users, _ = rules.parse_all(rows, source=rules.USER)
+    return own + users
 
 
 # --- Branches and continue (DESIGN §11) -----------------------------------------------------
@@ -961,6 +1055,59 @@ def apikey_delete(request: HttpRequest, provider: str) -> HttpResponse:
     else:
         messages.error(request, f"There is no stored {provider} key.")
     return redirect(reverse("settings"))
+
+
+# --- Permission rules ---------------------------------------------------------------------
+# Every signed-in user's own page, like API tokens: a user's rules decide their own tabs' calls.
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rules_view(request: HttpRequest) -> HttpResponse:
+    """List the user's permission rules, and add one (a bad pattern is refused, saying why)."""
+    if request.method != "POST":
+        return _rules_page(request)
+    action, pattern = request.POST.get("action", ""), request.POST.get("pattern", "")
+    try:
+        rule = rules.parse(action, pattern)
+    except rules.RuleError as exc:
+        return _rules_page(request, error=str(exc), action=action, pattern=pattern, status=422)
+    PermissionRule.objects.create(user=request.user, action=rule.action, pattern=rule.pattern)
+    messages.success(request, f"Added the rule {rule.action} `{rule.pattern}`.")
+    return redirect(reverse("permission_rules"))
+
+
+@login_required
+@require_POST
+def rule_delete(request: HttpRequest, rule_id: int) -> HttpResponse:
+    rule = PermissionRule.objects.filter(pk=rule_id, user=request.user).first()
+    if rule is None:
+        # Another user's rule looks exactly like one that never existed.
+        error = "There is no such rule of yours; it may already have been removed."
+        return _rules_page(request, error=error, status=404)
+    rule.delete()
+    messages.success(request, f"Removed the rule {rule.action} `{rule.pattern}`.")
+    return redirect(reverse("permission_rules"))
+
+
+def _rules_page(
+    request: HttpRequest,
+    *,
+    error: str = "",
+    action: str = rules.ALLOW,
+    pattern: str = "",
+    status: int = 200,
+) -> HttpResponse:
+    context = {
+        "tabs": _sidebar_tabs(request),
+        "rules": PermissionRule.objects.filter(user=request.user),
+        "actions": rules.ACTIONS,
+        "rule_error": error,
+        "action": action,
+        "pattern": pattern,
+        "pattern_max": rules.MAX_PATTERN_CHARS,
+    }
+    return render(request, "chat/rules.html", context, status=status)
 
 
 # --- API tokens ---------------------------------------------------------------------------

@@ -141,7 +141,7 @@ class TurnWorker(AsyncConsumer):
 
     async def turn_approve(self, message: dict[str, Any]) -> None:
         if runner := self._runner(message):
-            runner.approve(message["call_id"], bool(message["approved"]))
+            runner.approve(message["call_id"], bool(message["approved"]), message.get("rule"))
 
     async def turn_snapshot(self, message: dict[str, Any]) -> None:
         runner = self._runner(message)

@@ -496,7 +496,8 @@ def test_it_accepts_the_database_status_with_an_iso_start_time():
 
 
 def test_it_renders_a_pending_approval_in_the_bar_and_the_card():
-    """Waiting: Approve/Deny name the call in the bar and fill the card's approval slot."""
+    """Waiting: Approve/Deny (and "always allow" the call's rule) name the call in the bar
+    and fill the card's approval slot."""
     html = fragment_status(
         {
             "state": "waiting",
@@ -520,7 +521,10 @@ def test_it_renders_a_pending_approval_in_the_bar_and_the_card():
         assert [(b.get("name"), b.get("value"), b.get("form")) for b in buttons] == [
             ("approve", "c7", "approve-form"),
             ("deny", "c7", "approve-form"),
+            ("always_tab", "c7", "approve-form"),
+            ("always_user", "c7", "approve-form"),
         ]
+        assert "Always allow shell(make test) in" in holder.text
 
 
 def test_it_renders_a_stopping_status_with_a_disabled_button():

@@ -487,7 +487,8 @@ def test_it_shows_queued_messages(client_alice, tab):
 
 
 def test_it_shows_approval_buttons_while_a_turn_waits(client_alice, tab):
-    """A page rendered while the turn waits for approval has Approve/Deny on the call."""
+    """A page rendered while the turn waits for approval has Approve/Deny on the call, and
+    "always allow" its rule in this tab or all the user's tabs."""
     turn = uuid.uuid4()
     call = block(
         "tool_call",
@@ -501,7 +502,12 @@ def test_it_shows_approval_buttons_while_a_turn_waits(client_alice, tab):
     tree = parse(page(client_alice.get(reverse("tab", args=[tab.id]))))
     card = tree.by_id(f"chunk-{call.id}")
     buttons = card.find_all(lambda n: n.tag == "button")
-    assert [(b.get("name"), b.get("value")) for b in buttons] == [("approve", "c1"), ("deny", "c1")]
+    assert [(b.get("name"), b.get("value")) for b in buttons] == [
+        ("approve", "c1"),
+        ("deny", "c1"),
+        ("always_tab", "c1"),
+        ("always_user", "c1"),
+    ]
     assert "hidden" not in tree.by_id("approval").attrs
     assert tree.by_id("status").get("data-state") == "waiting"
     assert tree.by_id("composer-actions").find_all(lambda n: n.get("form") == "stop-form")
