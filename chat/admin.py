@@ -31,12 +31,14 @@ from pygments.lexers import JsonLexer
 
 from chat import log, usage
 from chat import render as chat_render
+from chat.forms import ProfileForm
 from chat.lease import is_stale, turn_usage
 from chat.models import (
     ApiKey,
     ApiToken,
     Chunk,
     ChunkType,
+    Profile,
     ProviderEndpoint,
     RunningTurn,
     Setting,
@@ -456,6 +458,20 @@ class SettingAdmin(admin.ModelAdmin):
 @admin.register(ProviderEndpoint)
 class ProviderEndpointAdmin(admin.ModelAdmin):
     list_display = ["provider", "base_url", "updated_at"]
+
+
+@admin.register(Profile)
+class ProfileAdmin(admin.ModelAdmin):
+    """The Settings page's form, so a profile is checked the same way in both places."""
+
+    form = ProfileForm
+    fields = ["name", "description", "system_prompt", "model", "tools", "rules_text"]
+    list_display = ["name", "description", "model", "updated_at"]
+    search_fields = ["name", "description"]
+
+    def save_related(self, request, form, formsets, change) -> None:
+        super().save_related(request, form, formsets, change)
+        form.save_rules()
 
 
 class UsagePeriodFilter(admin.SimpleListFilter):

@@ -47,6 +47,7 @@ from chat import (
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
 from chat.stream import Kind
+from chat.tools.workdir import BadWorkdir
 
 # A request body is a message or a small command; the largest, a message of
 # forms.MAX_MESSAGE_CHARS characters, is at most ~1.2 MB as JSON even with every
@@ -385,6 +386,8 @@ def _tab_detail(tab: Tab) -> JsonDict:
     status = _status(tab)
     detail["state"] = status["state"]
     detail["system_prompt"] = tab.system_prompt
+    detail["profile"] = tab.profile.name if tab.profile else None
+    detail["workdir"] = tab.workdir
     detail["status"] = status
     detail["branches"] = _branches(tab)
     detail["usage"] = _usage(usage.tab_totals(tab.id))
@@ -459,7 +462,13 @@ def _tab_create(request: HttpRequest) -> HttpResponse:
         raise ApiError(403, "read_only_token", "This token is read-only: it cannot create tabs.")
     data = read_json(
         request,
-        {"title": Field(str), "model": Field(str), "system_prompt": Field(str)},
+        {
+            "title": Field(str),
+            "model": Field(str),
+            "system_prompt": Field(str),
+            "profile": Field(str),
+            "workdir": Field(str),
+        },
     )
     title = data.get("title", "").strip()
     if len(title) > TITLE_MAX_CHARS:
@@ -470,20 +479,30 @@ def _tab_create(request: HttpRequest) -> HttpResponse:
             model = validate_model_id(data["model"])
         except forms.ValidationError as exc:
             raise ApiError(422, "invalid_model", " ".join(exc.messages)) from None
-    prefs = preferences.load()
-    system_prompt = data.get("system_prompt", prefs.new_tab_system_prompt)
-    if len(system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
+    system_prompt = data.get("system_prompt")
+    if system_prompt is not None and len(system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
         raise ApiError(
             422,
             "invalid_value",
             f"A system prompt has at most {MAX_SYSTEM_PROMPT_CHARS} characters.",
         )
-    tab = Tab.objects.create(
-        owner=request.user,
-        title=title,
-        model=model or prefs.new_tab_model,
-        system_prompt=system_prompt,
-    )
+    profile = None
+    if "profile" in data:
+        try:
+            profile = preferences.profile_named(data["profile"])
+        except ValueError as exc:
+            raise ApiError(422, "unknown_profile", str(exc)) from None
+    try:
+        tab = preferences.new_tab(
+            request.user,
+            model,
+            profile=profile,
+            workdir=data.get("workdir", ""),
+            title=title,
+            system_prompt=system_prompt,
+        )
+    except BadWorkdir as exc:
+        raise ApiError(422, "invalid_workdir", str(exc)) from None
     response = JsonResponse(_tab_detail(tab), status=201)
     response["Location"] = reverse("api_tab", args=[tab.id])
     return response

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from typing import Any
 
 from django import forms
 from django.contrib.auth.forms import UserCreationForm
 from django.core.validators import URLValidator
+from django.db import transaction
 
-from chat.models import set_setting
+from chat import rules
+from chat.models import McpServer, PermissionRule, Profile, set_setting
 from chat.preferences import (
     DEFAULT_SYSTEM_PROMPT,
     DOM_WINDOW_MAX,
@@ -18,6 +21,7 @@ from chat.preferences import (
 )
 from chat.providers import default_model, list_models
 from chat.providers.registry import PROVIDERS
+from chat.tools import TOOLS, workdir
 
 OFFLINE_MODEL = "offline/demo"
 OFFLINE_LABEL = "Offline demo model"
@@ -120,6 +124,30 @@ class TabSystemPromptForm(forms.Form):
         widget=forms.Textarea,
         error_messages={"max_length": "A system prompt has at most %(limit_value)s characters."},
     )
+
+
+class NewTabForm(forms.Form):
+    """A new tab's options: a profile, a working directory."""
+
+    profile = forms.ModelChoiceField(
+        queryset=Profile.objects.all(),
+        required=False,
+        empty_label="None: the Settings page's prompt and model, every tool",
+        error_messages={"invalid_choice": "That profile does not exist (any more)."},
+    )
+    workdir = forms.CharField(
+        label="Working directory",
+        required=False,
+        max_length=workdir.MAX_WORKDIR_CHARS,
+        help_text="A folder in the workspace the tab's tools work in (made if missing), "
+        "such as projects/site. Empty: the whole workspace.",
+    )
+
+    def clean_workdir(self) -> str:
+        try:
+            return workdir.check(self.cleaned_data["workdir"])
+        except workdir.BadWorkdir as exc:
+            raise forms.ValidationError(str(exc)) from None
 
 
 class TabModelForm(forms.Form):
@@ -259,3 +287,117 @@ class EndpointForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["provider"].choices = key_providers()
+
+
+# --- Profiles ------------------------------------------------------------------------
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def unknown_tool_patterns(patterns: list[str], servers: list[str]) -> list[str]:
+    """The allow-list patterns that can name no tool: none of the built-ins, and not
+    `mcp__<server>__…` of a configured MCP server (a server's tools are known only
+    once it is asked, at a turn's start)."""
+    builtins = [tool.name for tool in TOOLS]
+    unknown = []
+    for pattern in patterns:
+        if any(fnmatchcase(name, pattern) for name in builtins):
+            continue
+        if pattern.startswith("mcp__"):
+            server = pattern.removeprefix("mcp__").partition("__")[0]
+            if any(fnmatchcase(name, server) for name in servers):
+                continue
+        unknown.append(pattern)
+    return unknown
+
+
+class ProfileForm(forms.ModelForm):
+    """A profile: the Settings page's and the admin's. The allowed tools and the rules
+    are edited as text, one per line; the rules are the profile's PermissionRule rows."""
+
+    tools = forms.CharField(
+        label="Allowed tools",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="One name or pattern a line (list_files, read_file, mcp__github__*). "
+        "Empty: every tool.",
+    )
+    rules_text = forms.CharField(
+        label="Rules",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="One rule a line: allow, ask or deny, then what it matches, such as "
+        "allow shell(git status) or deny write_file(secrets/**).",
+    )
+
+    class Meta:
+        model = Profile
+        fields = ["name", "description", "system_prompt", "model", "tools"]
+        widgets = {
+            "description": forms.TextInput(),
+            "system_prompt": forms.Textarea(attrs={"rows": 5}),
+            "model": forms.TextInput(attrs={"list": "model-options", "autocomplete": "off"}),
+        }
+        help_texts = {
+            "system_prompt": "Empty: the Settings page's system prompt.",
+            "model": "Empty: the Settings page's default model.",
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["system_prompt"].max_length = MAX_SYSTEM_PROMPT_CHARS
+        if self.instance.pk is not None:
+            self.initial["tools"] = "\n".join(self.instance.tools or [])
+            self.initial["rules_text"] = "\n".join(
+                f"{rule.action} {rule.pattern}" for rule in self.instance.rules.all()
+            )
+
+    def clean_model(self) -> str:
+        value = self.cleaned_data["model"].strip()
+        return validate_model_id(value) if value else ""
+
+    def clean_tools(self) -> list[str]:
+        patterns = _lines(self.cleaned_data["tools"])
+        servers = list(McpServer.objects.values_list("name", flat=True))
+        if unknown := unknown_tool_patterns(patterns, servers):
+            names = ", ".join([tool.name for tool in TOOLS] + [f"mcp__{s}__*" for s in servers])
+            raise forms.ValidationError(
+                f"No such tool: {', '.join(unknown)}. The tools are: {names}."
+            )
+        return patterns
+
+    def clean_rules_text(self) -> list[tuple[str, str]]:
+        pairs, errors = [], []
+        for number, line in enumerate(_lines(self.cleaned_data["rules_text"]), 1):
+            action, _, pattern = line.partition(" ")
+            if action not in PermissionRule.Action.values:
+                errors.append(
+                    f"Line {number}, “{line}”: start with allow, ask or deny, then a pattern."
+                )
+                continue
+            try:
+                rule = rules.parse(action, pattern, source=rules.TAB)
+            except rules.RuleError as exc:
+                errors.append(f"Line {number}, “{line}”: {exc}")
+                continue
+            pairs.append((rule.action, rule.pattern))
+        if errors:
+            raise forms.ValidationError(errors)
+        return pairs
+
+    @transaction.atomic
+    def save(self, commit: bool = True) -> Profile:
+        profile = super().save(commit=commit)
+        if commit:
+            self.save_rules()
+        return profile
+
+    def save_rules(self) -> None:
+        """Replace the profile's rules with the form's (after the profile is saved)."""
+        self.instance.rules.all().delete()
+        PermissionRule.objects.bulk_create(
+            PermissionRule(profile=self.instance, action=action, pattern=pattern)
+            for action, pattern in self.cleaned_data["rules_text"]
+        )

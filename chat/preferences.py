@@ -8,12 +8,15 @@ and a turn still runs. The forms write these keys (chat.forms).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
-from chat.models import Setting, Tab
+from chat.models import Profile, Setting, Tab
 from chat.providers import default_model
+from chat.tools import workdir as workdirs
+from chat.tools.base import ToolError
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful assistant working in the user's workspace directory. "
@@ -34,6 +37,11 @@ DOM_WINDOW_DEFAULT = 600
 DOM_WINDOW_MAX = 5000
 # A step limit past this is a runaway loop, not a task.
 MAX_STEPS_MAX = 10_000
+# The workspace's instructions for agents (agents.md), read when a tab is made.
+AGENTS_FILE = "AGENTS.md"
+# AGENTS.md goes with every request of the tab: past this it is a manual, not
+# instructions, and only its beginning is included (with a note saying so).
+AGENTS_MAX_CHARS = 12_000
 
 KEYS = (
     "page_size",
@@ -96,14 +104,76 @@ def load() -> Preferences:
     )
 
 
-def new_tab(owner: Any, model: str = "") -> Tab:
-    """A tab with its model and system prompt chosen now: `model`, else the
-    Settings page's default, else the providers' default. The system prompt is
-    frozen for the tab's whole life (a changing prompt would lose every
-    prompt-cache hit)."""
+def new_tab(
+    owner: Any,
+    model: str = "",
+    *,
+    profile: Profile | None = None,
+    workdir: str = "",
+    title: str = "",
+    system_prompt: str | None = None,
+) -> Tab:
+    """The one place tabs are made (a branch or an import copies one). Its model:
+    `model`, else the profile's, else the Settings page's default, else the providers'
+    default; its system prompt: `system_prompt`, else the profile's, else the Settings
+    page's, and then the workspace's AGENTS.md (the working directory's, if it has
+    one). A profile's allowed tools and rules are copied. All of it is frozen for the
+    tab's whole life: editing the profile changes no existing tab, and a changing prompt
+    would lose every prompt-cache hit. `workdir` (a subfolder of the workspace, made if
+    missing) is checked first: workdirs.BadWorkdir, and nothing is made."""
     prefs = load()
+    workdir = workdirs.check(workdir)
+    root = Path(settings.DISPATCH_WORKSPACE)
+    if workdir:
+        try:
+            root = workdirs.ensure(root, workdir)
+        except ToolError as exc:
+            raise workdirs.BadWorkdir(str(exc)) from exc
+    if system_prompt is None:
+        system_prompt = (profile and profile.system_prompt) or prefs.new_tab_system_prompt
+    if instructions := agents_instructions(root, workdir):
+        system_prompt = f"{system_prompt}\n\n{instructions}" if system_prompt else instructions
     return Tab.objects.create(
         owner=owner,
-        model=model or prefs.new_tab_model,
-        system_prompt=prefs.new_tab_system_prompt,
+        title=title,
+        model=model or (profile and profile.model) or prefs.new_tab_model,
+        system_prompt=system_prompt,
+        profile=profile,
+        tool_allow=list(profile.tools) if profile else [],
+        rules=[{"action": r.action, "pattern": r.pattern} for r in profile.rules.all()]
+        if profile
+        else [],
+        workdir=workdir,
     )
+
+
+def profile_named(name: str) -> Profile:
+    """The profile of that name, or a ValueError saying which there are."""
+    profile = Profile.objects.filter(name=name).first()
+    if profile is not None:
+        return profile
+    names = ", ".join(Profile.objects.values_list("name", flat=True)) or "none yet"
+    raise ValueError(f"No profile named “{name}”. Profiles: {names}.")
+
+
+def agents_instructions(root: Path, workdir: str) -> str:
+    """AGENTS.md of the tab's folder `root` (else of the workspace) under a header naming
+    it, cut at AGENTS_MAX_CHARS with a note; "" when there is none."""
+    place = f"{workdir}/{AGENTS_FILE}" if workdir else AGENTS_FILE
+    found = workdirs.read_text(root, AGENTS_FILE, AGENTS_MAX_CHARS + 1)
+    if found is None and workdir:
+        place = AGENTS_FILE
+        found = workdirs.read_text(
+            Path(settings.DISPATCH_WORKSPACE), AGENTS_FILE, AGENTS_MAX_CHARS + 1
+        )
+    if found is None or not found[0].strip():
+        return ""
+    text, size = found
+    note = ""
+    if len(text) > AGENTS_MAX_CHARS:
+        text = text[:AGENTS_MAX_CHARS]
+        note = (
+            f"\n\n[{place} is {size:,} bytes: only its first {AGENTS_MAX_CHARS:,} "
+            "characters are included here.]"
+        )
+    return f"# Instructions from {place} in the workspace\n\n{text.strip()}{note}"

@@ -244,6 +244,12 @@ def branch(
             title=tab.title,
             model=tab.model,
             system_prompt=tab.system_prompt,
+            # Its tools too (the same bytes), and what the tab may do and where.
+            tools=tab.tools,
+            tool_allow=tab.tool_allow,
+            rules=tab.rules,
+            workdir=tab.workdir,
+            profile_id=tab.profile_id,
             parent=tab,
             fork_seq=at_seq,
             last_seq=at_seq,

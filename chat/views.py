@@ -46,7 +46,9 @@ from chat.forms import (
     ApiKeyForm,
     EndpointForm,
     MessageForm,
+    NewTabForm,
     OwnerForm,
+    ProfileForm,
     RenameForm,
     SettingsForm,
     TabModelForm,
@@ -62,6 +64,7 @@ from chat.models import (
     Blob,
     Chunk,
     PermissionRule,
+    Profile,
     ProviderEndpoint,
     RunningTurn,
     Setting,
@@ -71,6 +74,7 @@ from chat.models import (
 from chat.providers.registry import PROVIDERS
 from chat.stream import Kind, Role
 from chat.tools import sandbox
+from chat.tools.workdir import BadWorkdir
 
 # The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
 SIDEBAR_TABS = 100
@@ -173,10 +177,24 @@ def home(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def tab_new(request: HttpRequest) -> HttpResponse:
-    tab = preferences.new_tab(request.user)
-    return redirect("tab", tab_id=tab.id)
+    """A new tab: the sidebar's button posts nothing (the Settings page's defaults);
+    GET is the form with a profile and a working directory."""
+    form = NewTabForm(request.POST if request.method == "POST" else None)
+    if form.is_valid():
+        try:
+            tab = preferences.new_tab(
+                request.user,
+                profile=form.cleaned_data["profile"],
+                workdir=form.cleaned_data["workdir"],
+            )
+        except BadWorkdir as exc:  # the folder could not be made, or is a link
+            form.add_error("workdir", str(exc))
+        else:
+            return redirect("tab", tab_id=tab.id)
+    context = {"tabs": _sidebar_tabs(request), "form": form}
+    return render(request, "chat/tab_new.html", context, status=422 if form.errors else 200)
 
 
 @login_required
@@ -1003,6 +1021,7 @@ def settings_view(request: HttpRequest) -> HttpResponse:
             "providers": _provider_status(stored),
             "offline_model": OFFLINE_MODEL,
             "sandbox": sandbox.state(sandbox.policy_from(settings)),
+            "profiles": Profile.objects.all(),
             **_usage_section(period),
         },
         status=status,
@@ -1173,3 +1192,38 @@ def endpoint_delete(request: HttpRequest, provider: str) -> HttpResponse:
     else:
         messages.error(request, f"There is no stored {provider} endpoint.")
     return redirect(reverse("settings"))
+
+
+# --- Profiles ---------------------------------------------------------------------------
+# Staff only, as the Settings page: a profile sets what every tab made from it may do.
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def profile_edit(request: HttpRequest, profile_id: int | None = None) -> HttpResponse:
+    """Add a profile, or change one (tabs made from it keep their copy)."""
+    _staff(request)
+    profile = get_object_or_404(Profile, pk=profile_id) if profile_id is not None else None
+    form = ProfileForm(request.POST if request.method == "POST" else None, instance=profile)
+    if form.is_valid():
+        saved = form.save()
+        messages.success(request, f"Saved the profile {saved.name}.")
+        return redirect(reverse("settings") + "#profiles")
+    context = {
+        "tabs": _sidebar_tabs(request),
+        "form": form,
+        "profile": profile,
+        "models": known_models(),
+        "offline_model": OFFLINE_MODEL,
+    }
+    return render(request, "chat/profile.html", context, status=422 if form.errors else 200)
+
+
+@login_required
+@require_POST
+def profile_delete(request: HttpRequest, profile_id: int) -> HttpResponse:
+    _staff(request)
+    profile = get_object_or_404(Profile, pk=profile_id)
+    profile.delete()
+    messages.success(request, f"Deleted the profile {profile.name}; its tabs keep their copy.")
+    return redirect(reverse("settings") + "#profiles")

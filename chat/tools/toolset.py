@@ -18,6 +18,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from chat.providers.base import ToolSpec
+from chat.tools import mcp
 from chat.tools.registry import TOOLS
 
 Entry = dict[str, Any]
@@ -44,7 +45,7 @@ def builtin_entries() -> list[Entry]:
     ]
 
 
-def mcp_entries(specs: Iterable[Any]) -> list[Entry]:
+def mcp_entries(specs: Iterable[mcp.McpToolSpec]) -> list[Entry]:
     """MCP tools as entries; `tool` is the name the server knows it by."""
     return [
         {
@@ -71,7 +72,8 @@ def freeze(entries: Iterable[Entry], allow: Sequence[str]) -> list[Entry]:
 async def current(allow: Sequence[str]) -> tuple[list[Entry], list[str]]:
     """The tool set a tab with this allow-list gets now, and what went wrong listing
     it (a server down, too many tools): the turn goes on with the rest."""
-    return freeze(builtin_entries(), allow), []
+    specs, problems = await mcp.specs()
+    return freeze([*builtin_entries(), *mcp_entries(specs)], allow), problems
 
 
 def tab_specs(tab: Any) -> tuple[ToolSpec, ...]:

@@ -8,6 +8,10 @@ and the ops come back through the tab's channel-layer group.
 page's uploads are (chat.blobs) before anything is stored or a tab is made; the message
 may then be left out.
 
+`--new --profile NAME` makes the tab from a profile (Settings: its system prompt,
+model, allowed tools and rules; `--model` still wins), and `--workdir DIR` gives it a
+working directory in the workspace (made if missing).
+
 `--continue --tab <id>` sends no message of its own: it continues the tab's
 last turn, which was cut short (turns.continue_turn: a message saying what was
 interrupted and where), and follows that turn the same way.
@@ -37,7 +41,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from chat import blobs, bus, lease, startup, turns
 from chat.models import QueuedMessage, Tab
-from chat.preferences import new_tab
+from chat.preferences import new_tab, profile_named
 from chat.worker import run_worker
 
 
@@ -50,6 +54,14 @@ class Command(BaseCommand):
         target.add_argument("--new", action="store_true", help="create a new tab")
         parser.add_argument(
             "--model", help="model id, e.g. offline/demo or anthropic/claude-sonnet-4-5"
+        )
+        parser.add_argument(
+            "--profile", metavar="NAME", help="with --new: make the tab from this profile"
+        )
+        parser.add_argument(
+            "--workdir",
+            metavar="DIR",
+            help="with --new: the tab's working directory, a folder in the workspace",
         )
         parser.add_argument(
             "--yes-to-tools", action="store_true", help="run tools without asking for approval"
@@ -96,7 +108,13 @@ class Command(BaseCommand):
         model = options["model"]
         if options["new"]:
             owner = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
-            return new_tab(owner, model or "")
+            try:
+                profile = profile_named(options["profile"]) if options["profile"] else None
+                return new_tab(
+                    owner, model or "", profile=profile, workdir=options["workdir"] or ""
+                )
+            except ValueError as exc:  # an unknown profile, a bad working directory
+                raise CommandError(str(exc)) from None
         try:
             tab = Tab.objects.get(pk=uuid.UUID(options["tab"]))
         except (ValueError, Tab.DoesNotExist):
@@ -194,7 +212,11 @@ def _submit(
 
 
 def _check_arguments(options: dict[str, Any]) -> None:
-    """What argparse cannot say: --continue goes with --tab and nothing to send."""
+    """What argparse cannot say: --continue goes with --tab and nothing to send;
+    --profile and --workdir make a new tab."""
+    for option in ("profile", "workdir"):
+        if options[option] is not None and not options["new"]:
+            raise CommandError(f"--{option} is for a new tab: use it with --new")
     if not options["continue_turn"]:
         if options["message"] is None and not options["attach"]:
             raise CommandError("a message is required (or --continue --tab <id>)")

@@ -1,0 +1,71 @@
+"""A tab made from a profile, in a turn: its tools run in its working directory, and a
+profile whose model is no longer served makes the turn say so (not crash or hang)."""
+
+from __future__ import annotations
+
+import pytest
+from channels.db import database_sync_to_async
+from django.contrib.auth import get_user_model
+
+from chat import agent
+from chat.models import Profile
+from chat.preferences import new_tab
+from chat.providers.base import Finish, TextDelta, ToolCallEvent
+from chat.providers.replay import ScriptedProvider
+from tests.engine import Watcher, chunks, running_worker, submit
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+@pytest.fixture
+def workspace(tmp_path, settings):
+    settings.DISPATCH_WORKSPACE = tmp_path
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("<h1>hi</h1>")
+    (tmp_path / "secret.txt").write_text("not for this tab")
+    return tmp_path
+
+
+@database_sync_to_async
+def tab_from(profile: dict, workdir: str = ""):
+    owner = get_user_model().objects.create_user("owner")
+    return new_tab(owner, profile=Profile.objects.create(**profile), workdir=workdir)
+
+
+async def run_one(tab, text: str) -> None:
+    async with Watcher(tab.pk) as watcher:
+        await submit(tab, text)
+        await watcher.until_idle()
+
+
+async def test_the_tools_run_in_the_tabs_working_directory(monkeypatch, workspace):
+    provider = ScriptedProvider(
+        [
+            [ToolCallEvent("c1", "list_files", {"path": "."}), Finish(stop_reason="tool_use")],
+            [TextDelta("Done."), Finish()],
+        ]
+    )
+
+    async def provider_for(model: str):
+        return provider
+
+    monkeypatch.setattr(agent, "provider_for", provider_for)
+    tab = await tab_from(
+        {"name": "site", "model": "scripted/test", "tools": ["list_files"]}, "site"
+    )
+    async with running_worker():
+        await run_one(tab, "What is here?")
+    result = next(c for c in await chunks(tab.pk) if c.type == "tool_result")
+    assert "index.html" in result.data["result"] and "secret.txt" not in result.data["result"]
+    assert [t.name for t in provider.requests[0].tools] == ["list_files"]
+
+
+async def test_a_profile_whose_model_is_gone_makes_the_turn_say_so(workspace):
+    tab = await tab_from({"name": "old", "model": "retired/model-1"})
+    async with running_worker():
+        await run_one(tab, "hello?")
+    error = next(c for c in await chunks(tab.pk) if c.type == "error")
+    assert error.data["message"] == (
+        "unknown model provider 'retired' in 'retired/model-1' "
+        "(known: anthropic, deepseek, offline, openai)"
+    )
