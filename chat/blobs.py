@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import math
 import os
 import re
 import secrets
 import shutil
+import signal
+import subprocess
+import sys
 import unicodedata
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -37,13 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import pillow_heif
-import pypdf
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
 
+from chat import pdftext
 from chat.models import Attachment, Blob
 from chat.providers.base import upload_path
 
@@ -80,6 +83,16 @@ PNG_COMPRESS_LEVEL = 6
 # conversation too) at most 32 MB, of which a PDF's base64 takes 4/3 of its size.
 MAX_PDF_PAGES = 100
 MAX_DOCUMENT_BYTES = 10 * 1024 * 1024
+# What reading a PDF's text may cost (chat/pdftext.py): pypdf takes about 10 µs a byte of
+# a page's drawing instructions, and a 100-page report holds about 1 MB of them. A page
+# drawing a shared stream counts it again, since pypdf parses it again.
+MAX_PDF_CONTENT_BYTES = 2 * 1024 * 1024
+# The text kept: ten times what a request sends (chat.providers.common), so the request
+# can still say how long the text was; a PDF that says more is cut here.
+MAX_PDF_TEXT_CHARS = 1_000_000
+# The CPU time the reader may take (and twice that in wall time): a file past the byte
+# bound's reach (fonts, forms) is refused as too complex then.
+PDF_SECONDS = 10
 # What the page shows next to a message: twice the thumbnail's CSS size, for sharp
 # screens (chat.render.THUMB_EDGE_PX is 160).
 THUMB_EDGE = 320
@@ -245,28 +258,66 @@ def _pdf(data: bytes, shown: str) -> Normalised:
             f"{shown} is {human_bytes(len(data))}; the most a PDF may be is "
             f"{human_bytes(MAX_DOCUMENT_BYTES)}."
         )
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            reader = pypdf.PdfReader(io.BytesIO(data))
-            if reader.is_encrypted:
-                raise AttachmentError(
-                    f"{shown} is password-protected: attach a copy without the password."
-                )
-            pages = len(reader.pages)
-            if pages > MAX_PDF_PAGES:
-                raise AttachmentError(
-                    f"{shown} has {pages} pages; the most a PDF may have is {MAX_PDF_PAGES}."
-                )
-            text = "\n\n".join((page.extract_text() or "").strip() for page in reader.pages)
-    except AttachmentError:
-        raise
-    except Exception as exc:  # pypdf raises many kinds on a damaged file
-        raise AttachmentError(f"{shown} is not a readable PDF ({_reason(exc)}).") from exc
-    if pages == 0:
+    read = _read_pdf(data, shown)
+    refused = read.get("refused")
+    if refused == "encrypted":
+        raise AttachmentError(f"{shown} is password-protected: attach a copy without the password.")
+    if refused == "pages":
+        raise AttachmentError(
+            f"{shown} has {read['pages']} pages; the most a PDF may have is {MAX_PDF_PAGES}."
+        )
+    if refused == "content":
+        raise AttachmentError(
+            f"{shown}: this PDF is too complex to read: its pages hold more than "
+            f"{human_bytes(MAX_PDF_CONTENT_BYTES)} of drawing instructions."
+        )
+    if refused in ("limit", "memory"):
+        raise AttachmentError(
+            f"{shown}: this PDF is too complex to read: "
+            + (_first_line(read["reason"]) if refused == "limit" else "it needs too much memory.")
+        )
+    if refused is not None:
+        reason = _first_line(read.get("reason", "")) or read.get("kind", "damaged")
+        raise AttachmentError(f"{shown} is not a readable PDF ({reason}).")
+    if read["pages"] == 0:
         raise AttachmentError(f"{shown} is not a readable PDF (no pages found).")
     sha = hashlib.sha256(data).hexdigest()
-    return Normalised(data, sha, PDF, name, pages=pages, text=text.strip())
+    return Normalised(data, sha, PDF, name, pages=read["pages"], text=read["text"])
+
+
+def _read_pdf(data: bytes, shown: str) -> dict[str, Any]:
+    """What chat/pdftext.py makes of `data`: read in a process of its own, bounded in
+    work, CPU time and memory, so that the caller (a request's thread) waits at most
+    PDF_SECONDS and the server's event loop shares no interpreter with pypdf."""
+    too_slow = AttachmentError(
+        f"{shown}: this PDF is too complex to read: reading it took more than "
+        f"{PDF_SECONDS} seconds."
+    )
+    limits = (MAX_PDF_PAGES, MAX_PDF_CONTENT_BYTES, MAX_PDF_TEXT_CHARS, PDF_SECONDS)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", pdftext.__file__, *map(str, limits)],
+            input=data,
+            capture_output=True,
+            # CPU time is the child's own limit; this is for a machine too busy to
+            # give it that time.
+            timeout=PDF_SECONDS * 2,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise too_slow from exc
+    if done.returncode == -signal.SIGXCPU or done.returncode == -signal.SIGKILL:
+        raise too_slow
+    try:
+        return json.loads(done.stdout)
+    except ValueError as exc:
+        logger.error("reading a PDF failed: %s", done.stderr.decode(errors="replace")[-2000:])
+        raise AttachmentError(f"{shown} could not be read (the PDF reader failed).") from exc
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0][:200] if lines else ""
 
 
 def _reason(exc: BaseException) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import zlib
 from datetime import timedelta
 
 import pytest
@@ -282,6 +283,78 @@ def test_a_pdf_past_the_page_cap_is_refused(monkeypatch):
         blobs.AttachmentError, match="long.pdf has 3 pages; the most a PDF may have is 2."
     ):
         blobs.normalise(files.pdf(["a", "b", "c"]), "long.pdf")
+
+
+def drawn_pdf(pages: int, content: bytes) -> bytes:
+    """A PDF of `pages` pages that all draw one Flate-compressed content stream."""
+    stream = zlib.compress(content, 9)
+    font = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"
+    drawn = b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (
+        len(stream),
+        stream,
+    )
+    kids_id = pages + 3
+    page = (
+        b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents 2 0 R "
+        b"/Resources << /Font << /F1 1 0 R >> >> >>" % kids_id
+    )
+    kids = b" ".join(b"%d 0 R" % (3 + i) for i in range(pages))
+    objects = [font, drawn, *[page] * pages]
+    objects += [b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages)]
+    objects += [b"<< /Type /Catalog /Pages %d 0 R >>" % kids_id]
+    out = io.BytesIO()
+    out.write(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(out.tell())
+        out.write(b"%d 0 obj\n%s\nendobj\n" % (number, body))
+    xref = out.tell()
+    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
+    out.write(b"".join(b"%010d 00000 n \n" % offset for offset in offsets))
+    out.write(
+        b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n"
+        % (len(objects) + 1, len(objects), xref)
+    )
+    return out.getvalue()
+
+
+# Text drawn again and again: what pypdf's text extraction is slowest at.
+TEXT_OPS = b"BT /F1 12 Tf 72 720 Td (hello) Tj ET\n"
+
+
+@pytest.mark.parametrize(
+    ("pages", "content_bytes"),
+    [
+        pytest.param(1, 3 * 1024 * 1024, id="one-page-of-3-MB"),
+        pytest.param(5, 512 * 1024, id="five-pages-sharing-512-KB"),
+    ],
+)
+def test_a_pdf_whose_pages_draw_too_much_is_refused_before_its_text_is_read(pages, content_bytes):
+    raw = drawn_pdf(pages, TEXT_OPS * (content_bytes // len(TEXT_OPS)))
+    assert len(raw) < 20_000
+    with pytest.raises(
+        blobs.AttachmentError,
+        match="bomb.pdf: this PDF is too complex to read: its pages hold more than 2.0 MB "
+        "of drawing instructions.",
+    ):
+        blobs.normalise(raw, "bomb.pdf")
+
+
+def test_a_pdf_the_reader_cannot_finish_within_its_cpu_time_is_refused(monkeypatch):
+    # 1.5 MB of text operators (within the byte bound) take pypdf seconds.
+    monkeypatch.setattr(blobs, "PDF_SECONDS", 1)
+    raw = drawn_pdf(1, TEXT_OPS * (1536 * 1024 // len(TEXT_OPS)))
+    with pytest.raises(
+        blobs.AttachmentError,
+        match="slow.pdf: this PDF is too complex to read: reading it took more than 1 seconds.",
+    ):
+        blobs.normalise(raw, "slow.pdf")
+
+
+def test_a_pdf_text_is_cut_at_its_cap_and_the_rest_is_not_read(monkeypatch):
+    monkeypatch.setattr(blobs, "MAX_PDF_TEXT_CHARS", 8)
+    n = blobs.normalise(files.pdf(["Error: disk full", "Traceback"]), "error.pdf")
+    assert (n.pages, n.text) == (2, "Error: d")
 
 
 def test_a_long_name_is_cut_keeping_its_extension():
