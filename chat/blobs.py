@@ -20,6 +20,7 @@ data directory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -725,19 +726,61 @@ def remove_all_files() -> None:
 def place(workspace: Path, ref: dict[str, Any]) -> None:
     """Copy an attachment of a message into the workspace at its upload_path (unless it
     is there): a model that cannot take the file is told where its tools find it, and
-    any model's tools can work on it. The model's tools write the workspace too, so a
-    directory on the way that leads out of it (a link) is refused."""
-    root = Path(workspace).resolve()
-    target = root / upload_path(ref["sha256"], ref["name"])
+    any model's tools can work on it. The model's tools write the workspace too, so each
+    directory on the way is made or opened under its parent's descriptor without
+    following a link, and the file is written under the last one's: a link anywhere on
+    the way is refused before anything is made beyond it."""
+    *folders, name = upload_path(ref["sha256"], ref["name"]).split("/")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.parent.resolve() != target.parent or target.is_symlink():
-            logger.warning("not placing %s: a link on its way out of the workspace", target)
-            return
-        if target.exists():
-            return
+        root = Path(workspace)
+        root.mkdir(parents=True, exist_ok=True)
+        here = os.open(root.resolve(), _DIR_FLAGS)
+    except OSError:
+        logger.warning("could not place %s: no workspace at %s", name, workspace, exc_info=True)
+        return
+    try:
+        for folder in folders:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o755, dir_fd=here)
+            inner = os.open(folder, _DIR_FLAGS, dir_fd=here)
+            os.close(here)
+            here = inner
+        try:
+            os.stat(name, dir_fd=here, follow_symlinks=False)
+            return  # placed before (or something the model put there: left alone)
+        except FileNotFoundError:
+            pass
         data = read(ref["sha256"])
         if data is not None:
-            _write(target, data)
+            _write_at(here, name, data)
     except OSError:
-        logger.warning("could not place %s in the workspace", target, exc_info=True)
+        # A link on the way gives ELOOP or ENOTDIR.
+        logger.warning(
+            "not placing %s in the workspace (a link on the way?)", "/".join(folders), exc_info=True
+        )
+    finally:
+        os.close(here)
+
+
+# Directories are opened without following a link, and never leak into a child process.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _write_at(folder: int, name: str, data: bytes) -> None:
+    """`data` as `name` in the directory open as `folder`, whole or not at all."""
+    tmp = f".{secrets.token_hex(8)}.tmp"
+    fd = os.open(
+        tmp,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o644,
+        dir_fd=folder,
+    )
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=folder)

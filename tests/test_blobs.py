@@ -471,3 +471,16 @@ def test_place_never_writes_through_a_link_out_of_the_workspace(alice, tmp_path)
     (workspace / "uploads" / n.sha256[:12]).symlink_to(outside)
     blobs.place(workspace, n.ref())
     assert list(outside.iterdir()) == []
+
+
+def test_place_makes_nothing_through_a_linked_uploads_folder(alice, tmp_path):
+    n = blobs.normalise(files.image(), "shot.png")
+    blobs.store(n)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "uploads").symlink_to(outside)
+    blobs.place(workspace, n.ref())
+    assert list(outside.iterdir()) == []
+    assert (workspace / "uploads").is_symlink()
