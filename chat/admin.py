@@ -31,13 +31,14 @@ from pygments.lexers import JsonLexer
 
 from chat import log, usage
 from chat import render as chat_render
-from chat.forms import ProfileForm
+from chat.forms import ENV_NAME, HEADER_NAME, ProfileForm, masked_pairs, parse_pairs
 from chat.lease import is_stale, turn_usage
 from chat.models import (
     ApiKey,
     ApiToken,
     Chunk,
     ChunkType,
+    McpServer,
     Profile,
     ProviderEndpoint,
     RunningTurn,
@@ -629,3 +630,61 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+
+class McpServerAdminForm(forms.ModelForm):
+    """env and headers as NAME=value lines, shown masked; a masked line keeps its value."""
+
+    env = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        required=False,
+        help_text="stdio: NAME=value lines, stored encrypted, shown masked.",
+    )
+    headers = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        required=False,
+        help_text="HTTP: Name=value lines, stored encrypted, shown masked.",
+    )
+
+    class Meta:
+        model = McpServer
+        fields = ["name", "transport", "command", "args", "url", "timeout", "enabled"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.instance._state.adding:
+            self.fields["env"].initial = masked_pairs(self.instance.get_env())
+            self.fields["headers"].initial = masked_pairs(self.instance.get_headers())
+
+    def clean_env(self) -> dict[str, str]:
+        kept = None if self.instance._state.adding else self.instance.get_env()
+        return parse_pairs(self.cleaned_data["env"], kept, what="variable", name_pattern=ENV_NAME)
+
+    def clean_headers(self) -> dict[str, str]:
+        kept = None if self.instance._state.adding else self.instance.get_headers()
+        return parse_pairs(
+            self.cleaned_data["headers"], kept, what="header", name_pattern=HEADER_NAME
+        )
+
+    def save(self, commit: bool = True) -> McpServer:
+        server = super().save(commit=False)
+        server.set_env(self.cleaned_data["env"])
+        server.set_headers(self.cleaned_data["headers"])
+        if commit:
+            server.save()
+        return server
+
+
+@admin.register(McpServer)
+class McpServerAdmin(admin.ModelAdmin):
+    form = McpServerAdminForm
+    list_display = ["name", "transport", "target", "secrets", "enabled", "timeout", "updated_at"]
+    list_filter = ["transport", "enabled"]
+
+    @admin.display(description="command or URL")
+    def target(self, server: McpServer) -> str:
+        return server.url if server.transport == McpServer.Transport.HTTP else server.command
+
+    @admin.display(description="env and headers")
+    def secrets(self, server: McpServer) -> str:
+        return masked_pairs({**(server.get_env() or {}), **(server.get_headers() or {})})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -401,3 +402,161 @@ class ProfileForm(forms.ModelForm):
             PermissionRule(profile=self.instance, action=action, pattern=pattern)
             for action, pattern in self.cleaned_data["rules_text"]
         )
+
+
+# --- MCP servers (staff only: a stdio server is a program run on this machine) -----------
+
+# What a saved secret shows as; a line keeping it keeps the saved value.
+SECRET_MASK = "••••••••"
+# Environment variables or headers of one server: more is a paste gone wrong.
+MCP_PAIRS_MAX = 50
+MCP_TIMEOUT_MIN = 1.0
+# An hour: a long build or a crawl; past that a hung server holds a turn for nothing.
+MCP_TIMEOUT_MAX = 3600.0
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+# RFC 9110 token characters.
+HEADER_NAME = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+
+
+def masked_pairs(values: dict[str, str] | None) -> str:
+    """KEY=value lines with every value masked: what a form shows of saved secrets."""
+    return "\n".join(f"{key}={SECRET_MASK}" for key in sorted(values or {}))
+
+
+def parse_pairs(
+    text: str, kept: dict[str, str] | None, *, what: str, name_pattern: str
+) -> dict[str, str]:
+    """`KEY=value` lines as a dict; a masked value keeps the `kept` one of that key."""
+    pairs: dict[str, str] = {}
+    errors = []
+    for number, line in enumerate(_lines(text), 1):
+        key, equals, value = line.partition("=")
+        key = key.strip()
+        if not equals or not re.fullmatch(name_pattern, key):
+            errors.append(f"Line {number}: write NAME=value (a valid {what} name).")
+        elif key in pairs:
+            errors.append(f"Line {number}: {key} is given twice.")
+        elif value == SECRET_MASK:
+            if kept is None or key not in kept:
+                errors.append(f"Line {number}: type the value of {key}; none is saved.")
+            else:
+                pairs[key] = kept[key]
+        else:
+            pairs[key] = value
+    if len(pairs) > MCP_PAIRS_MAX:
+        errors.append(f"At most {MCP_PAIRS_MAX} lines.")
+    if errors:
+        raise forms.ValidationError(errors)
+    return pairs
+
+
+class McpServerForm(forms.Form):
+    """Add or edit an MCP server (Settings; the admin has its own form on the same parts)."""
+
+    name = forms.RegexField(
+        regex=r"^[A-Za-z0-9_-]+$",
+        max_length=40,
+        help_text="Letters, digits, _ and -: its tools are called mcp__NAME__TOOL.",
+        error_messages={"invalid": "Use letters, digits, _ and - only."},
+    )
+    transport = forms.ChoiceField(choices=McpServer.Transport.choices)
+    command = forms.CharField(
+        max_length=500, required=False, help_text="stdio: the program, e.g. npx or uvx."
+    )
+    args = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        label="Arguments",
+        help_text="stdio: one argument per line.",
+    )
+    env = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        label="Environment",
+        help_text="stdio: NAME=value lines, saved encrypted and shown masked; a masked line "
+        "keeps its saved value.",
+    )
+    url = forms.URLField(
+        max_length=500,
+        required=False,
+        label="URL",
+        validators=[URLValidator(schemes=["http", "https"])],
+        help_text="HTTP: the server's endpoint, e.g. https://example.com/mcp.",
+    )
+    headers = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        help_text="HTTP: Name=value lines (Authorization=Bearer …), saved encrypted and shown "
+        "masked.",
+    )
+    timeout = forms.FloatField(
+        min_value=MCP_TIMEOUT_MIN,
+        max_value=MCP_TIMEOUT_MAX,
+        initial=60.0,
+        help_text="Seconds a connection or a call may take.",
+    )
+    enabled = forms.BooleanField(required=False, initial=True)
+
+    def __init__(self, *args: Any, instance: McpServer | None = None, **kwargs: Any) -> None:
+        self.instance = instance
+        if instance is not None and not args and "initial" not in kwargs:
+            kwargs["initial"] = {
+                "name": instance.name,
+                "transport": instance.transport,
+                "command": instance.command,
+                "args": "\n".join(instance.args or []),
+                "env": masked_pairs(instance.get_env()),
+                "url": instance.url,
+                "headers": masked_pairs(instance.get_headers()),
+                "timeout": instance.timeout,
+                "enabled": instance.enabled,
+            }
+        super().__init__(*args, **kwargs)
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        others = McpServer.objects.filter(name=name)
+        if self.instance is not None:
+            others = others.exclude(pk=self.instance.pk)
+        if others.exists():
+            raise forms.ValidationError(f"There is already a server named {name}.")
+        return name
+
+    def clean_env(self) -> dict[str, str]:
+        kept = self.instance.get_env() if self.instance else {}
+        return parse_pairs(self.cleaned_data["env"], kept, what="variable", name_pattern=ENV_NAME)
+
+    def clean_headers(self) -> dict[str, str]:
+        kept = self.instance.get_headers() if self.instance else {}
+        return parse_pairs(
+            self.cleaned_data["headers"], kept, what="header", name_pattern=HEADER_NAME
+        )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("transport") == McpServer.Transport.STDIO:
+            if not data.get("command", "").strip():
+                self.add_error("command", "A stdio server needs a command.")
+            if data.get("url") or data.get("headers"):
+                self.add_error("url", "A URL and headers are for HTTP servers.")
+        elif data.get("transport") == McpServer.Transport.HTTP:
+            if not data.get("url"):
+                self.add_error("url", "An HTTP server needs its URL.")
+            if data.get("command", "").strip() or data.get("args", "").strip() or data.get("env"):
+                self.add_error("command", "A command, arguments and environment are for stdio.")
+        return data
+
+    def save(self) -> McpServer:
+        data = self.cleaned_data
+        row = self.instance or McpServer()
+        row.name = data["name"]
+        row.transport = data["transport"]
+        row.command = data["command"].strip()
+        row.args = _lines(data["args"])
+        row.url = data["url"]
+        row.timeout = data["timeout"]
+        row.enabled = data["enabled"]
+        row.set_env(data["env"])
+        row.set_headers(data["headers"])
+        row.save()
+        return row

@@ -23,6 +23,8 @@ urlpatterns = [
         views.endpoint_delete,
         name="endpoint_delete",
     ),
+    path("settings/mcp/<int:server_id>/delete/", views.mcp_server_delete, name="mcp_delete"),
+    path("settings/mcp/<int:server_id>/test/", views.mcp_server_test, name="mcp_test"),
     path("search/", views.search_view, name="search"),
     path("t/new/", views.tab_new, name="tab_new"),
     path("t/<uuid:tab_id>/", views.tab, name="tab"),

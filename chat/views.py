@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model, login
@@ -45,6 +46,7 @@ from chat.forms import (
     OFFLINE_MODEL,
     ApiKeyForm,
     EndpointForm,
+    McpServerForm,
     MessageForm,
     NewTabForm,
     OwnerForm,
@@ -55,6 +57,7 @@ from chat.forms import (
     TabSystemPromptForm,
     key_providers,
     known_models,
+    masked_pairs,
     model_choices,
 )
 from chat.models import (
@@ -63,6 +66,7 @@ from chat.models import (
     Attachment,
     Blob,
     Chunk,
+    McpServer,
     PermissionRule,
     Profile,
     ProviderEndpoint,
@@ -73,7 +77,7 @@ from chat.models import (
 )
 from chat.providers.registry import PROVIDERS
 from chat.stream import Kind, Role
-from chat.tools import sandbox
+from chat.tools import mcp, sandbox
 from chat.tools.workdir import BadWorkdir
 
 # The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
@@ -969,6 +973,7 @@ def settings_view(request: HttpRequest) -> HttpResponse:
     settings_form = SettingsForm(initial=SettingsForm.initial_from(conf))
     key_form = ApiKeyForm()
     endpoint_form = EndpointForm()
+    mcp_form = McpServerForm(instance=_mcp_server(request.GET.get("mcp")))
     status = 200
     if request.method == "POST":
         action = request.POST.get("action")
@@ -997,6 +1002,13 @@ def settings_view(request: HttpRequest) -> HttpResponse:
                 )
                 messages.success(request, f"Saved the {provider} endpoint.")
                 return redirect("settings")
+        elif action == "mcp":
+            editing = _mcp_server(request.POST.get("server"))
+            mcp_form = McpServerForm(request.POST, instance=editing)
+            if mcp_form.is_valid():
+                server = mcp_form.save()
+                messages.success(request, f"Saved the MCP server {server.name}.")
+                return redirect(reverse("settings") + "#mcp")
         else:
             return HttpResponseBadRequest("Unknown settings action.")
         status = 422
@@ -1021,11 +1033,53 @@ def settings_view(request: HttpRequest) -> HttpResponse:
             "providers": _provider_status(stored),
             "offline_model": OFFLINE_MODEL,
             "sandbox": sandbox.state(sandbox.policy_from(settings)),
+            "mcp_form": mcp_form,
+            "mcp_servers": [
+                (server, masked_pairs({**(server.get_env() or {}), **(server.get_headers() or {})}))
+                for server in McpServer.objects.all()
+            ],
             "profiles": Profile.objects.all(),
             **_usage_section(period),
         },
         status=status,
     )
+
+
+def _mcp_server(server_id: str | None) -> McpServer | None:
+    """The MCP server a Settings form edits (?mcp=<id>, or the form's `server`)."""
+    if not server_id:
+        return None
+    if not server_id.isdigit():
+        raise Http404("No such MCP server.")
+    return get_object_or_404(McpServer, pk=int(server_id))
+
+
+@login_required
+@require_POST
+def mcp_server_delete(request: HttpRequest, server_id: int) -> HttpResponse:
+    _staff(request)
+    server = get_object_or_404(McpServer, pk=server_id)
+    server.delete()
+    messages.success(request, f"Removed the MCP server {server.name}.")
+    return redirect(reverse("settings") + "#mcp")
+
+
+@login_required
+@require_POST
+def mcp_server_test(request: HttpRequest, server_id: int) -> HttpResponse:
+    """Connect to the server as saved (enabled or not), list its tools, disconnect."""
+    _staff(request)
+    server = get_object_or_404(McpServer, pk=server_id)
+    names, problems = async_to_sync(mcp.test)(mcp.ServerConfig.from_row(server))
+    for problem in problems:
+        messages.error(request, problem)
+    if names:
+        messages.success(
+            request, f"Server {server.name} offers {len(names)} tools: {', '.join(names)}."
+        )
+    elif not problems:
+        messages.warning(request, f"Server {server.name} answered, offering no tools.")
+    return redirect(reverse("settings") + "#mcp")
 
 
 def _usage_section(period: str) -> dict[str, Any]:

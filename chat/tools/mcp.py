@@ -32,7 +32,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -159,6 +159,7 @@ class Connection:
 
     async def open(self) -> None:
         """Start the server (or reach it) and shake hands, within the server's timeout."""
+        await asyncio.to_thread(self.workspace.mkdir, parents=True, exist_ok=True)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._hold(ready), name=f"mcp {self.config.name}")
         try:
@@ -370,6 +371,10 @@ def _pool() -> _Pool:
     return pool
 
 
+def _new_connection(config: ServerConfig) -> Connection:
+    return Connection(config, Path(settings.DISPATCH_WORKSPACE), sandbox.policy_from(settings))
+
+
 async def _connect(config: ServerConfig) -> Connection:
     """The running loop's connection to this server, opened if there is none (or the
     one there is was closed, or made for a config since edited)."""
@@ -383,9 +388,7 @@ async def _connect(config: ServerConfig) -> Connection:
             await pool.retire(connection)
             connection = None
         if connection is None:
-            workspace = Path(settings.DISPATCH_WORKSPACE)
-            await asyncio.to_thread(workspace.mkdir, parents=True, exist_ok=True)
-            connection = Connection(config, workspace, sandbox.policy_from(settings))
+            connection = _new_connection(config)
             await connection.open()
             pool.connections[config.name] = connection
             pool.watch()
@@ -462,10 +465,12 @@ async def _specs(configs: list[ServerConfig]) -> tuple[list[McpToolSpec], list[s
     return sorted(found, key=lambda spec: spec.name), problems
 
 
-async def _server_tools(config: ServerConfig) -> tuple[list[types.Tool], list[str]]:
+async def _server_tools(
+    config: ServerConfig, connect: Callable[[ServerConfig], Awaitable[Connection]] | None = None
+) -> tuple[list[types.Tool], list[str]]:
     label = f"server {config.name}"
     try:
-        connection = await _connect(config)
+        connection = await (connect or _connect)(config)
         async with _using(connection):
             tools = await connection.list_tools()
     except Unreachable as exc:
@@ -518,9 +523,22 @@ async def _forget_others(names: set[str]) -> None:
 
 
 async def test(config: ServerConfig) -> tuple[list[str], list[str]]:
-    """Settings' Test: the server's tool names as offered, and its problems."""
-    found, problems = await _specs([config])
-    return [spec.tool for spec in found], problems
+    """Settings' Test: the server's tool names as they would be offered, and its
+    problems, through a connection of its own (closed after: the server may be
+    disabled, and a page's event loop is not a worker's)."""
+    connection = _new_connection(config)
+
+    async def fresh(_: ServerConfig) -> Connection:
+        if config.problem:
+            raise Unreachable(config.problem)
+        await connection.open()
+        return connection
+
+    try:
+        tools, problems = await _server_tools(config, fresh)
+    finally:
+        await connection.close()
+    return [tool.name for tool in tools], problems
 
 
 # --- Calling ----------------------------------------------------------------------------

@@ -120,6 +120,8 @@ def serve_http() -> None:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    # Listening before the line: a client may connect at once (uvicorn accepts later).
+    sock.listen(128)
     port = sock.getsockname()[1]
     app = Deletes(server.streamable_http_app())
     config = uvicorn.Config(app, log_level="warning", lifespan="on")

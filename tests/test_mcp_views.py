@@ -1,0 +1,177 @@
+"""MCP servers on the Settings page and in the admin: staff only, secrets encrypted and
+masked, every bad input a message on the form, Test listing the tools or the error."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from chat.forms import SECRET_MASK
+from chat.models import McpServer
+from harness.servers import Proc, clean_env
+
+TOKEN = "ghp_s3cret-token-value"
+TOOLS = str(Path(__file__).parent / "mcp_servers" / "tools.py")
+
+
+@pytest.fixture
+def staff(db) -> Client:
+    client = Client()
+    client.force_login(User.objects.create_user("sam", password="pw-sam-12345", is_staff=True))
+    return client
+
+
+@pytest.fixture
+def member(db) -> Client:
+    client = Client()
+    client.force_login(User.objects.create_user("meg", password="pw-meg-12345"))
+    return client
+
+
+def add(client: Client, **fields) -> object:
+    data = {"action": "mcp", "transport": "stdio", "timeout": "30", "enabled": "on", **fields}
+    return client.post(reverse("settings"), data)
+
+
+def test_staff_add_a_stdio_server_whose_env_is_encrypted_and_masked(staff):
+    response = add(
+        staff, name="github", command="npx", args="-y\nserver-github", env=f"TOKEN={TOKEN}"
+    )
+    assert response.status_code == 302
+    row = McpServer.objects.get(name="github")
+    assert (row.command, row.args, row.get_env()) == (
+        "npx",
+        ["-y", "server-github"],
+        {"TOKEN": TOKEN},
+    )
+    assert TOKEN not in row.env_encrypted
+    page = staff.get(reverse("settings")).content.decode()
+    assert f"TOKEN={SECRET_MASK}" in page
+    assert TOKEN not in page
+    edit = staff.get(reverse("settings") + f"?mcp={row.pk}").content.decode()
+    assert f"TOKEN={SECRET_MASK}" in edit
+    assert TOKEN not in edit
+
+
+def test_an_edit_keeps_a_masked_value_and_takes_new_ones(staff):
+    add(staff, name="github", command="npx", env=f"TOKEN={TOKEN}")
+    row = McpServer.objects.get(name="github")
+    response = add(
+        staff,
+        server=str(row.pk),
+        name="gh",
+        command="uvx",
+        env=f"TOKEN={SECRET_MASK}\nMORE=x",
+        enabled="",
+    )
+    assert response.status_code == 302
+    row.refresh_from_db()
+    assert (row.name, row.command, row.enabled) == ("gh", "uvx", False)
+    assert row.get_env() == {"TOKEN": TOKEN, "MORE": "x"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"name": "bad name!", "command": "x"}, "Use letters, digits, _ and - only."),
+        ({"name": "s", "command": ""}, "A stdio server needs a command."),
+        ({"name": "s", "transport": "http"}, "An HTTP server needs its URL."),
+        ({"name": "s", "transport": "http", "url": "ftp://x/"}, "Enter a valid URL."),
+        ({"name": "s", "command": "x", "env": "no equals sign"}, "Line 1: write NAME=value"),
+        ({"name": "s", "command": "x", "env": "A=1\nA=2"}, "Line 2: A is given twice."),
+        ({"name": "s", "command": "x", "env": f"A={SECRET_MASK}"}, "type the value of A"),
+        ({"name": "s", "command": "x", "timeout": "0"}, "greater than or equal to 1"),
+        (
+            {"name": "s", "command": "x", "url": "http://example.com/"},
+            "A URL and headers are for HTTP",
+        ),
+        (
+            {"name": "s", "transport": "http", "url": "http://example.com/", "command": "y"},
+            "A command, arguments and environment are for stdio.",
+        ),
+    ],
+)
+def test_bad_input_is_a_message_on_the_form(staff, fields, message):
+    response = add(staff, **fields)
+    assert response.status_code == 422
+    assert message in response.content.decode()
+    assert not McpServer.objects.exists()
+
+
+def test_a_second_server_of_the_same_name_is_refused(staff):
+    add(staff, name="one", command="x")
+    response = add(staff, name="one", command="y")
+    assert response.status_code == 422
+    assert "There is already a server named one." in response.content.decode()
+
+
+def test_non_staff_never_see_or_change_servers(member):
+    row = McpServer.objects.create(name="web", transport="http", url="http://127.0.0.1:9/")
+    assert member.get(reverse("settings")).status_code == 403
+    assert add(member, name="x", command="y").status_code == 403
+    for name in ("mcp_delete", "mcp_test"):
+        assert member.post(reverse(name, args=[row.pk])).status_code == 403
+    assert McpServer.objects.count() == 1
+
+
+def test_remove(staff):
+    row = McpServer.objects.create(name="web", transport="http", url="http://127.0.0.1:9/")
+    response = staff.post(reverse("mcp_delete", args=[row.pk]), follow=True)
+    assert "Removed the MCP server web." in response.content.decode()
+    assert not McpServer.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_test_shows_the_error_of_a_server_that_is_down(staff):
+    row = McpServer.objects.create(name="down", transport="http", url="http://127.0.0.1:9/mcp")
+    response = staff.post(reverse("mcp_test", args=[row.pk]), follow=True)
+    assert "server down: not reachable (" in response.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_test_lists_the_tools_of_a_disabled_server(staff, tmp_path):
+    proc = Proc("mcp-web", [sys.executable, TOOLS, "http"], clean_env(), tmp_path / "log").start()
+    try:
+        url = f"http://127.0.0.1:{proc.listening().port}/mcp"
+        row = McpServer.objects.create(name="web", transport="http", url=url, enabled=False)
+        response = staff.post(reverse("mcp_test", args=[row.pk]), follow=True)
+    finally:
+        proc.stop()
+    said = [str(message) for message in response.context["messages"]]
+    assert said == [
+        "Server web offers 9 tools: echo, add, pixel, fail, slow, hang, crash, huge, grow."
+    ]
+
+
+def test_the_admin_stores_headers_encrypted_and_shows_them_masked(db):
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw-root-123"))
+    response = client.post(
+        reverse("admin:chat_mcpserver_add"),
+        {
+            "name": "web",
+            "transport": "http",
+            "args": "[]",
+            "url": "https://example.com/mcp",
+            "timeout": "60",
+            "enabled": "on",
+            "headers": f"Authorization=Bearer {TOKEN}",
+        },
+        follow=True,
+    )
+    assert response.status_code == 200
+    row = McpServer.objects.get(name="web")
+    assert row.get_headers() == {"Authorization": f"Bearer {TOKEN}"}
+    assert TOKEN not in row.headers_encrypted
+    for url in (
+        reverse("admin:chat_mcpserver_changelist"),
+        reverse("admin:chat_mcpserver_change", args=[row.pk]),
+    ):
+        html = client.get(url).content.decode()
+        assert f"Authorization={SECRET_MASK}" in html
+        assert TOKEN not in html
