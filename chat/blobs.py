@@ -625,20 +625,25 @@ def refs(owner_id: Any, values: Iterable[str]) -> list[dict[str, Any]]:
 
 def adopt(tab_id: Any, owner_id: Any, refs: Iterable[Any]) -> None:
     """An imported tab uses the blobs its references name that one of its owner's tabs
-    already uses (an export imported again here). Any other reference stays unserved:
-    a hash in a file is no proof of having had the file."""
+    already uses (an export imported again here); transfer has replaced any other: a
+    hash in a file is no proof of having had the file."""
     names = {
         ref["sha256"]: str(ref.get("name") or "attachment")
         for ref in refs
         if isinstance(ref, dict) and isinstance(ref.get("sha256"), str)
     }
-    owned = (
-        Blob.objects.filter(sha256__in=list(names), attachments__tab__owner_id=owner_id)
+    Attachment.objects.bulk_create(
+        Attachment(tab_id=tab_id, blob_id=sha, name=names[sha], sent=True)
+        for sha in owned_of(owner_id, names)
+    )
+
+
+def owned_of(owner_id: Any, shas: Iterable[str]) -> set[str]:
+    """Those of `shas` that are blobs one of the user's tabs uses."""
+    return set(
+        Blob.objects.filter(sha256__in=list(shas), attachments__tab__owner_id=owner_id)
         .values_list("sha256", flat=True)
         .distinct()
-    )
-    Attachment.objects.bulk_create(
-        Attachment(tab_id=tab_id, blob_id=sha, name=names[sha], sent=True) for sha in owned
     )
 
 

@@ -678,6 +678,40 @@ def import_jsonl(
         return _write(owner, head, checked)
 
 
+def _owned_files_only(owner_id: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """A chunk's `data` whose file references name only blobs the importer has (a hash
+    in a file is no proof of having had the file, and the runner would send what a
+    reference names): any other keeps its name but loses its sha256, so nothing reads
+    it, and the chunk says the file is not available, as a request says of a file that
+    is gone."""
+    refs = data["attachments"]
+    named = [r["sha256"] for r in refs if isinstance(r, dict) and isinstance(r.get("sha256"), str)]
+    owned = blobs.owned_of(owner_id, named)
+    kept, lines = [], []
+    for ref in refs:
+        # str(): an edited file may hold anything there.
+        if isinstance(ref, dict) and "sha256" in ref and str(ref["sha256"]) not in owned:
+            ref = {key: value for key, value in ref.items() if key != "sha256"}
+            lines.append(
+                f"[{_file_label(ref)}: not available (the tab was imported without it), "
+                "so it cannot be shown]"
+            )
+        kept.append(ref)
+    if not lines:
+        return data
+    # Where the model reads it: a message's text (its files come first), a tool's result.
+    key = "result" if "call_id" in data else "text"
+    said = str(data.get(key) or "")
+    return {**data, "attachments": kept, key: "\n".join(lines) + ("\n\n" + said if said else "")}
+
+
+def _file_label(ref: dict[str, Any]) -> str:
+    name = str(ref.get("name") or "attachment")
+    mime = str(ref.get("mime") or "")
+    kind = "image" if mime.startswith("image/") else "document" if mime == blobs.PDF else "file"
+    return f"{kind} {name}"
+
+
 def _write(owner: Any, head: dict[str, Any], checked: IO[str]) -> Tab:
     """Write checked chunk lines as a new tab of `owner`: a batch per transaction, the
     tab owned by no one (so shown to no one) until the last batch is in; removed if
@@ -690,7 +724,9 @@ def _write(owner: Any, head: dict[str, Any], checked: IO[str]) -> Tab:
         files: list[Any] = []
         for seq, text in enumerate(checked, start=1):
             fields = json.loads(text)
-            files += fields["data"].get("attachments") or []
+            if fields["data"].get("attachments"):
+                fields["data"] = _owned_files_only(getattr(owner, "pk", None), fields["data"])
+                files += fields["data"]["attachments"]
             turn_id = uuid.UUID(fields["turn_id"]) if fields["turn_id"] is not None else None
             batch.append(
                 Block(

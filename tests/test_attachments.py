@@ -821,3 +821,35 @@ def test_a_hash_in_an_imported_file_gives_no_access_to_the_blob(alice, bob):
     copy = transfer.import_jsonl(bob, io.BytesIO(exported))
     assert not Attachment.objects.filter(tab=copy).exists()
     assert client_for(bob).get(f"/blob/{sha}/").status_code == 404
+
+
+def _exported_with_refs(tab: Tab, refs: list[dict]) -> bytes:
+    """`tab`'s export with its message's file references replaced by `refs`."""
+    head, line = "".join(transfer.export_jsonl(tab)).splitlines()
+    chunk = json.loads(line)
+    chunk["data"]["attachments"] = refs
+    return f"{head}\n{json.dumps(chunk)}\n".encode()
+
+
+def test_an_imported_reference_to_a_blob_the_importer_lacks_names_the_file_only(alice, bob):
+    tab, sha = _with_a_file(alice)
+    alices = Chunk.objects.get(tab=tab).data["attachments"][0]
+    made_up = {**alices, "sha256": "e" * 64, "name": "other.png"}
+    odd = {**alices, "sha256": ["not", "a", "hash"], "name": "odd.png"}
+    exported = _exported_with_refs(tab, [alices, made_up, odd])
+    copy = transfer.import_jsonl(bob, io.BytesIO(exported))
+    data = Chunk.objects.get(tab=copy).data
+    assert [ref.get("sha256") for ref in data["attachments"]] == [None, None, None]
+    assert [ref["name"] for ref in data["attachments"]] == ["shot.png", "other.png", "odd.png"]
+    assert data["text"] == (
+        "[image shot.png: not available (the tab was imported without it), so it cannot be "
+        "shown]\n[image other.png: not available (the tab was imported without it), so it "
+        "cannot be shown]\n[image odd.png: not available (the tab was imported without it), "
+        "so it cannot be shown]\n\nlook"
+    )
+    messages = history.build(Chunk.objects.filter(tab=copy).order_by("seq"))
+    assert not [p for m in messages for p in m.parts if isinstance(p, ImagePart)]
+    # Alice's own import of the same file keeps her file and drops only the others.
+    mine = Chunk.objects.get(tab=transfer.import_jsonl(alice, io.BytesIO(exported))).data
+    assert [ref.get("sha256") for ref in mine["attachments"]] == [sha, None, None]
+    assert mine["text"].startswith("[image other.png: not available")
