@@ -459,7 +459,12 @@ class McpServerForm(forms.Form):
         help_text="Letters, digits, _ and -: its tools are called mcp__NAME__TOOL.",
         error_messages={"invalid": "Use letters, digits, _ and - only."},
     )
-    transport = forms.ChoiceField(choices=McpServer.Transport.choices)
+    transport = forms.ChoiceField(
+        choices=[
+            (McpServer.Transport.STDIO, "stdio: a program run here, in the shell's sandbox"),
+            (McpServer.Transport.HTTP, "streamable HTTP: a URL"),
+        ]
+    )
     command = forms.CharField(
         max_length=500, required=False, help_text="stdio: the program, e.g. npx or uvx."
     )

@@ -1079,7 +1079,8 @@ def mcp_server_test(request: HttpRequest, server_id: int) -> HttpResponse:
         )
     elif not problems:
         messages.warning(request, f"Server {server.name} answered, offering no tools.")
-    return redirect(reverse("settings") + "#mcp")
+    # The page's top, where messages show.
+    return redirect("settings")
 
 
 def _usage_section(period: str) -> dict[str, Any]:
