@@ -793,29 +793,6 @@ def tab_export(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 
 @login_required
-@require_GET
-def tab_chunk_output(request: HttpRequest, tab_id: uuid.UUID, seq: int) -> HttpResponse:
-    """A tool result's output as plain text, whole: its card's "Full view" (the card's
-    box scrolls). The tab's owner's only; any other chunk is a 404. nosniff: the output
-    is whatever a command printed, and must never be taken for HTML."""
-    chunk = get_object_or_404(
-        Chunk, tab_id=tab_id, tab__owner=request.user, seq=seq, type=Kind.TOOL_RESULT
-    )
-    text = chat_render.output_text(chunk.data or {})
-    response = StreamingHttpResponse(_pieces(text), content_type="text/plain; charset=utf-8")
-    response["X-Content-Type-Options"] = "nosniff"
-    response["Content-Disposition"] = f'inline; filename="tool-output-{seq}.txt"'
-    return response
-
-
-async def _pieces(text: str) -> AsyncIterator[bytes]:
-    # Async: Django reads a sync iterator whole under ASGI. "replace": always valid
-    # UTF-8, even for a lone surrogate an imported log may hold.
-    for start in range(0, len(text), OUTPUT_PIECE_CHARS):
-        yield text[start : start + OUTPUT_PIECE_CHARS].encode("utf-8", "replace")
-
-
-@login_required
 @require_POST
 @csrf_exempt
 def tab_attachments(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
@@ -916,6 +893,29 @@ def _blob_headers(response: HttpResponse) -> HttpResponse:
     response["Cache-Control"] = BLOB_CACHE_CONTROL
     response["Content-Security-Policy"] = BLOB_CSP
     return response
+
+
+@login_required
+@require_GET
+def tab_chunk_output(request: HttpRequest, tab_id: uuid.UUID, seq: int) -> HttpResponse:
+    """A tool result's output as plain text, whole: its card's "Full view" (the card's
+    box scrolls). The tab's owner's only; any other chunk is a 404. nosniff: the output
+    is whatever a command printed, and must never be taken for HTML."""
+    chunk = get_object_or_404(
+        Chunk, tab_id=tab_id, tab__owner=request.user, seq=seq, type=Kind.TOOL_RESULT
+    )
+    text = chat_render.output_text(chunk.data or {})
+    response = StreamingHttpResponse(_pieces(text), content_type="text/plain; charset=utf-8")
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Disposition"] = f'inline; filename="tool-output-{seq}.txt"'
+    return response
+
+
+async def _pieces(text: str) -> AsyncIterator[bytes]:
+    # Async: Django reads a sync iterator whole under ASGI. "replace": always valid
+    # UTF-8, even for a lone surrogate an imported log may hold.
+    for start in range(0, len(text), OUTPUT_PIECE_CHARS):
+        yield text[start : start + OUTPUT_PIECE_CHARS].encode("utf-8", "replace")
 
 
 @login_required
