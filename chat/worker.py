@@ -25,6 +25,7 @@ from django.conf import settings
 from chat import bus, lease
 from chat.agent import TurnRunner
 from chat.providers import aclose_clients
+from chat.tools import mcp
 
 logger = logging.getLogger(__name__)
 
@@ -281,6 +282,11 @@ async def _shut_down(worker: Worker) -> None:
         await aclose_clients()
     except Exception:
         logger.exception("could not close the providers' connections")
+    # MCP sessions end with their DELETE, and stdio servers with this process.
+    try:
+        await mcp.close_all()
+    except Exception:
+        logger.exception("could not close the MCP connections")
 
 
 _embedded_task: asyncio.Task | None = None

@@ -497,5 +497,7 @@ async def test_stop_while_compacting_at_a_turn_start_stops_that_turn(
     rows = await chunks(tab.pk)
     assert kinds(rows)[5:] == ["user/text", "system/system"]
     assert rows[5].data["text"] == "Next question" and rows[6].data["kind"] == "cancelled"
-    assert len(fake_server.requests) == 3
+    # No turn after the Stop: nothing asked past the summary (recorded once its
+    # connection closed, so it may not be in the list yet).
+    assert len(fake_server.requests) <= 3
     assert not await QueuedMessage.objects.filter(tab_id=tab.pk).aexists()

@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 from django.conf import settings
 
+from chat import worker
 from chat.models import McpServer
 from chat.tools import mcp, needs_approval, run_tool, sandbox, shell
 from harness.servers import Proc, clean_env
@@ -198,6 +199,20 @@ async def test_idle_connections_close_and_http_sessions_are_terminated(servers, 
     await mcp.close_idle(held.last_used + mcp.MCP_IDLE_SECONDS)
     assert connection("web") is None
     assert held.closed
+    assert deletes(web) == before + 1
+
+
+async def test_a_stopping_worker_ends_its_http_sessions(servers, web):
+    """run_worker's drain closes the MCP connections, each HTTP session with its DELETE
+    (a server otherwise keeps every session a stopped worker opened)."""
+    await mcp.call("mcp__web__echo", {"text": "x"})
+    held = connection("web")
+    before = deletes(web)
+    task = asyncio.create_task(worker.run_worker())
+    await asyncio.sleep(0.2)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert held.closed and connection("web") is None
     assert deletes(web) == before + 1
 
 

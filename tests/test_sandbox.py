@@ -363,6 +363,10 @@ async def test_no_process_outlives_a_cancelled_call(ws, policy):
 SERVER = """
 import asyncio, os, sys
 from pathlib import Path
+import django
+# chat.tools reads the MCP servers' rows: the app's models load first, as in the server.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+django.setup()
 from chat.tools.sandbox import Policy
 from chat.tools.shell import run_shell
 
