@@ -43,8 +43,12 @@ bubblewrap:
 	    "install them (sudo apt-get install bubblewrap slirp4netns); see the README's Security" \
 	    "section." >&2; fi; }
 
+# The suite in parallel (pytest-xdist): much of it waits on servers, browsers and
+# sockets, so three processes on two cores take about half the time of one.
+TEST_WORKERS ?= 3
+
 test: $(VENV)/.installed chromium bubblewrap
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
