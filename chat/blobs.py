@@ -700,7 +700,7 @@ def collect() -> Garbage:
     for sha in list(_unused().values_list("sha256", flat=True)):
         with transaction.atomic():
             blob = (
-                Blob.objects.select_for_update(skip_locked=True)
+                Blob.objects.select_for_update(skip_locked=True, of=("self",))
                 .filter(sha256=sha, attachments__isnull=True)
                 .first()
             )
