@@ -289,6 +289,9 @@ class TurnRunner:
         self._took_queued = False
         # The tab's context size after its last request (chat.context).
         self.size = context.Size()
+        # The names of the tools this turn offered: a call of any other is not run
+        # (a profile's allow-list holds for calls, not only for the list sent).
+        self._tool_names: frozenset[str] | None = None
         # A compaction was tried in this turn for an overflow: once a turn.
         self._overflow_tried = False
         # The tab's working directory (Tab.workdir): its tools' root under the workspace.
@@ -538,6 +541,7 @@ class TurnRunner:
         fresh, problems = await toolset.current(tab.tool_allow)
         for problem in problems:
             logger.warning("tab %s: %s", self.tab_id, problem)
+        self._tool_names = frozenset(entry["name"] for entry in fresh)
         if fresh == tab.tools:
             return
         trouble = "".join(f" {p}." for p in problems)
@@ -968,6 +972,10 @@ class TurnRunner:
         for call_id, name in list(self.reducer.pending_calls):
             self._check_cancel()
             call = self._args.get(call_id, {})
+            if self._tool_names is not None and name not in self._tool_names:
+                why = f"Not run: {name} is not one of this tab's tools."
+                await self._apply(self.reducer.feed(ToolResultEvent(call_id, name, why, True)))
+                continue
             decision = rules.decide(self._rules, name, call)
             if decision is not None:
                 await self._audit(call_id, decision)

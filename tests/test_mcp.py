@@ -293,6 +293,26 @@ async def test_a_listing_with_a_schema_no_provider_takes_is_a_problem():
     )
 
 
+async def test_a_tool_that_is_not_plain_json_is_left_out_with_a_problem():
+    """NaN in a schema or a NUL in a description would make saving the tab's frozen
+    tool list fail in every turn (SQLite's JSON check, PostgreSQL's json): such a tool is
+    left out, the server's others are offered."""
+    await McpServer.objects.acreate(
+        name="odd",
+        transport="stdio",
+        command=sys.executable,
+        args=[str(SERVERS / "bare.py"), "unstorable"],
+    )
+    found, problems = await mcp.specs()
+    assert [spec.name for spec in found] == ["mcp__odd__where"]
+    assert problems == [
+        "server odd: tool 'nan' is left out: its schema is not plain JSON "
+        "(Out of range float values are not JSON compliant: nan)",
+        "server odd: tool 'nul' is left out: its name, description or schema holds a NUL "
+        "character",
+    ]
+
+
 async def test_a_server_that_is_down_is_a_problem_naming_it():
     await McpServer.objects.acreate(name="down", transport="http", url="http://127.0.0.1:9/mcp")
     found, problems = await mcp.specs()

@@ -8,7 +8,7 @@ from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 
 from chat import agent
-from chat.models import Profile
+from chat.models import Profile, Setting
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta, ToolCallEvent
 from chat.providers.replay import ScriptedProvider
@@ -69,3 +69,33 @@ async def test_a_profile_whose_model_is_gone_makes_the_turn_say_so(workspace):
         "unknown model provider 'retired' in 'retired/model-1' "
         "(known: anthropic, deepseek, offline, openai)"
     )
+
+
+async def test_a_call_of_a_tool_the_profile_leaves_out_is_not_run(monkeypatch, workspace):
+    """The allow-list holds for calls, not only for the list sent: a model that calls a
+    tool it was not offered (approval off, so nobody would be asked) gets an error."""
+    provider = ScriptedProvider(
+        [
+            [
+                ToolCallEvent("c1", "write_file", {"path": "pwn.txt", "content": "x"}),
+                ToolCallEvent("c2", "read_file", {"path": "secret.txt"}),
+                Finish(stop_reason="tool_use"),
+            ],
+            [TextDelta("Done."), Finish()],
+        ]
+    )
+
+    async def provider_for(model: str):
+        return provider
+
+    monkeypatch.setattr(agent, "provider_for", provider_for)
+    await database_sync_to_async(Setting.objects.update_or_create)(
+        key="approve_tools", defaults={"value": False}
+    )
+    tab = await tab_from({"name": "ro", "model": "scripted/test", "tools": ["read_file"]})
+    async with running_worker():
+        await run_one(tab, "Write something")
+    assert not (workspace / "pwn.txt").exists()
+    results = {c.data["call_id"]: c.data for c in await chunks(tab.pk) if c.type == "tool_result"}
+    assert results["c1"]["is_error"] and "not one of this tab's tools" in results["c1"]["result"]
+    assert results["c2"]["result"].startswith("not for this tab")

@@ -487,6 +487,9 @@ async def _server_tools(
         if tool.name in seen:
             problems.append(f"{label}: tool {tool.name!r} is listed twice; the first is kept")
             continue
+        if why := _unstorable(tool):
+            problems.append(f"{label}: tool {tool.name!r} is left out: {why}")
+            continue
         seen.add(tool.name)
         usable.append(tool)
     if len(usable) > MAX_TOOLS_PER_SERVER:
@@ -495,6 +498,20 @@ async def _server_tools(
         )
         usable = usable[:MAX_TOOLS_PER_SERVER]
     return usable, problems
+
+
+def _unstorable(tool: types.Tool) -> str:
+    """Why a tool cannot go into a tab's frozen list (JSON in the database, sent as
+    is): a number JSON has not (NaN, Infinity), or a NUL character, which PostgreSQL
+    refuses in text and SQLite's JSON check refuses too. "" when it can."""
+    try:
+        text = json.dumps([tool.name, tool.description, tool.title, tool.input_schema])
+        json.dumps(tool.input_schema, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return f"its schema is not plain JSON ({exc})"
+    if "\\u0000" in text:
+        return "its name, description or schema holds a NUL character"
+    return ""
 
 
 def _description(tool: types.Tool) -> str:

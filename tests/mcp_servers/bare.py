@@ -1,8 +1,9 @@
 """A minimal MCP server on the standard library alone, for the stdio sandbox test: the
 sandbox shows the system's Python but not the project's packages, so this one is copied
 into the workspace and run there. `broken` as its argument: it also lists a tool whose
-schema no provider takes; `garbage`: it writes a line that is
-not JSON-RPC, then nothing; `exit`: it fails at once, saying why on stderr."""
+schema no provider takes; `unstorable`: tools with NaN in a schema and NUL in a
+description; `garbage`: it writes a line that is not JSON-RPC, then nothing; `exit`: it
+fails at once, saying why on stderr."""
 
 import json
 import os
@@ -22,6 +23,11 @@ TOOLS = [
 if sys.argv[1:] == ["broken"]:
     # A property that is no schema: the SDK lets it through, no provider takes it.
     TOOLS.append({"name": "broken", "inputSchema": {"type": "object", "properties": {"x": 5}}})
+if sys.argv[1:] == ["unstorable"]:
+    # Valid MCP, but not JSON a database column (or a provider) takes: NaN, and a NUL.
+    number = {"type": "number", "maximum": float("nan")}
+    TOOLS.append({"name": "nan", "inputSchema": {"type": "object", "properties": {"n": number}}})
+    TOOLS.append({"name": "nul", "description": "a\x00b", "inputSchema": {"type": "object"}})
 
 
 def answer(message_id, result):
