@@ -308,8 +308,7 @@ async def test_a_tool_that_is_not_plain_json_is_left_out_with_a_problem():
     assert problems == [
         "server odd: tool 'nan' is left out: its schema is not plain JSON "
         "(Out of range float values are not JSON compliant: nan)",
-        "server odd: tool 'nul' is left out: its name, description or schema holds a NUL "
-        "character",
+        "server odd: tool 'nul' is left out: its name, description or schema holds a NUL character",
     ]
 
 
