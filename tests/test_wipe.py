@@ -305,10 +305,10 @@ def test_it_shrinks_the_database_file(filled):
         assert _db_size() < size_before / 2
         assert "VACUUM: database" in output
     else:
-        assert (
-            "VACUUM ANALYZE chat_chunk, chat_queuedmessage, chat_checkpointpiece, "
-            "chat_runningturn, chat_tab"
-        ) in output
+        # Every table the wipe emptied, and the search index.
+        vacuumed = next(line for line in output.splitlines() if "VACUUM ANALYZE " in line)
+        for table in [*wipe_history.history_tables(), "chat_searchentry"]:
+            assert table in vacuumed
     assert opsdata.history_counts()["chunks"] == 0
 
 
