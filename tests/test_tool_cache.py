@@ -12,6 +12,7 @@ import pytest
 
 from chat import agent
 from chat.models import Tab
+from chat.tools import toolset
 from tests.anthropic_wire import MARKER, MODEL, reply, text, tool_use, use_anthropic
 from tests.engine import Watcher, chunks, make_tab, running_worker, submit
 
@@ -95,3 +96,17 @@ async def test_tools_are_byte_stable_across_turns_and_change_only_at_a_turn_star
         assert by_seq[seq + 1].turn_id == by_seq[seq].turn_id
     await tab.arefresh_from_db()
     assert [e["name"] for e in tab.tools] == ["read_file"]
+
+
+async def test_a_frozen_list_reads_back_from_the_database_as_it_was_stored():
+    """PostgreSQL's jsonb gives `1e+300` back as an integer: frozen so already, the list
+    a later turn reads is equal (no spurious config-reload) and sends the same bytes."""
+    schema = {"type": "object", "properties": {"a": {"maximum": 1e16, "minimum": 1e300}}}
+    schema["properties"]["b"] = {"multipleOf": 1.5, "maximum": 1.0, "minimum": 1e-7}
+    entry = {"name": "mcp__s__t", "description": "d", "input_schema": schema, "server": "s"}
+    frozen = toolset.freeze([entry], [])
+    tab = await make_tab()
+    await Tab.objects.filter(pk=tab.pk).aupdate(tools=frozen)
+    stored = (await Tab.objects.aget(pk=tab.pk)).tools
+    assert stored == frozen
+    assert json.dumps(stored, sort_keys=True) == json.dumps(frozen, sort_keys=True)

@@ -14,6 +14,7 @@ a database stores JSON: PostgreSQL's jsonb reorders keys).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -25,11 +26,16 @@ Entry = dict[str, Any]
 
 
 def sorted_keys(value: Any) -> Any:
-    """`value` with every mapping's keys in sorted order (a deep copy)."""
+    """`value` with every mapping's keys in sorted order (a deep copy), and whole numbers
+    written with an exponent (`1e+300`) as the integers they are: PostgreSQL's jsonb gives
+    them back so, and a list that reads back otherwise would send other bytes (and look
+    changed) at every later turn."""
     if isinstance(value, Mapping):
         return {key: sorted_keys(value[key]) for key in sorted(value)}
     if isinstance(value, list | tuple):
         return [sorted_keys(item) for item in value]
+    if isinstance(value, float) and value.is_integer() and "e" in repr(value):
+        return int(Decimal(repr(value)))
     return value
 
 
