@@ -312,6 +312,25 @@ async def test_a_tool_that_is_not_plain_json_is_left_out_with_a_problem():
     ]
 
 
+async def test_problems_and_errors_never_show_the_servers_secrets():
+    """A problem goes into every tab that has the server's tools: a server quoting its
+    token on stderr, or a URL carrying one, shows users no secret."""
+    leaky = McpServer(name="leaky", transport="stdio", command=sys.executable)
+    leaky.args = [str(SERVERS / "bare.py"), "leak"]
+    leaky.set_env({"MCP_TEST_TOKEN": "sekrit-123"})
+    await leaky.asave()
+    await McpServer.objects.acreate(
+        name="down", transport="http", url="http://u:pw-9876@127.0.0.1:9/mcp?token=tok-4567"
+    )
+    found, problems = await mcp.specs()
+    text = " ".join(problems)
+    assert "leaky" in text and "down" in text and mcp.REDACTED in text
+    for secret in ("sekrit-123", "tok-4567", "pw-9876"):
+        assert secret not in text
+    called = await mcp.call("mcp__down__x", {})
+    assert called.is_error and "tok-4567" not in called.result
+
+
 async def test_a_server_that_is_down_is_a_problem_naming_it():
     await McpServer.objects.acreate(name="down", transport="http", url="http://127.0.0.1:9/mcp")
     found, problems = await mcp.specs()

@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 import httpx2
 import mcp_types as types
@@ -129,6 +130,25 @@ class ServerConfig:
             timeout=row.timeout,
             problem=problem,
         )
+
+    def redact(self, text: str) -> str:
+        """`text` (a problem or an error, shown in every tab that has the server's tools)
+        without the server's secrets: its env and header values, its URL's query and
+        password. A server quoting its token in an error must not show it to users."""
+        parts = urlsplit(self.url) if self.url else None
+        secrets = [value for _, value in (*self.env, *self.headers)]
+        if parts is not None:
+            secrets += [parts.query, parts.password or ""]
+        for secret in sorted(secrets, key=len, reverse=True):
+            if len(secret) >= MIN_SECRET_CHARS:
+                text = text.replace(secret, REDACTED)
+        return text
+
+
+# What a secret is replaced by in problems and errors, and the shortest value taken for
+# one (shorter ones, "1" or "on", would blank out ordinary words).
+REDACTED = "•••"
+MIN_SECRET_CHARS = 4
 
 
 class Unreachable(Exception):
@@ -443,7 +463,11 @@ async def specs() -> tuple[list[McpToolSpec], list[str]]:
 
 async def _specs(configs: list[ServerConfig]) -> tuple[list[McpToolSpec], list[str]]:
     listed = await asyncio.gather(*(_server_tools(config) for config in configs))
-    problems = [problem for _, server_problems in listed for problem in server_problems]
+    problems = [
+        config.redact(problem)
+        for config, (_, server_problems) in zip(configs, listed, strict=True)
+        for problem in server_problems
+    ]
     offered = [
         (config.name, tool)
         for config, (tools, _) in zip(configs, listed, strict=True)
@@ -598,7 +622,7 @@ async def call(
     try:
         connection = await _connect(config)
     except Unreachable as exc:
-        return ToolOutcome(f"{label} is not reachable: {exc}", is_error=True)
+        return ToolOutcome(config.redact(f"{label} is not reachable: {exc}"), is_error=True)
     try:
         async with _using(connection), asyncio.timeout(limit):
             result = await connection._session().call_tool(
@@ -612,7 +636,8 @@ async def call(
         if not isinstance(exc, MCPError | Unreachable) or _lost(exc):
             logger.warning("MCP %s: %s failed", label, spec.tool, exc_info=True)
             await _drop(connection)
-        return ToolOutcome(f"{label}: {spec.tool} failed: {_reason(exc)}", is_error=True)
+        failed = f"{label}: {spec.tool} failed: {_reason(exc)}"
+        return ToolOutcome(config.redact(failed), is_error=True)
     finally:
         live.finish()
     if not isinstance(result, types.CallToolResult):

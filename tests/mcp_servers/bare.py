@@ -3,7 +3,7 @@ sandbox shows the system's Python but not the project's packages, so this one is
 into the workspace and run there. `broken` as its argument: it also lists a tool whose
 schema no provider takes; `unstorable`: tools with NaN in a schema and NUL in a
 description; `garbage`: it writes a line that is not JSON-RPC, then nothing; `exit`: it
-fails at once, saying why on stderr."""
+fails at once, saying why on stderr; `leak`: the same, quoting its token."""
 
 import json
 import os
@@ -11,6 +11,9 @@ import sys
 
 if sys.argv[1:] == ["exit"]:
     sys.stderr.write("bare: cannot start, no configuration\n")
+    sys.exit(2)
+if sys.argv[1:] == ["leak"]:
+    sys.stderr.write(f"bare: token {os.environ.get('MCP_TEST_TOKEN')} refused\n")
     sys.exit(2)
 if sys.argv[1:] == ["garbage"]:
     print("hello, this is not MCP", flush=True)
