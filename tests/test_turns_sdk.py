@@ -363,8 +363,10 @@ async def test_a_server_that_only_pings_is_cut_off_within_a_bound(
     """Pings are life, but not forever: with no event for STREAM_SILENT_MAX the attempt
     is given up like a stall, so a turn always ends within a bounded total."""
     use_anthropic(monkeypatch, fake_server)
-    monkeypatch.setenv("ANTHROPIC_STREAM_IDLE_TIMEOUT", "0.3")
-    monkeypatch.setattr(agent, "STREAM_SILENT_MAX", 0.6)
+    # Pings 20 times the idle timeout apart: a busy machine (the suite runs in three
+    # processes) must not turn a late ping into "sent nothing".
+    monkeypatch.setenv("ANTHROPIC_STREAM_IDLE_TIMEOUT", "1.0")
+    monkeypatch.setattr(agent, "STREAM_SILENT_MAX", 2.0)
     monkeypatch.setattr(retry, "RETRY_DELAYS", ())
     monkeypatch.setattr(retry, "JITTER", 0)
     pings = [item for _ in range(200) for item in (Pause(0.05), {"type": "ping"})]
