@@ -64,6 +64,13 @@ class Tab(models.Model):
     # A subfolder of the workspace the tab's tools work in ("": the workspace itself),
     # so that parallel tabs do not trample each other.
     workdir = models.CharField(max_length=200, blank=True)
+    # A sub-agent's tab: the tab whose `agent` tool call made it, and that call's id.
+    # Its id is uuid5(parent, call id) (chat.children), so a parent that recovers
+    # after a crash finds the child it made instead of spawning a second.
+    parent_tab = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    parent_call_id = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
 
@@ -186,6 +193,9 @@ class QueuedMessage(models.Model):
     compact_through = models.BigIntegerField(null=True, blank=True)
     # The message's files: the references its user chunk will hold (chat.blobs.reference).
     attachments = models.JSONField(default=list, blank=True)
+    # Who sent it when not the user at the composer: {kind: wake, wake_id,
+    # scheduled_for} or {kind: agent, parent_tab, call_id}; its user chunk keeps it.
+    origin = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -250,6 +260,9 @@ class Profile(models.Model):
     system_prompt = models.TextField(blank=True)
     model = models.CharField(max_length=200, blank=True)
     tools = models.JSONField(default=list, blank=True)
+    # Its tabs may start sub-agents of their own when they are sub-agents themselves
+    # (by default a child has no `agent` tool: no nesting).
+    allow_nesting = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -355,6 +368,103 @@ def _decrypt_json(token: str) -> dict[str, str] | None:
         return json.loads(_fernet().decrypt(token.encode()))
     except InvalidToken:
         return None
+
+
+class Wake(models.Model):
+    """A scheduled prompt (DESIGN §16): at each due time its prompt is submitted to
+    `tab` (or to a new tab each time) as if its owner sent it. Kept state:
+    `wipe_history` keeps it. `next_run_at` (UTC) is the claim: a worker fires a time
+    by moving it on in the same transaction that inserts that time's WakeRun (chat.wakes)."""
+
+    class Kind(models.TextChoices):
+        CRON = "cron"
+        INTERVAL = "interval"
+        ONCE = "once"
+
+    class Overlap(models.TextChoices):
+        QUEUE = "queue"  # behind the tab's running turn, as a message sent meanwhile
+        SKIP = "skip"  # recorded as skipped, with the reason
+
+    class CatchUp(models.TextChoices):
+        SKIP = "skip"  # slots missed while no worker ran are recorded as skipped
+        LATEST = "latest"  # the latest missed slot runs once, the others are skipped
+
+    class Approval(models.TextChoices):
+        WAIT = "wait"  # a call that needs approval parks the turn as waiting
+        DENY = "deny"  # it is answered "not approved" and the turn goes on
+
+    class Creator(models.TextChoices):
+        USER = "user"
+        AGENT = "agent"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="wakes"
+    )
+    name = models.CharField(max_length=200, blank=True)
+    tab = models.ForeignKey(
+        Tab, null=True, blank=True, on_delete=models.SET_NULL, related_name="wakes"
+    )
+    # Each firing starts a new tab (then `tab` is None). A wake with neither lost its
+    # tab (deleted): it fails its runs with that reason, it does not start new tabs.
+    new_tab = models.BooleanField(default=False)
+    prompt = models.TextField()
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    cron = models.CharField(max_length=200, blank=True)
+    timezone = models.CharField(max_length=64, default="UTC")
+    interval_seconds = models.PositiveIntegerField(null=True, blank=True)
+    once_at = models.DateTimeField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    overlap = models.CharField(max_length=8, choices=Overlap.choices, default=Overlap.QUEUE)
+    catch_up = models.CharField(max_length=8, choices=CatchUp.choices, default=CatchUp.LATEST)
+    profile = models.ForeignKey(
+        Profile, null=True, blank=True, on_delete=models.SET_NULL, related_name="wakes"
+    )
+    model = models.CharField(max_length=200, blank=True)
+    approval = models.CharField(max_length=8, choices=Approval.choices, default=Approval.WAIT)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=8, choices=Creator.choices, default=Creator.USER)
+    # The next due time in UTC; None when it will not fire again (disabled, expired, done).
+    next_run_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.name or f"wake {self.pk}"
+
+
+class WakeRun(models.Model):
+    """One scheduled time of a wake: inserted with the claim (unique on wake and time:
+    exactly one firing), then completed. A `pending` run is one a crash interrupted
+    between claim and submit; recovery completes it."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        SUBMITTED = "submitted"
+        SKIPPED = "skipped"
+        FAILED = "failed"
+
+    wake = models.ForeignKey(Wake, on_delete=models.CASCADE, related_name="runs")
+    scheduled_for = models.DateTimeField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    reason = models.TextField(blank=True)
+    tab = models.ForeignKey(
+        Tab, null=True, blank=True, on_delete=models.SET_NULL, related_name="wake_runs"
+    )
+    queued_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-scheduled_for"]
+        constraints = [
+            models.UniqueConstraint(fields=["wake", "scheduled_for"], name="wakerun_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.wake} at {self.scheduled_for:%Y-%m-%d %H:%M}"
 
 
 class Setting(models.Model):
