@@ -1482,10 +1482,14 @@ class TurnRunner:
 
 
 def _message_data(queued: QueuedMessage) -> dict[str, Any]:
-    """A queued message's user chunk data: its text, and its files when it has some."""
+    """A queued message's user chunk data: its text, its files and who sent it (a wake,
+    a parent agent) when it has them."""
+    data: dict[str, Any] = {"text": queued.text}
     if queued.attachments:
-        return {"text": queued.text, "attachments": queued.attachments}
-    return {"text": queued.text}
+        data["attachments"] = queued.attachments
+    if queued.origin:
+        data["origin"] = queued.origin
+    return data
 
 
 def _reason(exc: ProviderError) -> str:

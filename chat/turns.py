@@ -49,13 +49,20 @@ def visible(text: str) -> bool:
 
 
 def submit(
-    tab: Tab, text: str, *, attachments: Iterable[str] = (), auto_approve: bool = False
+    tab: Tab,
+    text: str,
+    *,
+    attachments: Iterable[str] = (),
+    auto_approve: bool = False,
+    origin: dict[str, Any] | None = None,
 ) -> QueuedMessage:
     """Accept a user message: persist it, show it as queued, and make sure a turn takes it.
 
     `attachments`: the composer's `<sha256>:<name>` values, each a blob one of the tab
-    owner's tabs uses (an upload of theirs). ValueError (for the user) for an empty
-    message, or a file that is not theirs (blobs.AttachmentError): nothing is queued.
+    owner's tabs uses (an upload of theirs). `origin`: who sent it when not the user
+    (a wake, a parent agent); its user chunk keeps it. ValueError (for the user) for
+    an empty message, or a file that is not theirs (blobs.AttachmentError): nothing
+    is queued.
     """
     text = text.strip()
     files = blobs.refs(tab.owner_id, attachments)
@@ -63,15 +70,22 @@ def submit(
         raise ValueError("The message is empty.")
     with transaction.atomic():
         Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
-        queued = _enqueue(tab, text, files)
+        queued = _enqueue(tab, text, files, origin)
         blobs.mark_sent(tab.pk, files)
     bus.request_run(tab.pk, auto_approve=auto_approve)
     return queued
 
 
-def _enqueue(tab: Tab, text: str, attachments: list[dict[str, Any]] | None = None) -> QueuedMessage:
+def _enqueue(
+    tab: Tab,
+    text: str,
+    attachments: list[dict[str, Any]] | None = None,
+    origin: dict[str, Any] | None = None,
+) -> QueuedMessage:
     """Queue a message; the caller's transaction holds the tab's lock."""
-    queued = QueuedMessage.objects.create(tab=tab, text=text, attachments=attachments or [])
+    queued = QueuedMessage.objects.create(
+        tab=tab, text=text, attachments=attachments or [], origin=origin
+    )
     # A draft (an edit's old text) is sent or replaced by what was sent.
     Tab.objects.filter(pk=tab.pk).exclude(draft="").update(draft="")
     if not tab.title:
