@@ -296,6 +296,8 @@ class TurnRunner:
         self._overflow_tried = False
         # The tab's working directory (Tab.workdir): its tools' root under the workspace.
         self.cwd = ""
+        # Every message of this turn came from a wake whose approval policy is "deny".
+        self._unattended = False
 
     # --- control (called from the worker consumer) --------------------------
 
@@ -426,6 +428,7 @@ class TurnRunner:
         self._took_queued = False
         self._overflow_tried = False
         self._rules = None
+        self._unattended = False
         self.cancelled.clear()
         # Auto-approval was asked for the message that started the first turn only.
         self.auto_approve = False
@@ -986,12 +989,21 @@ class TurnRunner:
                         )
                     )
                     continue
-            if (decision is not None and decision.action == rules.ASK) or (
-                decision is None
-                and config.approve_tools
-                and not self.auto_approve
-                and tools.needs_approval(name)
+            if (
+                (decision is not None and decision.action == rules.ASK)
+                or (tools.always_asks(name) and not self.auto_approve)
+                or (
+                    decision is None
+                    and config.approve_tools
+                    and not self.auto_approve
+                    and tools.needs_approval(name)
+                )
             ):
+                if self._unattended:
+                    # A wake's turn whose wake says so: nobody is there to answer.
+                    why = "Not approved: unattended wake turn."
+                    await self._apply(self.reducer.feed(ToolResultEvent(call_id, name, why, True)))
+                    continue
                 approved = await self._wait_for_approval(call_id, name, call)
                 if added := self._approval_rules.pop(call_id, None):
                     await self._system("rule", added["text"], call_id=call_id, **added["rule"])
@@ -1045,6 +1057,7 @@ class TurnRunner:
                 on_output=on_output,
                 policy=sandbox.policy_from(django_settings),
                 cwd=self.cwd,
+                tab_id=self.tab_id,
             )
             result, is_error, attachments = outcome.result, outcome.is_error, ()
             if outcome.image is not None:
@@ -1356,6 +1369,10 @@ class TurnRunner:
     async def _take_queued(self) -> bool:
         """Move waiting user messages into the log, in order. True if there were any."""
         blocks, ids = await database_sync_to_async(self._take_queued_sync)()
+        if ids:
+            # A message from someone present (not a deny wake) makes the turn attended.
+            denied = bool(blocks) and all(_deny_wake(b.data) for b in blocks)
+            self._unattended = denied and (self._unattended or not self._took_queued)
         self._took_queued = self._took_queued or bool(ids)
         for block in blocks:
             self.last_seq = block.seq
@@ -1490,6 +1507,11 @@ def _message_data(queued: QueuedMessage) -> dict[str, Any]:
     if queued.origin:
         data["origin"] = queued.origin
     return data
+
+
+def _deny_wake(data: dict[str, Any]) -> bool:
+    origin = data.get("origin") or {}
+    return origin.get("kind") == "wake" and origin.get("approval") == "deny"
 
 
 def _reason(exc: ProviderError) -> str:

@@ -4,6 +4,8 @@
 - `control_group(tab_id)`: "turn.cancel", "turn.approve", "turn.snapshot" — only
   the worker holding the tab's lease is in this group, wherever it runs.
 - `tab_group(tab_id)`: "tab.op" — every op of the tab, for the sockets watching it.
+- `WORKER_CHANNEL`: "wakes.changed" — a wake was added or changed: the worker that
+  takes it looks at the wakes again now instead of at its next capped wake-up.
 
 The sync helpers are for ORM code (views, commands, the lease's database
 thread); async code awaits the channel layer itself.
@@ -12,9 +14,11 @@ thread); async code awaits the channel layer itself.
 from __future__ import annotations
 
 import uuid
+from contextlib import suppress
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 
 WORKER_CHANNEL = "dispatch-turns"
@@ -47,3 +51,11 @@ def request_run(tab_id: uuid.UUID | str, *, auto_approve: bool = False) -> None:
     if auto_approve:
         start["auto_approve"] = True
     send(WORKER_CHANNEL, start)
+
+
+def wakes_changed() -> None:
+    """Tell a worker's wake scheduler to look again (chat.wakes): one is enough, since
+    any worker may fire any wake."""
+    # A hint only: when the channel is full, the scheduler's capped sleep ends anyway.
+    with suppress(ChannelFull):
+        send(WORKER_CHANNEL, {"type": "wakes.changed"})

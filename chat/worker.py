@@ -22,7 +22,7 @@ from channels.routing import ChannelNameRouter
 from channels.worker import Worker
 from django.conf import settings
 
-from chat import bus, lease
+from chat import bus, lease, wakes
 from chat.agent import TurnRunner
 from chat.providers import aclose_clients
 from chat.tools import mcp
@@ -131,6 +131,9 @@ class TurnWorker(AsyncConsumer):
                     bus.control_group(runner.tab_id), self.channel_name
                 )
 
+    async def wakes_changed(self, message: dict[str, Any]) -> None:
+        wakes.nudge()
+
     def _runner(self, message: dict[str, Any]) -> TurnRunner | None:
         return RUNNING.get(uuid.UUID(message["tab_id"]))
 
@@ -188,7 +191,8 @@ class StoppableWorker(Worker):
 
 
 async def run_worker() -> None:
-    """Run turns until cancelled: the TurnWorker on WORKER_CHANNEL, plus the recovery scan.
+    """Run turns until cancelled: the TurnWorker on WORKER_CHANNEL, plus the recovery scan
+    and the wake scheduler (chat.wakes).
 
     Cancelling it drains: see _shut_down."""
     global accepting_turns
@@ -206,6 +210,7 @@ async def run_worker() -> None:
             await asyncio.sleep(SCAN_SECONDS)
 
     scanner = asyncio.create_task(scan())
+    scheduler = asyncio.create_task(wakes.run_scheduler())
     listening = asyncio.create_task(worker.arun())
     try:
         await listening
@@ -213,9 +218,10 @@ async def run_worker() -> None:
         # At once: a turn.start whose lease is being taken right now must see it.
         _stop_accepting()
         scanner.cancel()
+        scheduler.cancel()
         listening.cancel()
         # Stop listening before anything else: a turn.start taken now would be lost.
-        await asyncio.gather(scanner, listening, return_exceptions=True)
+        await asyncio.gather(scanner, scheduler, listening, return_exceptions=True)
         await _shut_down(worker)
 
 

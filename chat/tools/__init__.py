@@ -20,6 +20,7 @@ from chat.tools.base import ToolOutcome
 from chat.tools.registry import (
     TOOLS,
     Tool,
+    always_asks,
     needs_approval,
     run_tool,
     streams_output,
@@ -31,6 +32,7 @@ __all__ = [
     "TOOLS",
     "Tool",
     "ToolOutcome",
+    "always_asks",
     "needs_approval",
     "run_tool",
     "streams_output",

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chat.providers.base import ToolSpec
-from chat.tools import files, mcp, mcp_names, sandbox, shell, workdir
+from chat.tools import files, mcp, mcp_names, sandbox, shell, wake, workdir
 from chat.tools.base import ToolError, ToolOutcome
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,11 @@ async def _shell(args, root, on_output, timeout, policy) -> ToolOutcome:
     return await shell.run_shell(
         args["command"], root, on_output=on_output, timeout=timeout, policy=policy
     )
+
+
+async def _schedule_wake(args, root, on_output, timeout, policy) -> ToolOutcome:
+    # run_tool calls chat.tools.wake with the tab instead: a wake is made for a tab.
+    return ToolOutcome(f"{wake.NAME} runs only in a tab's turn", is_error=True)
 
 
 _PATH = {"type": "string", "description": "A path relative to the workspace."}
@@ -157,6 +163,13 @@ TOOLS: tuple[Tool, ...] = (
         needs_approval=True,
         run=_shell,
     ),
+    Tool(
+        name=wake.NAME,
+        description=wake.DESCRIPTION,
+        input_schema=wake.INPUT_SCHEMA,
+        needs_approval=True,
+        run=_schedule_wake,
+    ),
 )
 
 _BY_NAME = {tool.name: tool for tool in TOOLS}
@@ -189,6 +202,15 @@ def streams_output(name: str) -> bool:
     return name == "shell" or mcp_names.is_mcp(name)
 
 
+# Tools that wait for the user even when an allow rule or the "don't ask" setting would
+# let them run: what they set up happens later, with nobody watching (a wake).
+ALWAYS_ASK = frozenset({wake.NAME})
+
+
+def always_asks(name: str) -> bool:
+    return name in ALWAYS_ASK
+
+
 def needs_approval(name: str) -> bool:
     """Whether a call must wait for the user's approval.
 
@@ -211,6 +233,7 @@ async def run_tool(
     timeout: float | None = None,
     policy: sandbox.Policy | None = None,
     cwd: str = "",
+    tab_id: uuid.UUID | None = None,
 ) -> ToolOutcome:
     """Run one tool call in `workspace` (created if missing), or in its subfolder
     `cwd` (a tab's working directory, chat.tools.workdir), which is then the tool's
@@ -238,6 +261,8 @@ async def run_tool(
     # Optional arguments sent as null (as OpenAI-style models do) mean "not given".
     args = {key: value for key, value in arguments.items() if value is not None}
     try:
+        if name == wake.NAME:
+            return await wake.schedule_wake(args, tab_id)
         root = await asyncio.to_thread(workdir.ensure, Path(workspace), cwd)
         return await tool.run(
             args, root, on_output, timeout or shell.SHELL_TIMEOUT, policy or sandbox.Policy()

@@ -1,0 +1,336 @@
+"""Wakes (DESIGN §16): claiming a due time, firing it into a tab, recovering a firing a
+crash cut short, and the scheduler every worker runs.
+
+Exactly one firing per scheduled time, whatever the number of workers: a worker claims
+a wake in ONE transaction that moves `Wake.next_run_at` on only if it still holds the
+value the worker read (a compare-and-set UPDATE: on PostgreSQL the second of two
+concurrent updates waits for the first and then matches nothing; SQLite runs them one
+after the other) and inserts the time's `WakeRun` (unique on wake and time) as
+`pending`. Only then is the prompt submitted (`turns.submit` with the wake as origin,
+kept in the user chunk), and the run marked `submitted`. A crash in between leaves the
+pending run; recovery submits it unless its message is already queued or in the log
+(at least once, never twice for what was seen to arrive).
+
+The times themselves are chat.schedule's (pure); this module brings in the clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import suppress
+from datetime import datetime, timedelta
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from chat import bus, preferences, schedule, turns
+from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, Wake, WakeRun
+
+logger = logging.getLogger(__name__)
+
+# The scheduler looks at the wakes at least this often even when none is due sooner: a
+# wakes.changed message can be lost (a full channel) or go to another worker, and a
+# wake can be edited where nobody sends one (the database by hand).
+SLEEP_CAP_SECONDS = 60.0
+# A pending run this old was cut short by a crash (a firing takes milliseconds): the
+# recovery submits it. Taking it moves its created_at on, so a second worker's recovery
+# leaves it alone for as long again.
+PENDING_STALE = timedelta(seconds=60)
+# Wakes fired in one pass; the rest are due still and go in the next pass, at once.
+MAX_FIRED_PER_PASS = 50
+
+SKIPPED_BUSY = "A turn was running in the tab (overlap: skip)."
+TAB_DELETED = "The wake's tab was deleted: the wake is disabled."
+
+
+def schedule_of(wake: Wake) -> schedule.Schedule:
+    return schedule.parse(
+        wake.kind,
+        cron=wake.cron,
+        timezone=wake.timezone,
+        interval_seconds=wake.interval_seconds,
+        once_at=wake.once_at,
+    )
+
+
+def reschedule(wake: Wake, now: datetime) -> None:
+    """Set a new, changed, re-enabled or kept wake's next time from now (None when
+    disabled); ScheduleError when it would never fire. Does not save."""
+    if not wake.enabled:
+        wake.next_run_at = None
+        return
+    wake.next_run_at = schedule.first_run(schedule_of(wake), now, wake.expires_at)
+
+
+def changed() -> None:
+    """A wake was added or changed: some worker's scheduler looks again now."""
+    bus.wakes_changed()
+
+
+def origin_of(wake: Wake, scheduled_for: datetime) -> dict[str, Any]:
+    """The user chunk's origin: which wake and time (the dedup key of recovery), and
+    what the page and the runner need without reading the wake (its name, its approval
+    policy as it was when it fired)."""
+    return {
+        "kind": "wake",
+        "wake_id": wake.pk,
+        "scheduled_for": scheduled_for.isoformat(),
+        "name": str(wake),
+        "approval": wake.approval,
+    }
+
+
+# --- claim ---------------------------------------------------------------------------
+
+
+def claim(wake_id: int, now: datetime) -> WakeRun | None:
+    """Claim the wake's due time(s) at `now`: the run to fire (pending), or None (not
+    due, claimed by another worker, or nothing to run: missed slots recorded skipped)."""
+    wake = Wake.objects.filter(pk=wake_id, enabled=True).first()
+    if wake is None or wake.next_run_at is None or wake.next_run_at > now:
+        return None
+    due = wake.next_run_at
+    try:
+        plan = schedule.plan(
+            schedule_of(wake), due, now, catch_up=wake.catch_up, expires_at=wake.expires_at
+        )
+    except schedule.ScheduleError as exc:
+        # A row changed by hand (the admin, the database) into something unusable.
+        return _disable(wake, due, now, f"The wake's schedule is invalid: {exc}")
+    try:
+        with transaction.atomic():
+            moved = Wake.objects.filter(pk=wake.pk, enabled=True, next_run_at=due).update(
+                next_run_at=plan.next_run_at, updated_at=now
+            )
+            if not moved:
+                return None
+            _record_skipped(wake, plan, now)
+            if plan.run is None:
+                return None
+            return WakeRun.objects.create(wake=wake, scheduled_for=plan.run)
+    except IntegrityError:
+        # The time is claimed already (a "run now" at the same instant): nothing moved.
+        logger.warning("wake %s: %s was claimed twice", wake.pk, plan.run)
+        return None
+
+
+def _record_skipped(wake: Wake, plan: schedule.Plan, now: datetime) -> None:
+    why = (
+        "Missed while no worker ran (catch-up: latest only)."
+        if wake.catch_up == Wake.CatchUp.LATEST
+        else "Missed while no worker ran (catch-up: skip)."
+    )
+    rows = [
+        WakeRun(wake=wake, scheduled_for=slot, status=WakeRun.Status.SKIPPED, reason=why)
+        for slot in plan.skipped
+    ]
+    if rows and plan.unrecorded:
+        count = f"more than {plan.unrecorded}" if plan.more else str(plan.unrecorded)
+        rows[0].reason = f"{why} {count} earlier missed times are not listed."
+    for row in rows:
+        row.finished_at = now
+    # ignore_conflicts: a slot a "run now" took at the very same instant stays as it is.
+    WakeRun.objects.bulk_create(rows, ignore_conflicts=True)
+
+
+def _disable(wake: Wake, due: datetime, now: datetime, reason: str) -> None:
+    """Stop a wake that cannot run, with a failed run saying why."""
+    with transaction.atomic():
+        if Wake.objects.filter(pk=wake.pk, next_run_at=due).update(
+            enabled=False, next_run_at=None, updated_at=now
+        ):
+            WakeRun.objects.get_or_create(
+                wake=wake,
+                scheduled_for=due,
+                defaults={"status": WakeRun.Status.FAILED, "reason": reason, "finished_at": now},
+            )
+    return None
+
+
+def run_now(wake: Wake, now: datetime) -> WakeRun:
+    """The wake's prompt now, once, outside its schedule (the Wakes page's Run now,
+    `manage.py wake run`); its next time stays. The run, fired."""
+    run = WakeRun.objects.create(wake=wake, scheduled_for=now)
+    return fire(run, now)
+
+
+# --- fire ---------------------------------------------------------------------------
+
+
+def fire(run: WakeRun, now: datetime) -> WakeRun:
+    """Submit a pending run's prompt to its tab (a new one if the wake says so) and
+    record what happened. Safe to call again for the same run: it submits only if the
+    message is neither queued nor in the log."""
+    wake = Wake.objects.select_related("owner", "profile", "tab").get(pk=run.wake_id)
+    origin = origin_of(wake, run.scheduled_for)
+    tab = run.tab
+    if tab is None and wake.new_tab:
+        try:
+            with transaction.atomic():
+                tab = preferences.new_tab(
+                    wake.owner, wake.model, profile=wake.profile, title=str(wake)
+                )
+                # Before the submit: a recovery finds this tab, not another new one.
+                WakeRun.objects.filter(pk=run.pk).update(tab=tab)
+        except Exception as exc:
+            logger.exception("wake %s: could not make its tab", wake.pk)
+            return _finish(run, WakeRun.Status.FAILED, now, reason=f"No new tab: {exc}")
+    elif tab is None:
+        tab = wake.tab
+        if tab is None:
+            Wake.objects.filter(pk=wake.pk).update(enabled=False, next_run_at=None)
+            return _finish(run, WakeRun.Status.FAILED, now, reason=TAB_DELETED)
+    # First: a recovered run whose message went in is not skipped for its own turn.
+    queued_id = _already_sent(tab, origin)
+    skip = wake.overlap == Wake.Overlap.SKIP and not wake.new_tab
+    if queued_id is None and skip and _busy(tab):
+        return _finish(run, WakeRun.Status.SKIPPED, now, reason=SKIPPED_BUSY, tab=tab)
+    if queued_id is None:
+        try:
+            queued_id = turns.submit(tab, wake.prompt, origin=origin).pk
+        except Tab.DoesNotExist:
+            # Deleted between the read and the submit.
+            Wake.objects.filter(pk=wake.pk, new_tab=False).update(enabled=False, next_run_at=None)
+            return _finish(run, WakeRun.Status.FAILED, now, reason=TAB_DELETED)
+        except ValueError as exc:
+            return _finish(run, WakeRun.Status.FAILED, now, reason=str(exc), tab=tab)
+    return _finish(run, WakeRun.Status.SUBMITTED, now, tab=tab, queued_id=queued_id or None)
+
+
+def _busy(tab: Tab) -> bool:
+    """A turn runs in the tab or is about to (a message waits for one)."""
+    running = RunningTurn.objects.filter(tab=tab).exclude(status=RunningTurn.Status.FINISHING)
+    return running.exists() or QueuedMessage.objects.filter(tab=tab).exists()
+
+
+def _already_sent(tab: Tab, origin: dict[str, Any]) -> int | None:
+    """The queued message's id (0 once in the log) carrying this origin, or None."""
+    key = {"wake_id": origin["wake_id"], "scheduled_for": origin["scheduled_for"]}
+    queued = QueuedMessage.objects.filter(
+        tab=tab, **{f"origin__{k}": v for k, v in key.items()}
+    ).first()
+    if queued is not None:
+        return queued.pk
+    logged = Chunk.objects.filter(
+        tab=tab, role="user", **{f"data__origin__{k}": v for k, v in key.items()}
+    ).exists()
+    return 0 if logged else None
+
+
+def _finish(
+    run: WakeRun,
+    status: str,
+    now: datetime,
+    *,
+    reason: str = "",
+    tab: Tab | None = None,
+    queued_id: int | None = None,
+) -> WakeRun:
+    run.status, run.reason, run.finished_at = status, reason, now
+    run.tab = tab if tab is not None else run.tab
+    run.queued_id = queued_id
+    # The tab may be gone by now (a wipe, a delete): the run keeps its record.
+    if run.tab_id is not None and not Tab.objects.filter(pk=run.tab_id).exists():
+        run.tab = None
+    run.save(update_fields=["status", "reason", "finished_at", "tab", "queued_id"])
+    return run
+
+
+# --- recovery and the scheduler pass ---------------------------------------------------
+
+
+def recover(now: datetime) -> list[WakeRun]:
+    """Fire the pending runs a crash left (older than PENDING_STALE), each taken by one
+    worker: the one whose update moved its created_at on."""
+    done = []
+    stale = WakeRun.objects.filter(
+        status=WakeRun.Status.PENDING, created_at__lt=now - PENDING_STALE
+    ).values_list("pk", "created_at")
+    for pk, created in list(stale[:MAX_FIRED_PER_PASS]):
+        if WakeRun.objects.filter(pk=pk, status=WakeRun.Status.PENDING, created_at=created).update(
+            created_at=now
+        ):
+            run = WakeRun.objects.get(pk=pk)
+            logger.warning("wake %s: completing run for %s a crash left", run.wake_id, run)
+            done.append(fire(run, now))
+    return done
+
+
+def run_due(now: datetime) -> list[WakeRun]:
+    """One pass: recover what crashed, then claim and fire every due wake. The runs
+    this worker fired (or recovered)."""
+    fired = recover(now)
+    due = Wake.objects.filter(enabled=True, next_run_at__lte=now).values_list("pk", flat=True)
+    for wake_id in list(due[:MAX_FIRED_PER_PASS]):
+        run = claim(wake_id, now)
+        if run is not None:
+            try:
+                fired.append(fire(run, now))
+            except Exception:
+                # Left pending: the recovery tries again.
+                logger.exception("wake %s: firing %s failed", wake_id, run)
+    return fired
+
+
+def seconds_until_due(now: datetime) -> float:
+    """How long the scheduler may sleep: until the next due time or pending run's
+    recovery, at most SLEEP_CAP_SECONDS."""
+    times = []
+    next_run = (
+        Wake.objects.filter(enabled=True, next_run_at__isnull=False)
+        .order_by("next_run_at")
+        .values_list("next_run_at", flat=True)
+        .first()
+    )
+    if next_run is not None:
+        times.append(next_run)
+    pending = (
+        WakeRun.objects.filter(status=WakeRun.Status.PENDING)
+        .order_by("created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    if pending is not None:
+        times.append(pending + PENDING_STALE)
+    if not times:
+        return SLEEP_CAP_SECONDS
+    return max(0.0, min(SLEEP_CAP_SECONDS, (min(times) - now).total_seconds()))
+
+
+def _pass() -> float:
+    now = timezone.now()
+    run_due(now)
+    return seconds_until_due(timezone.now())
+
+
+# The running schedulers' wake-up events (a test may run two workers in one process).
+_LISTENERS: set[asyncio.Event] = set()
+
+
+def nudge() -> None:
+    """A wakes.changed message reached this process's worker: its schedulers look now."""
+    for event in _LISTENERS:
+        event.set()
+
+
+async def run_scheduler() -> None:
+    """Fire wakes until cancelled (the worker's drain): a pass, then sleep until the
+    next due time (capped) or a nudge. A pass cancelled midway finishes in its thread;
+    a run it left pending is recovered."""
+    event = asyncio.Event()
+    _LISTENERS.add(event)
+    try:
+        while True:
+            event.clear()
+            try:
+                delay = await database_sync_to_async(_pass)()
+            except Exception:
+                logger.exception("wake scheduler pass failed")
+                delay = SLEEP_CAP_SECONDS
+            with suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), delay)
+    finally:
+        _LISTENERS.discard(event)
