@@ -541,11 +541,15 @@ class TurnRunner:
         """Freeze the tab's tool set at its first turn; at a later turn's start, take a
         changed one (an MCP server's new tools, an admin's edit) with a config-reload
         chunk saying what changed. Never within a turn: each change costs the cache."""
-        fresh, problems = await toolset.current(tab.tool_allow)
+        fresh, problems, failed = await toolset.current(tab.tool_allow, tab.tools)
         for problem in problems:
             logger.warning("tab %s: %s", self.tab_id, problem)
         self._tool_names = frozenset(entry["name"] for entry in fresh)
         if fresh == tab.tools:
+            # A server down keeps its tools; each turn it is down says so.
+            if failed:
+                listed = "".join(f" {f}." for f in failed)
+                await self._system("tool-problem", "MCP servers not listed:" + listed)
             return
         trouble = "".join(f" {p}." for p in problems)
         if tab.tools is not None:

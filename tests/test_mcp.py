@@ -259,7 +259,9 @@ async def test_a_server_that_does_not_start_is_a_problem_and_its_calls_errors():
     assert "bare: cannot start, no configuration" in problems[1]
     result = await mcp.call("mcp__nothing__echo", {})
     assert result.is_error
-    assert result.result.startswith("there is no MCP tool mcp__nothing__echo now")
+    assert result.result.startswith(
+        "mcp__nothing__echo cannot be called now: server nothing: not reachable ("
+    )
 
 
 async def test_garbage_on_stdout_is_a_problem_saying_so():

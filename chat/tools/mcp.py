@@ -26,13 +26,14 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -456,24 +457,51 @@ def _enabled() -> list[ServerConfig]:
 
 async def specs() -> tuple[list[McpToolSpec], list[str]]:
     """Every enabled server's tools (sorted by name) and what went wrong, for people."""
+    listing = await refresh()
+    return listing.specs, listing.problems
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """What refresh() found: the tools (sorted by name), what went wrong (for people),
+    and the servers whose listing failed, each with its message (also in `problems`)."""
+
+    specs: list[McpToolSpec]
+    problems: list[str]
+    failed: dict[str, str]
+
+
+async def refresh(known: Iterable[McpToolSpec] = ()) -> Listing:
+    """Every enabled server's tools, a server whose listing fails keeping its tools in
+    `known` (a tab's frozen list): a server down for a moment at a turn's start must not
+    change the tab's tools (a cache miss of the whole conversation, tools gone mid-task)."""
     configs = await enabled_servers()
     await _forget_others({config.name for config in configs})
-    return await _specs(configs)
+    return await _specs(configs, known)
 
 
-async def _specs(configs: list[ServerConfig]) -> tuple[list[McpToolSpec], list[str]]:
+async def _specs(configs: list[ServerConfig], known: Iterable[McpToolSpec] = ()) -> Listing:
     listed = await asyncio.gather(*(_server_tools(config) for config in configs))
-    problems = [
-        config.redact(problem)
-        for config, (_, server_problems) in zip(configs, listed, strict=True)
-        for problem in server_problems
-    ]
+    problems: list[str] = []
+    failed: dict[str, str] = {}
+    kept: list[McpToolSpec] = []
+    last_known = list(known)
+    for config, (_, server_problems, failure) in zip(configs, listed, strict=True):
+        if failure:
+            keeping = [spec for spec in last_known if spec.server == config.name]
+            if keeping:
+                failure += "; kept its last known tools, calls to them fail until it answers"
+                kept += keeping
+            failed[config.name] = config.redact(failure)
+            server_problems = [failure]
+        problems += [config.redact(problem) for problem in server_problems]
     offered = [
         (config.name, tool)
-        for config, (tools, _) in zip(configs, listed, strict=True)
+        for config, (tools, _, _) in zip(configs, listed, strict=True)
         for tool in tools
     ]
-    names, clashes = mcp_names.assign((server, tool.name) for server, tool in offered)
+    pairs = [(server, tool.name) for server, tool in offered] + [(s.server, s.tool) for s in kept]
+    names, clashes = mcp_names.assign(pairs)
     problems += clashes
     found = [
         McpToolSpec(
@@ -486,24 +514,31 @@ async def _specs(configs: list[ServerConfig]) -> tuple[list[McpToolSpec], list[s
         for server, tool in offered
         if (server, tool.name) in names
     ]
-    return sorted(found, key=lambda spec: spec.name), problems
+    found += [
+        dataclasses.replace(spec, name=names[(spec.server, spec.tool)])
+        for spec in kept
+        if (spec.server, spec.tool) in names
+    ]
+    return Listing(sorted(found, key=lambda spec: spec.name), problems, failed)
 
 
 async def _server_tools(
     config: ServerConfig, connect: Callable[[ServerConfig], Awaitable[Connection]] | None = None
-) -> tuple[list[types.Tool], list[str]]:
+) -> tuple[list[types.Tool], list[str], str]:
+    """A server's usable tools, what is wrong with some of them, and why listing them
+    failed ("" when it did not)."""
     label = f"server {config.name}"
     try:
         connection = await (connect or _connect)(config)
         async with _using(connection):
             tools = await connection.list_tools()
     except Unreachable as exc:
-        return [], [f"{label}: not reachable ({exc})"]
+        return [], [], f"{label}: not reachable ({exc})"
     except TimeoutError:
-        return [], [f"{label}: did not list its tools within {config.timeout:g} s"]
+        return [], [], f"{label}: did not list its tools within {config.timeout:g} s"
     except Exception as exc:
         logger.warning("MCP %s: listing failed", label, exc_info=True)
-        return [], [f"{label}: listing its tools failed ({_reason(exc)})"]
+        return [], [], f"{label}: listing its tools failed ({_reason(exc)})"
     problems = []
     usable = []
     seen: set[str] = set()
@@ -521,7 +556,7 @@ async def _server_tools(
             f"{label}: {len(usable)} tools, only the first {MAX_TOOLS_PER_SERVER} are offered"
         )
         usable = usable[:MAX_TOOLS_PER_SERVER]
-    return usable, problems
+    return usable, problems, ""
 
 
 def _unstorable(tool: types.Tool) -> str:
@@ -576,10 +611,10 @@ async def test(config: ServerConfig) -> tuple[list[str], list[str]]:
         return connection
 
     try:
-        tools, problems = await _server_tools(config, fresh)
+        tools, problems, failure = await _server_tools(config, fresh)
     finally:
         await connection.close()
-    return [tool.name for tool in tools], problems
+    return [tool.name for tool in tools], [config.redact(p) for p in [failure, *problems] if p]
 
 
 # --- Calling ----------------------------------------------------------------------------
@@ -602,8 +637,12 @@ async def call(
     configs = await enabled_servers()
     # Only servers whose names the tool's name can start with need listing.
     likely = [c for c in configs if name.startswith(mcp_names.plain(c.name, ""))]
-    found, _ = await _specs(likely)
-    spec = next((spec for spec in found if spec.name == name), None)
+    listing = await _specs(likely)
+    spec = next((spec for spec in listing.specs if spec.name == name), None)
+    if spec is None and listing.failed:
+        return ToolOutcome(
+            f"{name} cannot be called now: " + "; ".join(listing.failed.values()), is_error=True
+        )
     if spec is None:
         return ToolOutcome(
             f"there is no MCP tool {name} now: its server is disabled, removed or not "

@@ -75,11 +75,21 @@ def freeze(entries: Iterable[Entry], allow: Sequence[str]) -> list[Entry]:
     return [seen[name] for name in sorted(seen)]
 
 
-async def current(allow: Sequence[str]) -> tuple[list[Entry], list[str]]:
-    """The tool set a tab with this allow-list gets now, and what went wrong listing
-    it (a server down, too many tools): the turn goes on with the rest."""
-    specs, problems = await mcp.specs()
-    return freeze([*builtin_entries(), *mcp_entries(specs)], allow), problems
+async def current(
+    allow: Sequence[str], frozen: Sequence[Entry] | None = None
+) -> tuple[list[Entry], list[str], list[str]]:
+    """The tool set a tab with this allow-list gets now, what went wrong listing it (a
+    server down, too many tools: the turn goes on with the rest), and which servers
+    could not be listed, each a message. Such a server keeps its tools of `frozen` (the
+    tab's list): only a listing that answered changes them."""
+    known = [
+        mcp.McpToolSpec(e["name"], e["description"], e["input_schema"], e["server"], e["tool"])
+        for e in frozen or ()
+        if "server" in e and "tool" in e
+    ]
+    listing = await mcp.refresh(known)
+    entries = freeze([*builtin_entries(), *mcp_entries(listing.specs)], allow)
+    return entries, listing.problems, list(listing.failed.values())
 
 
 def tab_specs(tab: Any) -> tuple[ToolSpec, ...]:

@@ -119,7 +119,10 @@ def serve_http() -> None:
     import uvicorn
 
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    # A server restarted on its port (a test of one coming back) binds at once.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    port = next((int(arg) for arg in sys.argv[2:] if arg.isdigit()), 0)
+    sock.bind(("127.0.0.1", port))
     # Listening before the line: a client may connect at once (uvicorn accepts later).
     sock.listen(128)
     port = sock.getsockname()[1]
