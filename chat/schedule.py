@@ -112,7 +112,7 @@ def check_cron(expr: str, timezone: str = "UTC") -> str:
         # cronsim refuses a day no chosen month has with the same words as a bad day;
         # any month accepting it means the day is fine and the combination is not.
         try:
-            CronSim(" ".join([*parts[:4], "*"]), start)
+            CronSim(" ".join([*parts[:3], "*", parts[4]]), start)
         except CronSimError:
             raise ScheduleError(f"Invalid cron expression {expr!r}: {exc}.") from None
         raise ScheduleError(
