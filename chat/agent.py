@@ -27,7 +27,7 @@ from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 
-from chat import blobs, context, lease, log, preferences, retry, rules, tools
+from chat import blobs, children, context, lease, log, preferences, retry, rules, tools
 from chat import usage as chat_usage
 from chat.history import History
 from chat.models import PermissionRule, QueuedMessage, Tab, UsageRecord
@@ -131,11 +131,14 @@ class TurnConfig:
     @classmethod
     def load(cls, tab: Tab) -> TurnConfig:
         prefs = preferences.load()
+        max_steps = prefs.max_steps
+        if children.is_child(tab):
+            max_steps = min(max_steps, django_settings.DISPATCH_CHILD_MAX_STEPS)
         return cls(
             model=tab.model or prefs.new_tab_model,
             fallback_model=prefs.effective_fallback_model,
             approve_tools=prefs.approve_tools,
-            max_steps=prefs.max_steps,
+            max_steps=max_steps,
         )
 
 
@@ -195,12 +198,17 @@ class TurnStatus:
     turn_end: dict[str, Any] | None = None
     # The context meter (chat.context.Meter.as_dict), after each request.
     context: dict[str, Any] | None = None
+    # The sub-agents this step waits for, by call id: {tab, title, call_id, state,
+    # step, approval} (the child's own approval request, answered on the child's tab).
+    children: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         usage = self.usage
         extra: dict[str, Any] = {"turn_end": self.turn_end} if self.turn_end is not None else {}
         if self.context is not None:
             extra["context"] = self.context
+        if self.children:
+            extra["children"] = list(self.children.values())
         return {
             "state": self.state,
             "turn_id": self.turn_id,
@@ -248,6 +256,9 @@ class TurnRunner:
         self.status = TurnStatus(turn_id=str(turn_id))
         self.last_seq = 0
         self.cancelled = asyncio.Event()
+        # The step's sub-agents stop waiting (chat.children.wait): set by cancel, and
+        # when the step ends early.
+        self._agents_stop = asyncio.Event()
         self._producer: asyncio.Task | None = None
         self._approvals: dict[str, asyncio.Future[bool]] = {}
         # What "always allow" did with an approval, by call id (chat.views.tab_approve).
@@ -305,6 +316,7 @@ class TurnRunner:
         """Stop the turn: by the user, or (`stopping`) because this worker shuts down."""
         self.stopping = self.stopping or stopping
         self.cancelled.set()
+        self._agents_stop.set()
         if self._producer is not None:
             self._producer.cancel()
         for future in self._approvals.values():
@@ -430,6 +442,7 @@ class TurnRunner:
         self._rules = None
         self._unattended = False
         self.cancelled.clear()
+        self._agents_stop.clear()
         # Auto-approval was asked for the message that started the first turn only.
         self.auto_approve = False
 
@@ -542,6 +555,8 @@ class TurnRunner:
         changed one (an MCP server's new tools, an admin's edit) with a config-reload
         chunk saying what changed. Never within a turn: each change costs the cache."""
         fresh, problems, failed = await toolset.current(tab.tool_allow, tab.tools)
+        if not await database_sync_to_async(children.may_nest)(tab):
+            fresh = [entry for entry in fresh if entry["name"] != children.AGENT]
         for problem in problems:
             logger.warning("tab %s: %s", self.tab_id, problem)
         self._tool_names = frozenset(entry["name"] for entry in fresh)
@@ -976,6 +991,23 @@ class TurnRunner:
     async def _run_tools(self, config: TurnConfig) -> None:
         if self._rules is None:
             await self._load_rules()
+        # The step's sub-agents run side by side while its other calls run in order;
+        # their results go into the log once those are done (no block is open then).
+        agents: dict[str, asyncio.Task[children.Result | None]] = {}
+        try:
+            await self._run_calls(config, agents)
+            await self._agent_results(agents)
+        finally:
+            if any(not task.done() for task in agents.values()):
+                # Cut short (a Stop, a crash): the children are stopped (or, when this
+                # worker stops, left running for the resumed turn) before the turn ends.
+                self._agents_stop.set()
+                await asyncio.gather(*agents.values(), return_exceptions=True)
+            self.status.children.clear()
+
+    async def _run_calls(
+        self, config: TurnConfig, agents: dict[str, asyncio.Task[children.Result | None]]
+    ) -> None:
         for call_id, name in list(self.reducer.pending_calls):
             self._check_cancel()
             call = self._args.get(call_id, {})
@@ -1019,7 +1051,88 @@ class TurnRunner:
                         )
                     )
                     continue
+            if name == children.AGENT:
+                await self._start_agent(agents, call_id, call)
+                continue
             await self._run_tool(call_id, name, call)
+
+    # --- sub-agents (chat.children) ------------------------------------------------
+
+    async def _start_agent(
+        self, agents: dict[str, asyncio.Task[children.Result | None]], call_id: str, call: Any
+    ) -> None:
+        """Start waiting for the call's child (made now, or found: a resumed turn's); a
+        call that cannot start one is answered at once."""
+        problem = children.bad_arguments(call)
+        if problem is None and len(agents) >= django_settings.DISPATCH_CHILD_CONCURRENCY:
+            problem = (
+                f"Not run: too many sub-agents at once (at most "
+                f"{django_settings.DISPATCH_CHILD_CONCURRENCY} in one step). Call it again "
+                "once these have returned."
+            )
+        if problem is not None:
+            event = ToolResultEvent(call_id, children.AGENT, problem, True)
+            await self._apply(self.reducer.feed(event))
+            return
+        agents[call_id] = asyncio.create_task(self._agent(call_id, call))
+
+    async def _agent(self, call_id: str, call: dict[str, Any]) -> children.Result | None:
+        """Run one `agent` call: its child made (or found), followed until its turn ends or
+        a cap stops it; its result. None when this worker stops: the call stays open for
+        the resumed turn, the child running on."""
+        try:
+            child, _ = await database_sync_to_async(children.ensure)(self.tab_id, call_id, call)
+        except ValueError as exc:
+            return children.Result(f"Not run: {exc}", True, "", "not-started")
+        entry = {
+            "tab": str(child.pk),
+            "title": child.title,
+            "call_id": call_id,
+            "state": "queued",
+            "step": 0,
+            "approval": None,
+        }
+        self.status.children[call_id] = entry
+
+        async def on_status(live: dict[str, Any]) -> None:
+            if {k: entry.get(k) for k in live} != live:
+                entry.update(live)
+                await self._status()
+
+        outcome, why = await children.wait(
+            child.pk,
+            call_id,
+            on_status,
+            timeout=django_settings.DISPATCH_CHILD_TIMEOUT,
+            cancelled=self._agents_stop,
+        )
+        if why == children.STOPPED:
+            if self.stopping:
+                return None
+            outcome, why = await children.stop(child.pk, call_id, "was stopped with its parent")
+        return children.result(child.pk, child.title, outcome, why=why)
+
+    async def _agent_results(self, agents: dict[str, asyncio.Task[children.Result | None]]) -> None:
+        """The step's children's results, each into the log as it comes."""
+        waiting = set(agents.values())
+        by_task = {task: call_id for call_id, task in agents.items()}
+        while waiting:
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                call_id = by_task[task]
+                outcome = task.result()
+                self.status.children.pop(call_id, None)
+                if outcome is None:
+                    continue  # this worker stops: answered by the interrupt, or resumed
+                ops = self.reducer.feed(
+                    ToolResultEvent(call_id, children.AGENT, outcome.text, outcome.is_error)
+                )
+                if outcome.child_tab:
+                    ops[-1].block.data["child_tab"] = outcome.child_tab
+                    ops[-1].block.data["child_status"] = outcome.status
+                await self._apply(ops)
+                await self._status()
+        self._check_cancel()
 
     async def _load_rules(self) -> None:
         self._rules, problems = await database_sync_to_async(self._read_rules)()

@@ -112,6 +112,7 @@ def new_tab(
     workdir: str = "",
     title: str = "",
     system_prompt: str | None = None,
+    **family: Any,
 ) -> Tab:
     """The one place tabs are made (a branch or an import copies one). Its model:
     `model`, else the profile's, else the Settings page's default, else the providers'
@@ -120,7 +121,8 @@ def new_tab(
     one). A profile's allowed tools and rules are copied. All of it is frozen for the
     tab's whole life: editing the profile changes no existing tab, and a changing prompt
     would lose every prompt-cache hit. `workdir` (a subfolder of the workspace, made if
-    missing) is checked first: workdirs.BadWorkdir, and nothing is made."""
+    missing) is checked first: workdirs.BadWorkdir, and nothing is made. `family`: a
+    sub-agent's id, parent_tab and parent_call_id (chat.children)."""
     prefs = load()
     workdir = workdirs.check(workdir)
     root = Path(settings.DISPATCH_WORKSPACE)
@@ -144,6 +146,7 @@ def new_tab(
         if profile
         else [],
         workdir=workdir,
+        **family,
     )
 
 

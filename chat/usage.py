@@ -54,7 +54,7 @@ from django.db.models.lookups import GreaterThan, GreaterThanOrEqual
 from genai_prices import data_snapshot
 from genai_prices import types as price_types
 
-from chat.models import UsageRecord
+from chat.models import Chunk, Tab, UsageRecord
 from chat.providers.registry import PROVIDERS
 
 logger = logging.getLogger(__name__)
@@ -491,34 +491,68 @@ def _sum_by(groups: Iterable[tuple[tuple[Any, ...], Totals]]) -> dict[tuple[Any,
 
 
 def turn_totals(tab_id: uuid.UUID, turn_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Totals]:
-    """The totals of each of these turns in this tab (one query). A turn a branch copied
-    from its parent was paid for there: its steps belong to the parent's tab."""
+    """The totals of each of these turns in this tab (one query), with the turns of the
+    sub-agents their `agent` calls started (their children's first turns). A turn a branch
+    copied from its parent was paid for there: its steps belong to the parent's tab."""
     turn_ids = set(turn_ids)
     if not turn_ids:
         return {}
+    # A child's turn (its tab, its turn) -> the parent's turn whose call started it.
+    owned = {(tab_id, turn): turn for turn in turn_ids} | _child_turns(tab_id, turn_ids)
     # By turn only, grouped by tab too: filtered on both, SQLite walks the whole tab's
     # records by their tab index instead of the few turns' by theirs.
-    records = UsageRecord.objects.filter(turn_id__in=turn_ids)
-    sums = _sum_by(_priced_groups(records, "tab_id", "turn_id"))
-    return {turn: totals for (tab, turn), totals in sums.items() if tab == tab_id}
+    records = UsageRecord.objects.filter(turn_id__in={turn for _, turn in owned})
+    totals: dict[uuid.UUID, Totals] = {}
+    for key, sums in _sum_by(_priced_groups(records, "tab_id", "turn_id")).items():
+        if (turn := owned.get(key)) is not None:
+            totals[turn] = totals[turn] + sums if turn in totals else sums
+    return totals
+
+
+def _child_turns(
+    tab_id: uuid.UUID, turn_ids: set[uuid.UUID]
+) -> dict[tuple[uuid.UUID, uuid.UUID], uuid.UUID]:
+    """{(child tab, its turn): the parent turn} for the children these turns' `agent`
+    calls made (chat.children): the turn of each child's prompt is the call's work."""
+    calls = dict(
+        Chunk.objects.filter(
+            tab_id=tab_id, turn_id__in=turn_ids, type="tool_call", data__name="agent"
+        ).values_list("data__call_id", "turn_id")
+    )
+    if not calls:
+        return {}
+    kids = dict(
+        Tab.objects.filter(parent_tab_id=tab_id, parent_call_id__in=calls).values_list(
+            "pk", "parent_call_id"
+        )
+    )
+    starts = Chunk.objects.filter(
+        tab_id__in=kids, role="user", data__origin__kind="agent"
+    ).values_list("tab_id", "turn_id", "data__origin__call_id")
+    return {
+        (child, turn): calls[call_id]
+        for child, turn, call_id in starts
+        if turn is not None and kids.get(child) == call_id
+    }
 
 
 def tab_totals(tab_id: uuid.UUID) -> Totals:
-    """Everything the tab's own turns used.
+    """Everything the tab's own turns used, and its sub-agents' tabs (chat.children).
 
     Every page of the tab shows them, and a tab of ten thousand turns has as many
     records to sum (tens of milliseconds): the sum is kept per process until the
     tab's records change, which one cheap query on their index tells (their count
     and last id; records are only ever added or deleted, never changed)."""
-    version = UsageRecord.objects.filter(tab_id=tab_id).aggregate(n=Count("id"), last=Max("id"))
+    tabs = (tab_id, *Tab.objects.filter(parent_tab_id=tab_id).values_list("pk", flat=True))
+    version = UsageRecord.objects.filter(tab_id__in=tabs).aggregate(n=Count("id"), last=Max("id"))
     if not version["n"]:
         return Totals()
-    return _tab_totals_at(tab_id, version["n"], version["last"])
+    return _tab_totals_at(tabs, version["n"], version["last"])
 
 
 @functools.lru_cache(maxsize=TAB_TOTALS_CACHE_SIZE)
-def _tab_totals_at(tab_id: uuid.UUID, count: int, last_id: int) -> Totals:
-    records = UsageRecord.objects.filter(tab_id=tab_id, id__lte=last_id)
+def _tab_totals_at(tabs: tuple[uuid.UUID, ...], count: int, last_id: int) -> Totals:
+    records = UsageRecord.objects.filter(tab_id__in=tabs, id__lte=last_id)
     return _sum_by(_priced_groups(records)).get((), Totals())
 
 

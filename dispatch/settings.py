@@ -384,6 +384,16 @@ if _workspace == _data or _workspace in _data.parents:
     )
 # A runaway model must not loop forever; 50 steps is far past a normal task.
 DISPATCH_MAX_STEPS = envint("DISPATCH_MAX_STEPS", 50, minimum=1)
+# Sub-agents (the `agent` tool, chat.children). A child's turn stops at this many steps:
+# a delegated task is narrower than its parent's, and a looping child must not run up
+# the parent's bill for 50 steps unseen.
+DISPATCH_CHILD_MAX_STEPS = envint("DISPATCH_CHILD_MAX_STEPS", 25, minimum=1)
+# Seconds a parent waits for a child's turn before stopping it: past half an hour
+# a delegated task is stuck, and the parent's own turn must end some time.
+DISPATCH_CHILD_TIMEOUT = envfloat("DISPATCH_CHILD_TIMEOUT", 1800.0, minimum=1)
+# Children one parent step runs at once; more `agent` calls in the step are refused.
+# Each is a turn of its own on some worker, with its own requests to the provider.
+DISPATCH_CHILD_CONCURRENCY = envint("DISPATCH_CHILD_CONCURRENCY", 4, minimum=1)
 # Tokens per second the offline demo model streams at (0: as fast as possible).
 DISPATCH_OFFLINE_PACE = envfloat("DISPATCH_OFFLINE_PACE", 40.0, minimum=0)
 # Seconds a stopping server (serve or runworker) lets running turns finish

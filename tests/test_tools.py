@@ -80,7 +80,7 @@ def number(label: str, text: str) -> int:
 
 def test_it_keeps_the_tools_in_a_fixed_order():
     """The tool order is part of the cached prompt prefix."""
-    names = ["list_files", "read_file", "write_file", "shell"]
+    names = ["list_files", "read_file", "write_file", "shell", "agent", "schedule_wake"]
     assert [tool.name for tool in TOOLS] == names
     assert [spec.name for spec in tool_specs()] == names
 

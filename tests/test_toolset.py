@@ -83,7 +83,7 @@ def test_describe_names_what_was_added_removed_and_changed():
     old = toolset.freeze(toolset.builtin_entries(), [])
     new = [e for e in old if e["name"] != "shell"]
     new.append({"name": "mcp__gh__issues", "description": "d", "input_schema": {}})
-    new[0] = {**new[0], "description": "other words"}
+    new = [{**e, "description": "other words"} if e["name"] == "list_files" else e for e in new]
     assert toolset.describe(old, new) == ("Tools changed: +mcp__gh__issues, -shell, ~list_files.")
 
 

@@ -230,7 +230,8 @@ def test_a_turns_cost_is_the_sum_of_its_requests_in_one_query(tab):
     record(tab, other, SONNET, NOON, Tokens(7, 7))
     with CaptureQueriesContext(connection) as queries:
         totals = usage.turn_totals(tab.id, [turn, other])
-    assert len(queries) == 1
+    # The records, and the turns' `agent` calls (none here) whose children's turns count.
+    assert len(queries) == 2
     assert totals[turn].usd == by_hand(rows)
     assert totals[turn].tokens == sum(
         (

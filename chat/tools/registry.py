@@ -69,6 +69,39 @@ async def _schedule_wake(args, root, on_output, timeout, policy) -> ToolOutcome:
 
 _PATH = {"type": "string", "description": "A path relative to the workspace."}
 
+# The sub-agent tool. The turn runner runs it (chat.children: it makes a tab and waits
+# for that tab's turn), never run_tool, which has no tab to make one from.
+AGENT = "agent"
+AGENT_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {
+        "description": {
+            "type": "string",
+            "minLength": 1,
+            "description": "A short title of the task, a few words: the sub-agent's tab is "
+            "named after it.",
+        },
+        "prompt": {
+            "type": "string",
+            "minLength": 1,
+            "description": "The task, complete: the sub-agent sees nothing of this "
+            "conversation but this text.",
+        },
+        "profile": {
+            "type": "string",
+            "description": "The name of a profile to run the sub-agent with (its model, "
+            "prompt, tools and rules); default: this tab's own.",
+        },
+    },
+    "required": ["description", "prompt"],
+    "additionalProperties": False,
+}
+
+
+async def _agent(args, root, on_output, timeout, policy) -> ToolOutcome:
+    return ToolOutcome(f"{AGENT} runs only in a tab's turn", is_error=True)
+
+
 TOOLS: tuple[Tool, ...] = (
     Tool(
         name="list_files",
@@ -162,6 +195,18 @@ TOOLS: tuple[Tool, ...] = (
         },
         needs_approval=True,
         run=_shell,
+    ),
+    Tool(
+        name=AGENT,
+        description=(
+            "Hand a self-contained task to a sub-agent: a new tab with the same workspace "
+            "and tools, which works on it alone and returns the text of its final answer, "
+            "followed by a JSON line {child_tab, status, usage}. Several calls in one step "
+            "run at the same time. Give it everything it needs in `prompt`."
+        ),
+        input_schema=AGENT_SCHEMA,
+        needs_approval=False,
+        run=_agent,
     ),
     Tool(
         name=wake.NAME,

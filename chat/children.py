@@ -1,0 +1,360 @@
+"""Sub-agents (DESIGN §15): the `agent` tool's child tabs, made, watched, read and stopped.
+
+A child is a normal tab (`parent_tab`, `parent_call_id`) whose id is
+`uuid5(parent tab id, call id)`: `ensure` finds the child a call made before (a parent
+whose worker died and whose turn was resumed) instead of making a second. Its prompt
+goes through the QueuedMessage table like any message, with
+`origin = {kind: agent, parent_tab, call_id}`, so the child runs under its own lease
+on any worker, with its own log, page and admin view.
+
+`wait` follows the child's turn until it ends: the child's tab group on the channel
+layer for its live status (step, approval), and the database every POLL_SECONDS, so a
+lost message can delay the parent by that much, never hang it. What the turn ended
+with is read from the child's log (`read`), the one source of truth, so a parent that
+re-attaches after a crash reads a finished child's result the same way.
+
+Sync functions are ORM code (call them with database_sync_to_async); `wait` is async.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from chat import bus, lease, preferences, resume
+from chat import usage as chat_usage
+from chat.models import Chunk, Profile, QueuedMessage, RunningTurn, Tab
+from chat.stream import Kind, Role
+from chat.tools.registry import AGENT, AGENT_SCHEMA, check_arguments
+
+logger = logging.getLogger(__name__)
+
+# How often a waiting parent reads its child's state from the database, whatever the
+# channel layer says: the bound on how late a lost "idle" makes the parent.
+POLL_SECONDS = 2.0
+# How long a parent that stops a child (a cap, its own Stop) waits for the child's
+# turn to end, so the usage it reports is the child's whole: the child's runner ends
+# within a heartbeat of the cancel (lease.HEARTBEAT_SECONDS) even if the control
+# message is lost.
+CANCEL_WAIT_SECONDS = 15.0
+# What a child that finished without a word returns: said, not an empty result the
+# model could take for a failure to run.
+NO_TEXT = "(the sub-agent returned no text)"
+# A child's title is its call's description, cut to what a tab's title holds.
+TITLE_CHARS = 200
+# The ways a child's turn ends that are not a finished task, and what the parent is told.
+FAILURES = {
+    "cancelled": "it was stopped",
+    "interrupted": "its server stopped in the middle of its turn",
+    "step-limit": "it stopped at its step limit ({steps} steps)",
+    "output-limit": "its answer was cut off at the model's output limit",
+    "context-limit": "it filled its model's context window",
+}
+
+
+def child_id(parent_id: uuid.UUID | str, call_id: str) -> uuid.UUID:
+    """The id of the child an `agent` call of that tab makes: the same on every try."""
+    return uuid.uuid5(uuid.UUID(str(parent_id)), call_id)
+
+
+def is_child(tab: Tab) -> bool:
+    """A sub-agent's tab (made by an `agent` call; kept if its parent is deleted)."""
+    return bool(tab.parent_call_id)
+
+
+def may_nest(tab: Tab) -> bool:
+    """Whether the tab is offered the `agent` tool: every tab but a child, unless the
+    child's profile allows nesting (a tree of agents is a profile's deliberate choice)."""
+    if not is_child(tab):
+        return True
+    return bool(
+        tab.profile_id and Profile.objects.filter(pk=tab.profile_id, allow_nesting=True).exists()
+    )
+
+
+def bad_arguments(arguments: Any) -> str | None:
+    """What is wrong with an `agent` call's arguments, for the model; None when fine."""
+    problem = check_arguments(AGENT_SCHEMA, arguments)
+    if problem is not None:
+        return f"invalid arguments for {AGENT}: {problem}"
+    for key in ("description", "prompt"):
+        if not arguments[key].strip():
+            return f"invalid arguments for {AGENT}: argument '{key}' must not be blank"
+    profile = arguments.get("profile")
+    if profile is not None and not profile.strip():
+        return f"invalid arguments for {AGENT}: argument 'profile' must not be blank"
+    return None
+
+
+def ensure(parent_id: uuid.UUID, call_id: str, arguments: dict[str, Any]) -> tuple[Tab, bool]:
+    """The child of this call, made and given its prompt if it does not exist yet, and
+    whether it was made now. Its prompt, model, tools and rules are its profile's (the
+    `profile` argument) or else its parent's; its folder is its parent's. ValueError
+    (for the model) for an unknown profile or a folder that cannot be used."""
+    with transaction.atomic():
+        parent = Tab.objects.select_for_update().get(pk=parent_id)
+        pk = child_id(parent_id, call_id)
+        existing = Tab.objects.filter(pk=pk).first()
+        if existing is not None:
+            return existing, False
+        title = " ".join(arguments["description"].split())[:TITLE_CHARS]
+        family = {"id": pk, "parent_tab": parent, "parent_call_id": call_id}
+        if name := (arguments.get("profile") or "").strip():
+            profile = preferences.profile_named(name)
+            try:
+                child = preferences.new_tab(
+                    parent.owner,
+                    profile.model or parent.model,
+                    profile=profile,
+                    workdir=parent.workdir,
+                    title=title,
+                    **family,
+                )
+            except preferences.workdirs.BadWorkdir as exc:
+                raise ValueError(str(exc)) from exc
+        else:
+            # The parent's own copy (what a branch keeps): its prompt already holds
+            # AGENTS.md, and its profile may have changed since it was made.
+            child = Tab.objects.create(
+                owner_id=parent.owner_id,
+                title=title,
+                model=parent.model,
+                system_prompt=parent.system_prompt,
+                tool_allow=parent.tool_allow,
+                rules=parent.rules,
+                workdir=parent.workdir,
+                profile_id=parent.profile_id,
+                **family,
+            )
+        origin = {"kind": "agent", "parent_tab": str(parent_id), "call_id": call_id}
+        queued = QueuedMessage.objects.create(
+            tab=child, text=arguments["prompt"].strip(), origin=origin
+        )
+        # As turns.submit does: the page of the child, if open, sees it queued, and a
+        # worker is asked once the row is there to take.
+        transaction.on_commit(
+            lambda: (
+                bus.publish(child.pk, {"op": "queued", "id": queued.pk, "text": queued.text}),
+                bus.request_run(child.pk),
+            )
+        )
+    return child, True
+
+
+@dataclass
+class Outcome:
+    """A child's turn as its log and lease say. `state`: queued, running, waiting (for
+    an approval), done, or gone (the tab, or its message, was deleted)."""
+
+    state: str
+    title: str = ""
+    step: int = 0
+    # Once done: how the turn ended (completed, error, or a key of FAILURES), the text
+    # of its final step, the error's message, and its usage (chat.usage Totals as_dict).
+    status: str = ""
+    text: str = ""
+    error: str = ""
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("done", "gone")
+
+
+def read(tab_id: uuid.UUID, call_id: str) -> Outcome:
+    """Where the child's turn started by this call is, from the database."""
+    title = Tab.objects.filter(pk=tab_id).values_list("title", flat=True).first()
+    if title is None:
+        return Outcome("gone", status="gone")
+    if QueuedMessage.objects.filter(tab_id=tab_id, origin__call_id=call_id).exists():
+        return Outcome("queued", title)
+    start = (
+        Chunk.objects.filter(tab_id=tab_id, role=Role.USER, data__origin__call_id=call_id)
+        .values_list("turn_id", flat=True)
+        .first()
+    )
+    if start is None:
+        return Outcome("gone", title, status="gone")
+    running = (
+        RunningTurn.objects.filter(tab_id=tab_id, turn_id=start)
+        .exclude(status=RunningTurn.Status.FINISHING)
+        .first()
+    )
+    if running is not None:
+        return Outcome(running.status, title, running.step)
+    turn = list(Chunk.objects.filter(tab_id=tab_id, turn_id=start).order_by("seq"))
+    ending = resume.ending(turn)
+    if ending is None:
+        status, error = "completed", ""
+    elif ending.type == Kind.ERROR:
+        status, error = "error", str(ending.data.get("message") or "")
+    else:
+        status, error = ending.data["kind"], str(ending.data.get("text") or "")
+    totals = chat_usage.turn_totals(tab_id, [start]).get(start, chat_usage.Totals())
+    step = max((c.step for c in turn), default=0)
+    return Outcome("done", title, step, status, final_text(turn), error, totals.as_dict())
+
+
+def final_text(turn: list[Chunk]) -> str:
+    """Every text block of the turn's last answering step, joined: a model often writes
+    its result in several blocks around its thinking or its last calls. An attempt cut
+    off and retried (a `retry` notice) is left out, as history leaves it out."""
+    answered = [c for c in turn if c.role == Role.ASSISTANT]
+    if not answered:
+        return ""
+    step = answered[-1].step
+    texts: list[str] = []
+    for chunk in turn:
+        if chunk.step != step:
+            continue
+        if chunk.type == Kind.SYSTEM and chunk.data.get("retry"):
+            texts = []
+        elif chunk.role == Role.ASSISTANT and chunk.type == Kind.TEXT and chunk.data.get("text"):
+            texts.append(chunk.data["text"].strip())
+    return "\n\n".join(text for text in texts if text)
+
+
+@dataclass(frozen=True)
+class Result:
+    """The `agent` call's result: the tool result's text and whether it is an error."""
+
+    text: str
+    is_error: bool
+    child_tab: str
+    status: str
+
+
+def result(tab_id: uuid.UUID, title: str, outcome: Outcome, *, why: str = "") -> Result:
+    """The call's result for a child's turn that ended (or was ended by a cap: `why`,
+    which makes it an error whatever the child's own ending): the final step's text,
+    then `{child_tab, status, usage}` as JSON on the last line."""
+    name = f"Sub-agent “{title}” (tab {tab_id})"
+    status = outcome.status
+    if why:
+        head, is_error = f"{name} {why}.", True
+    elif status == "completed":
+        head, is_error = "", False
+    elif status == "gone":
+        head, is_error = f"{name} was deleted before it finished: no result.", True
+    elif status == "error":
+        head, is_error = f"{name} stopped on an error: {outcome.error.rstrip('.')}.", True
+    else:
+        reason = FAILURES.get(status, status).format(steps=outcome.step)
+        head, is_error = f"{name} did not finish: {reason}.", True
+    text = outcome.text or ("" if is_error else NO_TEXT)
+    if is_error and text:
+        text = f"Its last text:\n\n{text}"
+    tail = json.dumps(
+        {"child_tab": str(tab_id), "status": status or "stopped", "usage": outcome.usage},
+        sort_keys=True,
+    )
+    body = "\n\n".join(part for part in (head, text, tail) if part)
+    return Result(body, is_error, str(tab_id), status)
+
+
+def cancel(tab_id: uuid.UUID) -> bool:
+    """Stop the child's running turn, as its own Stop button does (turns.cancel)."""
+    if not lease.request_cancel(tab_id):
+        return False
+    bus.group_send(bus.control_group(tab_id), {"type": "turn.cancel", "tab_id": str(tab_id)})
+    return True
+
+
+# `wait`'s word that the parent's turn is stopping.
+STOPPED = "stopped"
+
+OnStatus = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def wait(
+    tab_id: uuid.UUID,
+    call_id: str,
+    on_status: OnStatus,
+    *,
+    timeout: float,
+    cancelled: asyncio.Event,
+) -> tuple[Outcome, str]:
+    """Follow the child's turn until it ends, `timeout` passes (the child is stopped), or
+    `cancelled` is set (STOPPED: the caller decides whether the child stops too); returns what
+    the log says then and why the parent stopped waiting ("" when the child's turn ended
+    by itself). `on_status` gets the child's live status: {state, step, approval}."""
+    layer = get_channel_layer()
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    channel = await layer.new_channel()
+    group = bus.tab_group(tab_id)
+    await layer.group_add(group, channel)
+
+    async def listen() -> None:
+        while True:
+            inbox.put_nowait(await layer.receive(channel))
+
+    listener = asyncio.create_task(listen())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    stopping = asyncio.create_task(cancelled.wait())
+    try:
+        while True:
+            outcome = await database_sync_to_async(read)(tab_id, call_id)
+            if outcome.done:
+                return outcome, ""
+            await on_status({"state": outcome.state, "step": outcome.step, "approval": None})
+            polled_at = loop.time()
+            while loop.time() - polled_at < POLL_SECONDS:
+                left = deadline - loop.time()
+                if left <= 0:
+                    return await stop(tab_id, call_id, f"ran out of time ({timeout:g} s)")
+                getting = asyncio.ensure_future(inbox.get())
+                done, _ = await asyncio.wait(
+                    {getting, stopping},
+                    timeout=min(left, POLL_SECONDS - (loop.time() - polled_at)),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if stopping in done:
+                    getting.cancel()
+                    return outcome, STOPPED
+                if getting not in done:
+                    getting.cancel()
+                    continue
+                message = getting.result()
+                if message.get("op") != "status":
+                    continue
+                status = message.get("status") or {}
+                if status.get("state") == "idle":
+                    break  # read its ending from the log
+                await on_status(
+                    {
+                        "state": status.get("state", "running"),
+                        "step": status.get("step", 0),
+                        "approval": status.get("approval"),
+                    }
+                )
+    finally:
+        stopping.cancel()
+        listener.cancel()
+        with suppress(BaseException):
+            await listener
+        with suppress(Exception):
+            await layer.group_discard(group, channel)
+
+
+async def stop(tab_id: uuid.UUID, call_id: str, why: str) -> tuple[Outcome, str]:
+    """Stop the child (it writes its own `cancelled` chunk) and wait a little for its
+    turn to end, so what it wrote and used is in the result."""
+    await database_sync_to_async(cancel)(tab_id)
+    loop = asyncio.get_running_loop()
+    until = loop.time() + CANCEL_WAIT_SECONDS
+    outcome = await database_sync_to_async(read)(tab_id, call_id)
+    while not outcome.done and loop.time() < until:
+        await asyncio.sleep(min(POLL_SECONDS, 0.2))
+        outcome = await database_sync_to_async(read)(tab_id, call_id)
+    return outcome, why

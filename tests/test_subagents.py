@@ -1,0 +1,456 @@
+"""Sub-agents (the `agent` tool, chat.children): child tabs made, followed and read, their
+caps, approvals, Stop and usage, with scripted providers at the boundary (one per tab:
+a parent and its children stream at the same time)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from channels.db import database_sync_to_async
+
+from chat import agent, children, turns
+from chat.models import Chunk, Profile, Tab, UsageRecord
+from chat.providers import aget_provider
+from chat.providers.base import (
+    Finish,
+    ProviderError,
+    ReasoningDelta,
+    ReasoningEnd,
+    TextDelta,
+    ToolCallEvent,
+    Usage,
+)
+from chat.providers.replay import ScriptedProvider
+from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+@pytest.fixture
+def workspace(tmp_path, settings):
+    settings.DISPATCH_WORKSPACE = tmp_path
+    return tmp_path
+
+
+class Tabs:
+    """Scripted providers by the first user message of a request: the parent's, and each
+    child's prompt. A model id in `real` goes to the real provider factory."""
+
+    def __init__(self) -> None:
+        self.by_prompt: dict[str, ScriptedProvider] = {}
+        self.real: set[str] = set()
+
+    def script(self, prompt: str, *steps) -> ScriptedProvider:
+        provider = ScriptedProvider(list(steps))
+        self.by_prompt[prompt] = provider
+        return provider
+
+    async def provider_for(self, model: str):
+        if model in self.real:
+            return await aget_provider(model)
+        return self
+
+    async def stream(self, request):
+        first = request.messages[0].parts[-1].text
+        async for event in self.by_prompt[first].stream(request):
+            yield event
+
+
+@pytest.fixture
+def tabs(monkeypatch, workspace):
+    routed = Tabs()
+    monkeypatch.setattr(agent, "provider_for", routed.provider_for)
+    return routed
+
+
+def call(call_id: str, name: str, **arguments) -> ToolCallEvent:
+    return ToolCallEvent(call_id, name, arguments)
+
+
+def delegate(call_id: str, prompt: str, description: str = "Look around", **more):
+    return call(call_id, "agent", description=description, prompt=prompt, **more)
+
+
+def result_of(rows, call_id: str) -> Chunk:
+    return next(c for c in rows if c.type == "tool_result" and c.data["call_id"] == call_id)
+
+
+def tail(result: Chunk) -> dict:
+    return json.loads(result.data["result"].rsplit("\n", 1)[-1])
+
+
+async def run_parent(tab, text: str = "go"):
+    async with Watcher(tab.pk) as watcher:
+        await submit(tab, text)
+        await watcher.until_idle()
+    return watcher
+
+
+async def child_of(tab, call_id: str) -> Tab:
+    return await Tab.objects.aget(pk=children.child_id(tab.pk, call_id))
+
+
+async def test_the_result_is_every_text_of_the_childs_last_step_and_a_json_tail(tabs):
+    """The child is a tab of the parent's owner, id uuid5(parent, call), its title the
+    description, its message marked as the parent's; it runs two steps; the parent gets
+    both text blocks of the last one (not only the last block), then {child_tab, status,
+    usage}; the child has no `agent` tool (no nesting)."""
+    parent_provider = tabs.script(
+        "go",
+        [delegate("c1", "count the files"), Finish(Usage(10, 5), "tool_use")],
+        [TextDelta("The child said so."), Finish(Usage(30, 4))],
+    )
+    child_provider = tabs.script(
+        "count the files",
+        [TextDelta("Looking."), call("l1", "list_files"), Finish(Usage(7, 3), "tool_use")],
+        [
+            TextDelta("There are no files."),
+            ReasoningDelta("double check"),
+            ReasoningEnd(signature="sig"),
+            TextDelta("Nothing else to say."),
+            Finish(Usage(9, 2)),
+        ],
+    )
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    child = await child_of(tab, "c1")
+    assert child.parent_tab_id == tab.pk and child.parent_call_id == "c1"
+    assert child.owner_id == tab.owner_id and child.title == "Look around"
+    assert child.model == tab.model and child.system_prompt == tab.system_prompt
+    first = (await chunks(child.pk))[0]
+    assert first.data["origin"] == {"kind": "agent", "parent_tab": str(tab.pk), "call_id": "c1"}
+    assert first.data["text"] == "count the files"
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == [
+        "user/text",
+        "assistant/tool_call",
+        "tool/tool_result",
+        "assistant/text",
+    ]
+    result = result_of(rows, "c1")
+    assert result.data["is_error"] is False
+    assert result.data["child_tab"] == str(child.pk)
+    text = result.data["result"]
+    assert text.startswith("There are no files.\n\nNothing else to say.\n\n{")
+    assert "Looking." not in text
+    meta = tail(result)
+    assert meta["child_tab"] == str(child.pk) and meta["status"] == "completed"
+    assert meta["usage"]["input"] == 16 and meta["usage"]["output"] == 5
+    # The parent's second request holds the result; the child was never offered `agent`.
+    assert parent_provider.requests[1].messages[-1].parts[0].result == text
+    assert "agent" not in {t.name for t in child_provider.requests[0].tools}
+    assert "agent" in {t.name for t in parent_provider.requests[0].tools}
+
+
+async def test_a_child_that_writes_no_text_says_so(tabs):
+    """An empty final step is neither an error nor an empty result: it is said."""
+    tabs.script(
+        "go",
+        [delegate("c1", "be quiet"), Finish(stop_reason="tool_use")],
+        [TextDelta("ok"), Finish()],
+    )
+    tabs.script("be quiet", [Finish()])
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    result = result_of(await chunks(tab.pk), "c1")
+    assert result.data["is_error"] is False
+    assert result.data["result"].startswith(children.NO_TEXT + "\n\n{")
+    assert tail(result)["status"] == "completed"
+
+
+async def test_a_child_that_fails_on_its_first_step_is_an_error_naming_it(tabs):
+    tabs.script(
+        "go",
+        [delegate("c1", "fail please"), Finish(stop_reason="tool_use")],
+        [TextDelta("It failed."), Finish()],
+    )
+    tabs.script("fail please", [ProviderError("Bad request: no such thing", status_code=400)])
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    child = await child_of(tab, "c1")
+    assert kinds(await chunks(child.pk)) == ["user/text", "assistant/error"]
+    result = result_of(await chunks(tab.pk), "c1")
+    assert result.data["is_error"] is True
+    text = result.data["result"]
+    assert text.startswith(f"Sub-agent “Look around” (tab {child.pk}) stopped on an error:")
+    assert "Bad request: no such thing" in text
+    assert tail(result)["status"] == "error"
+
+
+async def test_a_child_whose_model_has_no_key_is_an_error_saying_which_key(tabs, monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    model = "anthropic/claude-sonnet-4-5"
+    tabs.real.add(model)
+    await Profile.objects.acreate(name="keyless", model=model)
+    tabs.script(
+        "go",
+        [delegate("c1", "do it", profile="keyless"), Finish(stop_reason="tool_use")],
+        [TextDelta("No luck."), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    child = await child_of(tab, "c1")
+    assert child.model == model
+    result = result_of(await chunks(tab.pk), "c1")
+    assert result.data["is_error"] is True
+    assert "No API key for" in result.data["result"]
+    assert "ANTHROPIC_API_KEY" in result.data["result"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            {"description": "x", "prompt": "do it", "profile": "nobody"},
+            "Not run: No profile named “nobody”. Profiles: none yet.",
+        ),
+        (
+            {"description": "x", "prompt": "   "},
+            "invalid arguments for agent: argument 'prompt' must not be blank",
+        ),
+        (
+            {"description": "x", "prompt": 42},
+            "invalid arguments for agent: argument 'prompt' must be a string, not integer",
+        ),
+        (
+            {"description": "x"},
+            "invalid arguments for agent: missing required argument 'prompt'",
+        ),
+    ],
+)
+async def test_a_bad_call_is_answered_with_an_error_and_makes_no_child(tabs, arguments, message):
+    tabs.script(
+        "go",
+        [ToolCallEvent("c1", "agent", arguments), Finish(stop_reason="tool_use")],
+        [TextDelta("Sorry."), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    result = result_of(await chunks(tab.pk), "c1")
+    assert result.data["is_error"] is True
+    assert result.data["result"] == message
+    assert not await Tab.objects.filter(parent_tab=tab.pk).aexists()
+
+
+async def test_the_step_limit_ends_the_call_with_an_error_naming_the_child(tabs, settings):
+    settings.DISPATCH_CHILD_MAX_STEPS = 1
+    tabs.script(
+        "go",
+        [delegate("c1", "loop"), Finish(stop_reason="tool_use")],
+        [TextDelta("It looped."), Finish()],
+    )
+    tabs.script("loop", [TextDelta("Step one."), call("l", "list_files"), Finish()])
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    child = await child_of(tab, "c1")
+    child_rows = await chunks(child.pk)
+    assert child_rows[-1].data["kind"] == "step-limit"
+    result = result_of(await chunks(tab.pk), "c1")
+    assert result.data["is_error"] is True
+    text = result.data["result"]
+    assert text.startswith(
+        f"Sub-agent “Look around” (tab {child.pk}) did not finish: "
+        "it stopped at its step limit (1 steps)."
+    )
+    assert "Step one." in text
+    assert tail(result)["status"] == "step-limit"
+
+
+async def test_the_time_limit_stops_the_child_and_ends_the_call_with_an_error(tabs, settings):
+    settings.DISPATCH_CHILD_TIMEOUT = 1
+    tabs.script(
+        "go",
+        [delegate("c1", "hang"), Finish(stop_reason="tool_use")],
+        [TextDelta("It hung."), Finish()],
+    )
+    tabs.script("hang", [TextDelta("Thinking about it"), asyncio.Event()])
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    child = await child_of(tab, "c1")
+    child_rows = await chunks(child.pk)
+    assert child_rows[-1].data["kind"] == "cancelled"
+    result = result_of(await chunks(tab.pk), "c1")
+    assert result.data["is_error"] is True
+    assert result.data["result"].startswith(
+        f"Sub-agent “Look around” (tab {child.pk}) ran out of time (1 s)."
+    )
+    assert tail(result)["status"] == "cancelled"
+
+
+async def test_calls_past_the_concurrency_cap_are_refused_and_the_rest_run_together(tabs, settings):
+    """Two children run at once (each waits until the other has started); a third call in
+    the same step is refused without a child."""
+    settings.DISPATCH_CHILD_CONCURRENCY = 2
+    both = asyncio.Event()
+    tabs.script(
+        "go",
+        [
+            delegate("a", "first", "A"),
+            delegate("b", "second", "B"),
+            delegate("c", "third", "C"),
+            Finish(stop_reason="tool_use"),
+        ],
+        [TextDelta("Done."), Finish()],
+    )
+    first = tabs.script("first", [both, TextDelta("one"), Finish()])
+    second = tabs.script("second", [both, TextDelta("two"), Finish()])
+
+    async def release_when_both_asked():
+        while not (first.requests and second.requests):
+            await asyncio.sleep(0.05)
+        both.set()
+
+    releaser = asyncio.create_task(release_when_both_asked())
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    await releaser
+    rows = await chunks(tab.pk)
+    assert result_of(rows, "a").data["result"].startswith("one\n\n")
+    assert result_of(rows, "b").data["result"].startswith("two\n\n")
+    refused = result_of(rows, "c")
+    assert refused.data["is_error"] is True
+    assert refused.data["result"].startswith("Not run: too many sub-agents at once")
+    assert await Tab.objects.filter(parent_tab=tab.pk).acount() == 2
+
+
+async def test_stop_on_the_parent_stops_its_children(tabs):
+    tabs.script("go", [delegate("a", "first", "A"), delegate("b", "second", "B"), Finish()])
+    tabs.script("first", [TextDelta("working"), asyncio.Event()])
+    tabs.script("second", [TextDelta("working too"), asyncio.Event()])
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(
+                lambda m: (
+                    m["op"] == "status"
+                    and [c["state"] for c in m["status"].get("children", [])] == ["running"] * 2
+                )
+            )
+            await database_sync_to_async(turns.cancel)(tab.pk)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert rows[-1].data["kind"] == "cancelled"
+    for call_id in ("a", "b"):
+        child = await child_of(tab, call_id)
+        assert (await chunks(child.pk))[-1].data["kind"] == "cancelled"
+        result = result_of(rows, call_id)
+        assert result.data["is_error"] is True
+        assert "was stopped with its parent" in result.data["result"]
+
+
+async def test_a_childs_approval_shows_in_the_parent_and_is_answered_on_the_child(tabs):
+    tabs.script(
+        "go",
+        [delegate("c1", "write it"), Finish(stop_reason="tool_use")],
+        [TextDelta("Written."), Finish()],
+    )
+    tabs.script(
+        "write it",
+        [call("w", "write_file", path="x.txt", content="hi"), Finish(stop_reason="tool_use")],
+        [TextDelta("Wrote x.txt."), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab(approve_tools=True)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            asking = await watcher.until(
+                lambda m: (
+                    m["op"] == "status"
+                    and any(c.get("approval") for c in m["status"].get("children", []))
+                )
+            )
+            (entry,) = asking["status"]["children"]
+            child_id = children.child_id(tab.pk, "c1")
+            assert entry["tab"] == str(child_id) and entry["title"] == "Look around"
+            assert entry["state"] == "waiting"
+            assert entry["approval"] == {
+                "call_id": "w",
+                "name": "write_file",
+                "arguments": {"path": "x.txt", "content": "hi"},
+            }
+            await database_sync_to_async(turns.approve)(child_id, "w", True)
+            await watcher.until_idle()
+    result = result_of(await chunks(tab.pk), "c1")
+    assert result.data["result"].startswith("Wrote x.txt.\n\n")
+
+
+async def test_a_child_deleted_while_the_parent_waits_is_an_error(tabs):
+    tabs.script(
+        "go",
+        [delegate("c1", "hang"), Finish(stop_reason="tool_use")],
+        [TextDelta("Gone."), Finish()],
+    )
+    tabs.script("hang", [TextDelta("working"), asyncio.Event()])
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(
+                lambda m: (
+                    m["op"] == "status"
+                    and [c["state"] for c in m["status"].get("children", [])] == ["running"]
+                )
+            )
+            await Tab.objects.filter(pk=children.child_id(tab.pk, "c1")).adelete()
+            await watcher.until_idle()
+    result = result_of(await chunks(tab.pk), "c1")
+    assert result.data["is_error"] is True
+    assert "was deleted before it finished" in result.data["result"]
+    assert tail(result)["status"] == "gone"
+
+
+async def test_a_profile_that_allows_nesting_gives_its_children_the_agent_tool(tabs):
+    await Profile.objects.acreate(name="nester", allow_nesting=True)
+    tabs.script(
+        "go",
+        [delegate("c1", "nest", profile="nester"), Finish(stop_reason="tool_use")],
+        [TextDelta("ok"), Finish()],
+    )
+    nested = tabs.script("nest", [TextDelta("fine"), Finish()])
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    assert "agent" in {t.name for t in nested.requests[0].tools}
+    child = await child_of(tab, "c1")
+    assert child.profile_id is not None
+
+
+async def test_ensure_finds_the_child_a_call_made(tabs):
+    """A resumed call makes no second child and queues no second prompt."""
+    tab = await make_tab()
+    arguments = {"description": "d", "prompt": "p"}
+    ensure = database_sync_to_async(children.ensure)
+    first, made = await ensure(tab.pk, "c1", arguments)
+    again, made_again = await ensure(tab.pk, "c1", arguments)
+    assert made and not made_again and first.pk == again.pk
+    assert first.pk == uuid.uuid5(tab.pk, "c1")
+    assert await first.queued.acount() == 1
+
+
+async def test_the_parents_usage_includes_its_childrens(tabs):
+    tabs.script(
+        "go",
+        [delegate("c1", "work"), Finish(Usage(10, 1), "tool_use")],
+        [TextDelta("ok"), Finish(Usage(20, 2))],
+    )
+    tabs.script("work", [TextDelta("done"), Finish(Usage(100, 50))])
+    async with running_worker():
+        tab = await make_tab()
+        watcher = await run_parent(tab)
+    idle = watcher.ops[-1]["status"]
+    assert idle["turn_end"]["turn"]["input"] == 130
+    assert idle["turn_end"]["turn"]["output"] == 53
+    assert idle["turn_end"]["tab"]["input"] == 130
+    assert await UsageRecord.objects.filter(tab_id=tab.pk).acount() == 2
