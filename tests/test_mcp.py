@@ -278,9 +278,9 @@ async def test_garbage_on_stdout_is_a_problem_saying_so():
     assert "not MCP" in problems[0]
 
 
-async def test_a_listing_with_a_schema_no_provider_takes_is_a_problem():
-    """The SDK refuses the whole listing (tools/list results are validated), and the
-    problem says where."""
+async def test_a_tool_whose_schema_no_provider_takes_is_left_out_with_a_problem():
+    """The SDK checks a listing as a whole: one bad tool would refuse all the server's
+    tools. Only the bad ones are left out, each named with the reason."""
     await McpServer.objects.acreate(
         name="odd",
         transport="stdio",
@@ -288,11 +288,16 @@ async def test_a_listing_with_a_schema_no_provider_takes_is_a_problem():
         args=[str(SERVERS / "bare.py"), "broken"],
     )
     found, problems = await mcp.specs()
-    assert found == []
-    assert problems[0].startswith(
-        "server odd: listing its tools failed (its answer is not valid MCP "
-        "(tools.1.inputSchema.properties.x"
-    )
+    assert [spec.name for spec in found] == ["mcp__odd__fine", "mcp__odd__where"]
+    assert problems == [
+        "server odd: tool 'broken' is left out: it is not valid MCP "
+        "(inputSchema.properties.x.dict[str,any]: Input should be a valid dictionary; "
+        "inputSchema.properties.x.bool: Input should be a valid boolean, unable to interpret "
+        "input)",
+        "server odd: tool 'typo' is left out: its input schema is not valid JSON Schema "
+        "(at properties/x/type: 'strng' is not valid under any of the given schemas)",
+    ]
+    assert (await mcp.call("mcp__odd__fine", {})).is_error is False
 
 
 async def test_a_tool_that_is_not_plain_json_is_left_out_with_a_problem():

@@ -69,3 +69,29 @@ async def test_a_server_down_at_a_turn_start_keeps_its_tools_and_says_so(
         "mcp__web__echo cannot be called now: server web: not reachable ("
     )
     assert (back.result, back.is_error) == ("echo: back", False)
+
+
+async def test_a_tool_no_provider_takes_is_left_out_with_a_notice_and_the_rest_offered(
+    fake_server, monkeypatch, tmp_path, settings
+):
+    use_anthropic(monkeypatch, fake_server)
+    settings.DISPATCH_WORKSPACE = tmp_path / "workspace"
+    settings.DISPATCH_SHELL_UNSANDBOXED = True
+    await McpServer.objects.acreate(
+        name="odd",
+        transport="stdio",
+        command=sys.executable,
+        args=[str(Path(__file__).parent / "mcp_servers" / "bare.py"), "broken"],
+    )
+    fake_server.add(reply(text("One.")))
+    async with running_worker():
+        tab = await make_tab(MODEL)
+        await run_one(tab, "first")
+    offered = [name for name in names(fake_server.requests[0].body) if name.startswith("mcp__")]
+    assert offered == ["mcp__odd__fine", "mcp__odd__where"]
+    notices = [c.data["text"] for c in await chunks(tab.pk) if c.type == "system"]
+    assert len(notices) == 1
+    assert notices[0].startswith(
+        "Some tools are not available: server odd: tool 'broken' is left out: it is not valid MCP"
+    )
+    assert "server odd: tool 'typo' is left out: its input schema is not valid JSON" in notices[0]

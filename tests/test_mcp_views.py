@@ -175,3 +175,19 @@ def test_the_admin_stores_headers_encrypted_and_shows_them_masked(db):
         html = client.get(url).content.decode()
         assert f"Authorization={SECRET_MASK}" in html
         assert TOKEN not in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_test_names_each_tool_left_out_and_why_and_lists_the_rest(staff, settings):
+    settings.DISPATCH_SHELL_UNSANDBOXED = True
+    bare = str(Path(__file__).parent / "mcp_servers" / "bare.py")
+    row = McpServer.objects.create(
+        name="odd", transport="stdio", command=sys.executable, args=[bare, "broken"]
+    )
+    response = staff.post(reverse("mcp_test", args=[row.pk]), follow=True)
+    said = [str(message) for message in response.context["messages"]]
+    assert said[0].startswith("server odd: tool 'broken' is left out: it is not valid MCP (")
+    assert said[1].startswith(
+        "server odd: tool 'typo' is left out: its input schema is not valid JSON Schema ("
+    )
+    assert said[2:] == ["Server odd offers 2 tools: where, fine."]

@@ -40,6 +40,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 import httpx2
+import jsonschema
 import mcp_types as types
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -47,6 +48,8 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from mcp_types import methods as mcp_methods
 from pydantic import ValidationError
 
 from chat.models import McpServer
@@ -177,6 +180,11 @@ class Connection:
         self._task: asyncio.Task[None] | None = None
         self._stderr: IO[str] | None = None
         self._not_mcp = ""
+        self.screen = _Screen()
+        # Tools the listing (self.tools) left out, and why; how many past the cap.
+        self.refused: list[str] = []
+        self.beyond = 0
+        self._listing = asyncio.Lock()
 
     async def open(self) -> None:
         """Start the server (or reach it) and shake hands, within the server's timeout."""
@@ -202,9 +210,14 @@ class Connection:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
                 session = await stack.enter_async_context(
-                    ClientSession(read, write, message_handler=self._on_message)
+                    ClientSession(
+                        _ScreenedRead(read, self.screen),
+                        _ListingsNoted(write, self.screen),
+                        message_handler=self._on_message,
+                    )
                 )
-                await session.initialize()
+                started = await session.initialize()
+                self.screen.version = started.protocol_version
                 self.session = session
                 ready.set_result(None)
                 await self._stop.wait()
@@ -270,11 +283,25 @@ class Connection:
                     parts.append(f"its stderr ends: {said}")
         return "".join(f"; {part}" for part in parts)
 
-    async def list_tools(self) -> list[types.Tool]:
-        if self.tools is not None:
-            return self.tools
+    async def list_tools(self) -> tuple[list[types.Tool], list[str], int]:
+        """The server's tools, the ones left out (a problem each, without the server's
+        name), and how many it listed past MAX_TOOLS_PER_SERVER; read once per connection
+        until the server says its list changed."""
+        # One listing at a time: they share the screen's counts, and a second one waiting
+        # takes what the first kept.
+        async with self._listing:
+            if self.tools is not None:
+                return self.tools, self.refused, self.beyond
+            generation = self.generation
+            self.screen.start()
+            tools = await self._pages()
+            listed = tools, self.screen.refused, self.screen.beyond
+            if generation == self.generation:
+                self.tools, self.refused, self.beyond = listed
+            return listed
+
+    async def _pages(self) -> list[types.Tool]:
         session = self._session()
-        generation = self.generation
         tools: list[types.Tool] = []
         cursor: str | None = None
         async with asyncio.timeout(self.config.timeout):
@@ -285,8 +312,6 @@ class Connection:
                 cursor = page.next_cursor
                 if not cursor:
                     break
-        if generation == self.generation:
-            self.tools = tools
         return tools
 
     def _session(self) -> ClientSession:
@@ -311,6 +336,137 @@ class Connection:
                 await asyncio.wait({task}, timeout=CLOSE_GRACE)
         if self._stderr is not None:
             self._stderr.close()
+
+
+class _Screen:
+    """What the streams below share: the ids of tools/list requests sent, the protocol
+    version (which the SDK checks answers against), and the tools left out."""
+
+    def __init__(self) -> None:
+        self.listings: set[types.RequestId] = set()
+        self.version = ""
+        self.refused: list[str] = []
+        # Of the listing being read: tools kept, and tools past the cap, never looked at
+        # (checking a schema takes time, and a server may list thousands).
+        self.kept = 0
+        self.beyond = 0
+
+    def start(self) -> None:
+        self.refused, self.kept, self.beyond = [], 0, 0
+
+    def screened(self, item: SessionMessage | Exception) -> SessionMessage | Exception:
+        """A tools/list answer without the tools that must not be offered. The SDK checks
+        a listing as a whole: one tool's bad schema would refuse all the server's tools."""
+        if not isinstance(item, SessionMessage):
+            return item
+        message = item.message
+        if not isinstance(message, types.JSONRPCResponse) or message.id not in self.listings:
+            return item
+        self.listings.discard(message.id)
+        tools = message.result.get("tools")
+        if not isinstance(tools, list):
+            return item
+        kept = []
+        for tool in tools:
+            if self.kept >= MAX_TOOLS_PER_SERVER:
+                self.beyond += 1
+            elif why := _refused(tool, self.version):
+                name = tool.get("name") if isinstance(tool, dict) else None
+                self.refused.append(f"tool {name!r} is left out: {why}")
+            else:
+                self.kept += 1
+                kept.append(tool)
+        result = {**message.result, "tools": kept}
+        answer = types.JSONRPCResponse(jsonrpc="2.0", id=message.id, result=result)
+        return SessionMessage(message=answer, metadata=item.metadata)
+
+
+class _ScreenedRead:
+    """The transport's read stream, tools/list answers screened."""
+
+    def __init__(self, stream: Any, screen: _Screen) -> None:
+        self._stream = stream
+        self._screen = screen
+
+    async def receive(self) -> SessionMessage | Exception:
+        return self._screen.screened(await self._stream.receive())
+
+    def __aiter__(self) -> _ScreenedRead:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        return self._screen.screened(await self._stream.__anext__())
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> _ScreenedRead:
+        await self._stream.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self._stream.__aexit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        # `last_context`, which the SDK reads when a transport has it.
+        return getattr(self._stream, name)
+
+
+class _ListingsNoted:
+    """The transport's write stream, noting which requests are tools/list."""
+
+    def __init__(self, stream: Any, screen: _Screen) -> None:
+        self._stream = stream
+        self._screen = screen
+
+    async def send(self, item: SessionMessage) -> None:
+        message = item.message
+        if isinstance(message, types.JSONRPCRequest) and message.method == "tools/list":
+            self._screen.listings.add(message.id)
+        await self._stream.send(item)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> _ListingsNoted:
+        await self._stream.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self._stream.__aexit__(*exc)
+
+
+def _refused(tool: Any, version: str) -> str:
+    """Why a listed tool is not offered: a definition the SDK refuses, or an input
+    schema that is no JSON Schema (a provider refuses every request offering it).
+    "" when it is fine."""
+    if not isinstance(tool, dict):
+        return "it is not a JSON object"
+    page = {"tools": [tool]}
+    try:
+        with contextlib.suppress(KeyError):  # a version the SDK's table lacks
+            mcp_methods.validate_server_result("tools/list", version, page)
+        types.ListToolsResult.model_validate(page, by_name=False)
+    except ValidationError as exc:
+        return f"it is not valid MCP ({_where(exc, skip=2)})"
+    except ValueError:
+        pass  # a protocol version the SDK does not know: its own check decides
+    schema = tool["inputSchema"]
+    try:
+        jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator).check_schema(
+            schema
+        )
+    except jsonschema.SchemaError as exc:
+        at = "/".join(map(str, exc.absolute_path)) or "its top"
+        return f"its input schema is not valid JSON Schema (at {at}: {exc.message})"
+    return ""
+
+
+def _where(exc: ValidationError, skip: int = 0) -> str:
+    """A validation error's first three places and messages."""
+    return "; ".join(
+        f"{'.'.join(map(str, error['loc'][skip:]))}: {error['msg']}" for error in exc.errors()[:3]
+    )
 
 
 def _sandboxed(policy: sandbox.Policy, root: Path, argv: list[str]) -> list[str]:
@@ -531,7 +687,7 @@ async def _server_tools(
     try:
         connection = await (connect or _connect)(config)
         async with _using(connection):
-            tools = await connection.list_tools()
+            tools, refused, beyond = await connection.list_tools()
     except Unreachable as exc:
         return [], [], f"{label}: not reachable ({exc})"
     except TimeoutError:
@@ -539,7 +695,7 @@ async def _server_tools(
     except Exception as exc:
         logger.warning("MCP %s: listing failed", label, exc_info=True)
         return [], [], f"{label}: listing its tools failed ({_reason(exc)})"
-    problems = []
+    problems = [f"{label}: {why}" for why in refused]
     usable = []
     seen: set[str] = set()
     for tool in tools:
@@ -551,11 +707,11 @@ async def _server_tools(
             continue
         seen.add(tool.name)
         usable.append(tool)
-    if len(usable) > MAX_TOOLS_PER_SERVER:
+    if beyond:
+        listed = len(usable) + beyond
         problems.append(
-            f"{label}: {len(usable)} tools, only the first {MAX_TOOLS_PER_SERVER} are offered"
+            f"{label}: {listed} tools, only the first {MAX_TOOLS_PER_SERVER} are offered"
         )
-        usable = usable[:MAX_TOOLS_PER_SERVER]
     return usable, problems, ""
 
 
@@ -694,10 +850,7 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, httpx2.HTTPError):
         return f"{type(exc).__name__}: {exc}"
     if isinstance(exc, ValidationError):
-        where = "; ".join(
-            f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in exc.errors()[:3]
-        )
-        return f"its answer is not valid MCP ({where})"
+        return f"its answer is not valid MCP ({_where(exc)})"
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_reason(inner) for inner in exc.exceptions)
     return str(exc) or type(exc).__name__

@@ -1,9 +1,11 @@
 """A minimal MCP server on the standard library alone, for the stdio sandbox test: the
 sandbox shows the system's Python but not the project's packages, so this one is copied
-into the workspace and run there. `broken` as its argument: it also lists a tool whose
-schema no provider takes; `unstorable`: tools with NaN in a schema and NUL in a
-description; `garbage`: it writes a line that is not JSON-RPC, then nothing; `exit`: it
-fails at once, saying why on stderr; `leak`: the same, quoting its token."""
+into the workspace and run there. `broken` as its argument: it also lists tools whose
+schemas no provider takes (one the SDK refuses, one it lets through) and one fine;
+`unstorable`: tools with NaN in a schema and NUL in a description; `garbage`: it
+writes a line that is not JSON-RPC, then nothing; `exit`: it fails at once, saying why
+on stderr; `leak`: the same, quoting its token; `silent`: it reads and never answers
+(a server hanging in its handshake)."""
 
 import json
 import os
@@ -15,6 +17,9 @@ if sys.argv[1:] == ["exit"]:
 if sys.argv[1:] == ["leak"]:
     sys.stderr.write(f"bare: token {os.environ.get('MCP_TEST_TOKEN')} refused\n")
     sys.exit(2)
+if sys.argv[1:] == ["silent"]:
+    sys.stdin.read()
+    sys.exit(0)
 if sys.argv[1:] == ["garbage"]:
     print("hello, this is not MCP", flush=True)
     sys.stdin.read()
@@ -26,6 +31,10 @@ TOOLS = [
 if sys.argv[1:] == ["broken"]:
     # A property that is no schema: the SDK lets it through, no provider takes it.
     TOOLS.append({"name": "broken", "inputSchema": {"type": "object", "properties": {"x": 5}}})
+    # Valid MCP, but no JSON Schema: a provider refuses every request offering it.
+    typo = {"type": "object", "properties": {"x": {"type": "strng"}}}
+    TOOLS.append({"name": "typo", "inputSchema": typo})
+    TOOLS.append({"name": "fine", "description": "Kept.", "inputSchema": {"type": "object"}})
 if sys.argv[1:] == ["unstorable"]:
     # Valid MCP, but not JSON a database column (or a provider) takes: NaN, and a NUL.
     number = {"type": "number", "maximum": float("nan")}
