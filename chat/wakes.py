@@ -110,7 +110,7 @@ def claim(wake_id: int, now: datetime) -> WakeRun | None:
             _record_skipped(wake, plan, now)
             if plan.run is None:
                 return None
-            return WakeRun.objects.create(wake=wake, scheduled_for=plan.run)
+            return _pending(wake, plan.run, now)
     except IntegrityError:
         # The time is claimed already (a "run now" at the same instant): nothing moved.
         logger.warning("wake %s: %s was claimed twice", wake.pk, plan.run)
@@ -153,8 +153,15 @@ def _disable(wake: Wake, due: datetime, now: datetime, reason: str) -> None:
 def run_now(wake: Wake, now: datetime) -> WakeRun:
     """The wake's prompt now, once, outside its schedule (the Wakes page's Run now,
     `manage.py wake run`); its next time stays. The run, fired."""
-    run = WakeRun.objects.create(wake=wake, scheduled_for=now)
-    return fire(run, now)
+    return fire(_pending(wake, now, now), now)
+
+
+def _pending(wake: Wake, scheduled_for: datetime, now: datetime) -> WakeRun:
+    run = WakeRun.objects.create(wake=wake, scheduled_for=scheduled_for)
+    # Recovery's clock is the caller's `now`, not auto_now_add's.
+    WakeRun.objects.filter(pk=run.pk).update(created_at=now)
+    run.created_at = now
+    return run
 
 
 # --- fire ---------------------------------------------------------------------------

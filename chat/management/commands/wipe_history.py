@@ -4,7 +4,8 @@ History is Chunk, QueuedMessage, RunningTurn with its CheckpointPiece rows,
 Attachment, Tab and Blob, and the search index over the chunks (chat.search:
 tables, not models), and the attachments' files (chat.blobs, removed after the
 commit). Everything else stays: users, sessions, Setting, ApiKey,
-ProviderEndpoint, UsageRecord and any table another app adds. The command prints
+ProviderEndpoint, UsageRecord, Wake and WakeRun (see DETACHED_REFS) and any table
+another app adds. The command prints
 what it deletes and what it keeps, asks (unless --yes), refuses while a turn runs
 (unless --force, which cancels those turns first), deletes in one transaction
 with one DELETE per table, then reclaims the space: VACUUM on SQLite, VACUUM
@@ -32,6 +33,8 @@ from chat.models import (
     QueuedMessage,
     RunningTurn,
     Tab,
+    Wake,
+    WakeRun,
 )
 
 # Deletion order: every table before the table its foreign keys point to.
@@ -54,6 +57,29 @@ CANCEL_WAIT_SECONDS = 30.0
 CANCEL_POLL_SECONDS = 0.2
 
 
+# Kept rows that point into the history, which the wipe detaches in its transaction
+# instead of refusing. A run keeps its record without its tab. A wake into a tab
+# fires into a new tab each time from then on (with the tab's model and profile):
+# the user wiped conversations, not their schedules, and a wake that silently stopped
+# would be the surprise; its first new tab starts the conversation afresh.
+DETACHED_REFS = ("chat.Wake.tab", "chat.WakeRun.tab")
+
+
+def _detach(using: str) -> int:
+    """Detach the kept rows from the history; the number of wakes moved to new tabs."""
+    WakeRun.objects.using(using).filter(tab__isnull=False).update(tab=None)
+    moved = 0
+    for wake in Wake.objects.using(using).filter(tab__isnull=False).select_related("tab"):
+        Wake.objects.using(using).filter(pk=wake.pk).update(
+            tab=None,
+            new_tab=True,
+            model=wake.model or wake.tab.model,
+            profile_id=wake.profile_id or wake.tab.profile_id,
+        )
+        moved += 1
+    return moved
+
+
 def history_tables() -> list[str]:
     return [model._meta.db_table for model in HISTORY_MODELS]
 
@@ -70,8 +96,10 @@ def foreign_history_refs(models: list[type[Model]]) -> list[str]:
         if model in history:
             continue
         for field in model._meta.local_fields:
-            if field.remote_field is not None and field.remote_field.model in history:
-                refs.append(f"{model._meta.label}.{field.name}")
+            name = f"{model._meta.label}.{field.name}"
+            points_in = field.remote_field is not None and field.remote_field.model in history
+            if points_in and name not in DETACHED_REFS:
+                refs.append(name)
     return refs
 
 
@@ -184,7 +212,7 @@ class Command(BaseCommand):
 
         size_before = database_size(using)
         started = time.monotonic()
-        deleted, indexed, files = self._delete(using)
+        deleted, indexed, files, moved = self._delete(using)
         # After the commit: a file goes only once no row can point at it.
         for sha256 in files:
             blobs.remove_files(sha256)
@@ -194,6 +222,10 @@ class Command(BaseCommand):
             + ", ".join(f"{table} {n}" for table, n in deleted.items())
             + f"; search index: {_rows(indexed)}; attachment files: {len(files)}"
         )
+        if moved:
+            self.stdout.write(
+                f"{moved} wake(s) that sent to a tab now start a new tab each time they run."
+            )
         self._vacuum(using, size_before)
 
     def _confirm(self) -> None:
@@ -233,10 +265,10 @@ class Command(BaseCommand):
                 )
             time.sleep(CANCEL_POLL_SECONDS)
 
-    def _delete(self, using: str) -> tuple[dict[str, int], int, list[str]]:
+    def _delete(self, using: str) -> tuple[dict[str, int], int, list[str], int]:
         """One DELETE per history table, children first, and the search index's rows,
-        in one transaction. The rows deleted per table, the index's, and the blobs whose
-        files are to go.
+        in one transaction. The rows deleted per table, the index's, the blobs whose
+        files are to go, and the wakes detached from their tab (_detach).
 
         Django's delete() would load every row to run its cascade collector,
         which takes minutes on a large log; no signal or on_delete of these
@@ -258,12 +290,13 @@ class Command(BaseCommand):
                     "nothing was deleted."
                 )
             files = list(Blob.objects.using(using).values_list("sha256", flat=True))
+            moved = _detach(using)
             with connection.cursor() as cursor:
                 indexed = search.clear(cursor)
                 for table in history_tables():
                     cursor.execute(f"DELETE FROM {connection.ops.quote_name(table)}")
                     deleted[table] = cursor.rowcount
-        return deleted, indexed, files
+        return deleted, indexed, files, moved
 
     def _vacuum(self, using: str, size_before: Any) -> None:
         connection = connections[using]

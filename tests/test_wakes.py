@@ -1,0 +1,434 @@
+"""Wakes in the database: the claim (exactly once, across threads and processes), firing,
+recovery after a crash, overlap, catch-up, a deleted tab, the command, the tool and the
+wipe. The clock is the `now` each call is given."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from chat import turns, wakes
+from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, Wake, WakeRun
+from chat.preferences import new_tab
+from chat.tools import always_asks, needs_approval, run_tool
+from chat.tools.wake import AGENT_WAKE_LIFETIME
+from harness.servers import ROOT, server_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOW = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def owner():
+    return get_user_model().objects.create_user("owner", password="pw")
+
+
+@pytest.fixture
+def tab(owner):
+    return new_tab(owner, "offline/demo")
+
+
+def make_wake(owner, tab=None, **fields) -> Wake:
+    values = {
+        "owner": owner,
+        "name": "digest",
+        "tab": tab,
+        "new_tab": tab is None,
+        "prompt": "Summarise the news",
+        "kind": "cron",
+        "cron": "0 * * * *",
+        "timezone": "Europe/Berlin",
+        "next_run_at": NOW,
+    }
+    values.update(fields)
+    return Wake.objects.create(**values)
+
+
+def runs(wake: Wake) -> list[tuple[datetime, str]]:
+    return list(
+        WakeRun.objects.filter(wake=wake)
+        .order_by("scheduled_for")
+        .values_list("scheduled_for", "status")
+    )
+
+
+# --- firing ----------------------------------------------------------------------------
+
+
+def test_a_due_wake_fires_once_into_its_tab_with_its_origin(owner, tab):
+    wake = make_wake(owner, tab)
+
+    fired = wakes.run_due(NOW + timedelta(seconds=1))
+    again = wakes.run_due(NOW + timedelta(seconds=2))
+
+    assert [r.status for r in fired] == ["submitted"] and again == []
+    queued = QueuedMessage.objects.get(tab=tab)
+    assert queued.text == "Summarise the news"
+    assert queued.origin == {
+        "kind": "wake",
+        "wake_id": wake.pk,
+        "scheduled_for": NOW.isoformat(),
+        "name": "digest",
+        "approval": "wait",
+    }
+    run = WakeRun.objects.get(wake=wake)
+    assert (run.tab_id, run.queued_id, run.scheduled_for) == (tab.pk, queued.pk, NOW)
+    wake.refresh_from_db()
+    assert wake.next_run_at == NOW + timedelta(hours=1)
+
+
+def test_a_wake_not_due_yet_does_nothing(owner, tab):
+    make_wake(owner, tab)
+    assert wakes.run_due(NOW - timedelta(seconds=1)) == []
+    assert not WakeRun.objects.exists() and not QueuedMessage.objects.exists()
+
+
+def test_a_new_tab_each_time_gets_the_wakes_model_and_name(owner):
+    wake = make_wake(owner, None, model="offline/demo", name="standup")
+    first = wakes.run_due(NOW)[0]
+    second = wakes.run_due(NOW + timedelta(hours=1))[0]
+    assert first.tab_id != second.tab_id
+    made = Tab.objects.get(pk=first.tab_id)
+    assert (made.owner_id, made.model, made.title) == (owner.pk, "offline/demo", "standup")
+    assert QueuedMessage.objects.get(tab=made).origin["wake_id"] == wake.pk
+
+
+def test_claims_racing_in_threads_fire_once(owner, tab):
+    """Eight workers read the same due time at once: one compare-and-set wins."""
+    wake = make_wake(owner, tab)
+    barrier = threading.Barrier(8)
+    claimed = []
+
+    def worker():
+        try:
+            barrier.wait()
+            claimed.append(wakes.claim(wake.pk, NOW))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert len([c for c in claimed if c is not None]) == 1
+    assert runs(wake) == [(NOW, "pending")]
+
+
+def test_two_processes_running_due_wakes_fire_each_once(owner, tab, tmp_path):
+    """Three `manage.py wake run-due` processes at once over ten due wakes."""
+    past = datetime.now(UTC) - timedelta(seconds=30)
+    tabs = [new_tab(owner, "offline/demo") for _ in range(10)]
+    made = [make_wake(owner, t, next_run_at=past, catch_up="latest") for t in tabs]
+    env = server_env(tmp_path)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "wake", "run-due"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    for wake, t in zip(made, tabs, strict=True):
+        assert runs(wake) == [(past, "submitted")]
+        assert QueuedMessage.objects.filter(tab=t).count() == 1
+    reported = sum(out.count(": submitted in tab") for out in outputs)
+    assert reported == 10, outputs
+
+
+# --- crashes --------------------------------------------------------------------------
+
+
+def test_a_crash_between_claim_and_submit_is_completed_by_recovery_once(owner, tab):
+    wake = make_wake(owner, tab)
+    run = wakes.claim(wake.pk, NOW)  # the worker dies here
+    assert run is not None and runs(wake) == [(NOW, "pending")]
+
+    assert wakes.recover(NOW + timedelta(seconds=30)) == []  # not stale yet
+    recovered = wakes.recover(NOW + wakes.PENDING_STALE + timedelta(seconds=1))
+    later = wakes.recover(NOW + 10 * wakes.PENDING_STALE)
+
+    assert [r.pk for r in recovered] == [run.pk] and later == []
+    assert runs(wake) == [(NOW, "submitted")]
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+
+
+def test_recovery_does_not_send_again_what_was_submitted_before_the_crash(owner, tab):
+    """The crash came after the submit, before the run was marked: queued or already in
+    the log, the message is not sent twice."""
+    wake = make_wake(owner, tab)
+    run = wakes.claim(wake.pk, NOW)
+    queued = turns.submit(tab, wake.prompt, origin=wakes.origin_of(wake, run.scheduled_for))
+    recovered = wakes.recover(NOW + wakes.PENDING_STALE * 2)
+    assert recovered[0].status == "submitted" and recovered[0].queued_id == queued.pk
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+
+    # The same, once a turn took the message into the log.
+    wake2 = make_wake(owner, tab, name="second", next_run_at=NOW)
+    run2 = wakes.claim(wake2.pk, NOW)
+    origin = wakes.origin_of(wake2, run2.scheduled_for)
+    Chunk.objects.create(
+        tab=tab, seq=1, role="user", type="text", data={"text": "x", "origin": origin}
+    )
+    recovered = wakes.recover(NOW + wakes.PENDING_STALE * 2)
+    assert [(r.wake_id, r.status) for r in recovered] == [(wake2.pk, "submitted")]
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+
+
+# --- overlap, catch-up, deleted tabs ---------------------------------------------------
+
+
+def _running_turn(tab: Tab) -> None:
+    RunningTurn.objects.create(tab=tab, turn_id=uuid.uuid4(), worker="elsewhere", heartbeat_at=NOW)
+
+
+def test_overlap_skip_records_the_reason(owner, tab):
+    wake = make_wake(owner, tab, overlap="skip")
+    _running_turn(tab)
+    [run] = wakes.run_due(NOW)
+    assert (run.status, run.reason) == ("skipped", wakes.SKIPPED_BUSY)
+    assert not QueuedMessage.objects.exists()
+    wake.refresh_from_db()
+    assert wake.enabled and wake.next_run_at == NOW + timedelta(hours=1)
+
+
+def test_overlap_queue_submits_behind_the_running_turn(owner, tab):
+    make_wake(owner, tab, overlap="queue")
+    _running_turn(tab)
+    [run] = wakes.run_due(NOW)
+    assert run.status == "submitted"
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+
+
+def test_catch_up_latest_after_downtime_runs_the_latest_and_records_the_rest(owner, tab):
+    wake = make_wake(owner, tab, catch_up="latest")
+    wakes.run_due(NOW + timedelta(hours=3, minutes=20))
+    assert runs(wake) == [
+        (NOW, "skipped"),
+        (NOW + timedelta(hours=1), "skipped"),
+        (NOW + timedelta(hours=2), "skipped"),
+        (NOW + timedelta(hours=3), "submitted"),
+    ]
+    skipped = WakeRun.objects.filter(wake=wake, status="skipped").first()
+    assert skipped.reason == "Missed while no worker ran (catch-up: latest only)."
+    wake.refresh_from_db()
+    assert wake.next_run_at == NOW + timedelta(hours=4)
+
+
+def test_catch_up_skip_after_downtime_runs_nothing_missed(owner, tab):
+    wake = make_wake(owner, tab, catch_up="skip")
+    wakes.run_due(NOW + timedelta(hours=1, minutes=30))
+    assert runs(wake) == [(NOW, "skipped"), (NOW + timedelta(hours=1), "skipped")]
+    assert not QueuedMessage.objects.exists()
+
+
+def test_a_wake_into_a_deleted_tab_fails_and_is_disabled(owner, tab):
+    wake = make_wake(owner, tab)
+    tab.delete()
+    [run] = wakes.run_due(NOW)
+    assert (run.status, run.reason) == ("failed", wakes.TAB_DELETED)
+    wake.refresh_from_db()
+    assert not wake.enabled and wake.next_run_at is None
+    assert wakes.run_due(NOW + timedelta(hours=5)) == []
+
+
+def test_an_expired_wake_stops(owner, tab):
+    wake = make_wake(owner, tab, expires_at=NOW + timedelta(minutes=30))
+    assert [r.status for r in wakes.run_due(NOW)] == ["submitted"]
+    wake.refresh_from_db()
+    assert wake.next_run_at is None
+    assert wakes.run_due(NOW + timedelta(hours=2)) == []
+
+
+def test_a_schedule_broken_by_hand_disables_the_wake_with_the_reason(owner, tab):
+    wake = make_wake(owner, tab, timezone="Mars/Olympus")
+    assert wakes.run_due(NOW) == []
+    run = WakeRun.objects.get(wake=wake)
+    assert run.status == "failed" and "Unknown time zone 'Mars/Olympus'" in run.reason
+    wake.refresh_from_db()
+    assert not wake.enabled
+
+
+def test_run_now_leaves_the_schedule_alone(owner, tab):
+    wake = make_wake(owner, tab, next_run_at=NOW + timedelta(hours=5))
+    run = wakes.run_now(wake, NOW)
+    assert run.status == "submitted"
+    wake.refresh_from_db()
+    assert wake.next_run_at == NOW + timedelta(hours=5)
+
+
+def test_the_scheduler_sleeps_until_the_next_due_time_capped(owner, tab):
+    assert wakes.seconds_until_due(NOW) == wakes.SLEEP_CAP_SECONDS
+    make_wake(owner, tab, next_run_at=NOW + timedelta(seconds=7))
+    assert wakes.seconds_until_due(NOW) == 7
+    make_wake(owner, tab, next_run_at=NOW - timedelta(seconds=7), name="late")
+    assert wakes.seconds_until_due(NOW) == 0
+    Wake.objects.all().update(next_run_at=NOW + timedelta(days=1))
+    assert wakes.seconds_until_due(NOW) == wakes.SLEEP_CAP_SECONDS
+
+
+# --- the command ------------------------------------------------------------------------
+
+
+def _command(*args: str) -> str:
+    out = io.StringIO()
+    call_command("wake", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_the_command_adds_lists_runs_and_removes(owner, tab):
+    out = _command(
+        "add",
+        "--owner",
+        "owner",
+        "--tab",
+        str(tab.pk),
+        "--prompt",
+        "hi",
+        "--name",
+        "n",
+        "--cron",
+        "30 2 * * *",
+        "--timezone",
+        "Europe/Berlin",
+    )
+    wake = Wake.objects.get()
+    assert out.startswith(f"Added wake {wake.pk}: next run ")
+    assert wake.cron == "30 2 * * *" and wake.next_run_at is not None
+    assert "cron 30 2 * * * (Europe/Berlin)" in _command("list")
+    assert ": submitted in tab" in _command("run", str(wake.pk))
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+    assert _command("remove", str(wake.pk)) == f"Removed wake {wake.pk}.\n"
+    assert not Wake.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cron", "0 9 * * *", "--timezone", "Mars/Olympus"], "Unknown time zone 'Mars/Olympus'"),
+        (["--cron", "61 9 * * *"], "Invalid cron expression '61 9 \\* \\* \\*'"),
+        (["--cron", "0 0 30 2 *"], "never fires"),
+        (["--every", "5"], "between 60 seconds"),
+        (["--at", "2001-01-01 09:00"], "already passed"),
+        (["--at", "tomorrow"], "'tomorrow' is not a time"),
+        (["--at", "2030-03-31 02:30", "--timezone", "Europe/Berlin"], "clocks skip it"),
+    ],
+)
+def test_the_command_refuses_bad_schedules(owner, tab, args, message):
+    with pytest.raises(CommandError, match=message):
+        _command("add", "--owner", "owner", "--tab", str(tab.pk), "--prompt", "hi", *args)
+    assert not Wake.objects.exists()
+
+
+def test_the_command_refuses_another_users_tab_and_unknown_wakes(owner, tab):
+    get_user_model().objects.create_user("other", password="pw")
+    with pytest.raises(CommandError, match="other has no tab"):
+        _command("add", "--owner", "other", "--tab", str(tab.pk), "--prompt", "p", "--every", "60")
+    with pytest.raises(CommandError, match="No wake 999"):
+        _command("run", "999")
+    with pytest.raises(CommandError, match="No wake 999"):
+        _command("remove", "999")
+
+
+def test_the_command_run_of_a_wake_whose_tab_was_deleted_says_so(owner, tab):
+    wake = make_wake(owner, tab)
+    tab.delete()
+    with pytest.raises(CommandError, match="tab was deleted"):
+        _command("run", str(wake.pk))
+
+
+# --- the tool --------------------------------------------------------------------------
+
+
+async def _tool(tab_id, **args):
+    return await run_tool("schedule_wake", args, ROOT, tab_id=tab_id)
+
+
+@pytest.mark.asyncio
+async def test_the_tool_makes_an_expiring_agent_wake_for_its_tab(tab, tmp_path):
+    outcome = await _tool(
+        tab.pk,
+        name="check",
+        prompt="check the build",
+        cron="0 9 * * 1-5",
+        timezone="America/New_York",
+    )
+    assert not outcome.is_error, outcome.result
+    wake = await Wake.objects.aget()
+    assert (wake.tab_id, wake.created_by, wake.kind) == (tab.pk, "agent", "cron")
+    lifetime = wake.expires_at - wake.created_at
+    assert abs(lifetime - AGENT_WAKE_LIFETIME) < timedelta(minutes=1)
+    assert f"Scheduled wake {wake.pk} (check)" in outcome.result
+
+
+@pytest.mark.asyncio
+async def test_a_once_wake_from_the_tool_does_not_expire(tab):
+    outcome = await _tool(tab.pk, name="later", prompt="p", at="2099-01-01T09:00", target="new_tab")
+    assert not outcome.is_error, outcome.result
+    wake = await Wake.objects.aget()
+    assert wake.expires_at is None and wake.new_tab and wake.tab_id is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"cron": "0 0 30 2 *"}, "never fires"),
+        ({"cron": "every day"}, "five fields"),
+        ({"cron": "0 9 * * *", "timezone": "Berlin"}, "Unknown time zone 'Berlin'"),
+        ({"interval_seconds": 60, "cron": "* * * * *"}, "exactly one of"),
+        ({}, "exactly one of"),
+        ({"at": "soon"}, "at must be a local time"),
+        ({"at": "2099-01-01T09:00+02:00"}, "without an offset"),
+        ({"at": "2001-01-01T09:00"}, "already passed"),
+        ({"every": 5}, "unknown argument 'every'"),
+        ({"cron": "0 9 * * *", "target": "other_tab"}, "target must be"),
+    ],
+)
+async def test_the_tool_refuses_bad_input_with_a_message(tab, args, message):
+    outcome = await _tool(tab.pk, name="n", prompt="p", **args)
+    assert outcome.is_error and message in outcome.result, outcome.result
+    assert not await Wake.objects.aexists()
+
+
+def test_the_tool_always_asks():
+    assert needs_approval("schedule_wake") and always_asks("schedule_wake")
+    assert not always_asks("write_file")
+
+
+# --- wipe_history ------------------------------------------------------------------------
+
+
+def test_wipe_history_keeps_wakes_and_their_runs(owner, tab):
+    wake = make_wake(owner, tab, model="", profile=None)
+    Tab.objects.filter(pk=tab.pk).update(model="offline/demo")
+    [run] = wakes.run_due(NOW)
+    out = io.StringIO()
+    call_command("wipe_history", yes=True, stdout=out)
+    assert "1 wake(s) that sent to a tab now start a new tab" in out.getvalue()
+    wake.refresh_from_db()
+    run.refresh_from_db()
+    assert (wake.tab_id, wake.new_tab, wake.model, wake.enabled) == (
+        None,
+        True,
+        "offline/demo",
+        True,
+    )
+    assert (run.tab_id, run.status) == (None, "submitted")
+    assert [r.status for r in wakes.run_due(NOW + timedelta(hours=1))] == ["submitted"]
