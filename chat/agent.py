@@ -49,7 +49,7 @@ from chat.providers.base import (
 from chat.providers.errors import STREAM_IDLE, explain
 from chat.providers.registry import STREAM_IDLE_TIMEOUT
 from chat.stream import Block, Delta, Kind, Op, Open, Reducer, Role, Seal
-from chat.tools import sandbox, toolset, workdir
+from chat.tools import files, sandbox, toolset, workdir
 from chat.tools.base import ImageFile, ToolError
 
 logger = logging.getLogger(__name__)
@@ -1015,7 +1015,9 @@ class TurnRunner:
                 why = f"Not run: {name} is not one of this tab's tools."
                 await self._apply(self.reducer.feed(ToolResultEvent(call_id, name, why, True)))
                 continue
-            decision = rules.decide(self._rules, name, call)
+            decision = await asyncio.to_thread(
+                rules.decide, self._rules, name, call, resolve=self._resolve
+            )
             if decision is not None:
                 await self._audit(call_id, decision)
                 if decision.action == rules.DENY:
@@ -1133,6 +1135,10 @@ class TurnRunner:
                 await self._apply(ops)
                 await self._status()
         self._check_cancel()
+
+    def _resolve(self, path: str) -> str:
+        """Where `path` leads, links followed as the tools follow them: rules judge both."""
+        return files.resolve(workdir.ensure(self.workspace, self.cwd), path)
 
     async def _load_rules(self) -> None:
         self._rules, problems = await database_sync_to_async(self._read_rules)()

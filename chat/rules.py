@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -54,9 +54,20 @@ MAX_PATTERN_CHARS = 500
 
 # Redirection targets outside the workspace that write nowhere.
 HARMLESS_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
-# Redirections whose target is a file name (checked like a path argument). Here-documents
-# and here-strings (`<<`, `<<-`, `<<<`) are not in it: their text is input bash expands.
-FILE_REDIRECTS = frozenset({">", ">>", "<", ">|", "&>", ">&", "<>", "&>>"})
+# Redirections whose target is a file name, and the file tools whose path rules judge
+# it as that tool's call on the path. Here-documents and here-strings (`<<`, `<<-`,
+# `<<<`) are not in it: their text is input bash expands.
+REDIRECT_TOOLS = {
+    ">": ("write_file",),
+    ">>": ("write_file",),
+    ">|": ("write_file",),
+    "&>": ("write_file",),
+    ">&": ("write_file",),
+    "&>>": ("write_file",),
+    "<": ("read_file",),
+    "<>": ("read_file", "write_file"),
+}
+FILE_REDIRECTS = frozenset(REDIRECT_TOOLS)
 # Operators between simple commands that each part's own check covers. `&` is not one:
 # a job in the background outlives the part that started it.
 SEPARATORS = frozenset({";", "&&", "||", "\n"})
@@ -102,6 +113,24 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Subject:
+    """One thing a call does that specifiers are matched against: a simple command, a
+    path, a redirection."""
+
+    # The forms an allow rule must match, each of them: the text as written first, then
+    # what it turns out to be (the command a wrapper runs, where a link leads).
+    every: tuple[str, ...]
+    # Forms only deny and ask rules look at: a command without the variables set before it.
+    extra: tuple[str, ...] = ()
+    # How a decision names it, when the call's own text would not say (a link, a redirection).
+    label: str = ""
+
+    @property
+    def text(self) -> str:
+        return self.every[0]
+
+
+@dataclass(frozen=True)
 class Decision:
     """What rules decided about one call: the action and the rules that made it."""
 
@@ -109,6 +138,8 @@ class Decision:
     rules: tuple[Rule, ...]
     # Why an "ask" was forced although no rule matched: what the checker could not read.
     unprovable: str = ""
+    # What the deciding rule matched, when not the call as it reads (Subject.label).
+    subject: str = ""
 
     @property
     def rule(self) -> Rule:
@@ -122,7 +153,8 @@ class Decision:
         if self.unprovable:
             return f"Asked: {self.unprovable}, which rule {labels} cannot check"
         verb = {ALLOW: "Allowed", ASK: "Asked", DENY: "Denied"}[self.action]
-        return f"{verb} by rule{plural} {labels}"
+        text = f"{verb} by rule{plural} {labels}"
+        return f"{text} for {self.subject}" if self.subject else text
 
 
 def parse(action: str, pattern: str, *, source: str = USER) -> Rule:
@@ -179,18 +211,42 @@ def parse_all(rows: Iterable[Mapping[str, Any]], *, source: str) -> tuple[list[R
     return rules, problems
 
 
-def decide(rules: Sequence[Rule], name: str, arguments: Mapping[str, Any]) -> Decision | None:
+def decide(
+    rules: Sequence[Rule],
+    name: str,
+    arguments: Mapping[str, Any],
+    *,
+    resolve: Callable[[str], str] | None = None,
+) -> Decision | None:
     """What the rules say about calling `name` with `arguments`; None when none decides
-    (the user's approval setting applies)."""
-    rules = [rule for rule in rules if rule.applies_to(name)]
-    if not rules:
+    (the user's approval setting applies).
+
+    `resolve` says where a workspace path leads once links are followed, as the file
+    tools and the shell would follow them (chat.tools.files.resolve, from the tab's
+    working directory); anything it raises makes that path unprovable. Without it,
+    paths are judged as written."""
+    own = [rule for rule in rules if rule.applies_to(name)]
+    if name == SHELL:
+        shell = read_shell(arguments.get("command"))
+        main = _judge(own, shell.parts, shell.unprovable or shell.runs) if own else None
+        if main is not None and main.action == DENY:
+            return main
+        side = _judge_redirects(rules, shell, resolve)
+        if side is not None and (side.action == DENY or main is None or main.action == ALLOW):
+            return side
+        return main
+    if not own:
         return None
     try:
-        parts = subjects(name, arguments)
+        parts = _path_subjects(name, arguments, resolve) if name in PATH_TOOLS else []
     except Unprovable as exc:
-        parts, unprovable = (), str(exc)
-    else:
-        unprovable = ""
+        return _judge(own, [], str(exc))
+    return _judge(own, parts, "")
+
+
+def _judge(rules: Sequence[Rule], parts: Sequence[Subject], unprovable: str) -> Decision | None:
+    """Deny, then ask, then allow; `unprovable` (why the call cannot all be read) keeps
+    every specifier rule from allowing it and makes a deny or ask rule ask."""
     guard: Rule | None = None
     for action in (DENY, ASK):
         for rule in rules:
@@ -198,10 +254,11 @@ def decide(rules: Sequence[Rule], name: str, arguments: Mapping[str, Any]) -> De
                 continue
             if rule.spec is None:
                 return Decision(action, (rule,))
+            for part in parts:
+                if any(rule.matches(form) for form in part.every + part.extra):
+                    return Decision(action, (rule,), subject=part.label)
             if unprovable:
                 guard = guard or rule
-            elif any(rule.matches(part) for part in parts):
-                return Decision(action, (rule,))
     if guard is not None:
         return Decision(ASK, (guard,), unprovable=unprovable)
     allows = [rule for rule in rules if rule.action == ALLOW]
@@ -211,48 +268,105 @@ def decide(rules: Sequence[Rule], name: str, arguments: Mapping[str, Any]) -> De
         return None
     chosen: list[Rule] = []
     for part in parts:
-        rule = next((rule for rule in allows if rule.matches(part)), None)
-        if rule is None:
-            return None
-        if rule not in chosen:
-            chosen.append(rule)
+        for form in part.every:
+            rule = next((rule for rule in allows if rule.matches(form)), None)
+            if rule is None:
+                return None
+            if rule not in chosen:
+                chosen.append(rule)
     return Decision(ALLOW, tuple(chosen))
 
 
-def subjects(name: str, arguments: Mapping[str, Any]) -> tuple[str, ...]:
-    """What a specifier is matched against: each simple command of a shell call, the
-    path of a file tool's call, nothing for other tools; Unprovable if unreadable."""
-    if name == SHELL:
-        command = arguments.get("command")
-        if not isinstance(command, str):
-            raise Unprovable("the call has no command")
-        return tuple(shell_parts(command))
-    if name in PATH_TOOLS:
-        raw = arguments.get("path", "." if name == "list_files" else None)
-        if not isinstance(raw, str):
-            raise Unprovable("the call has no path")
-        return (normalise_path(raw),)
-    return ()
+def _judge_redirects(
+    rules: Sequence[Rule], shell: Shell, resolve: Callable[[str], str] | None
+) -> Decision | None:
+    """A shell command's redirections judged by the deny and ask rules of read_file and
+    write_file that have a path: DENY or ASK, or None when none of them has a say."""
+    path_rules = [
+        rule for rule in rules if rule.spec is not None and rule.tool in PATH_TOOLS
+        and rule.action != ALLOW
+    ]  # fmt: skip
+    if not path_rules:
+        return None
+    checks: list[tuple[str, Subject | None, str]] = []
+    for tool in ("read_file", "write_file"):
+        if shell.hidden:
+            checks.append((tool, None, shell.hidden))
+    for op, path, why in shell.redirects:
+        what = f"the redirection {op} {path}"
+        for tool in REDIRECT_TOOLS[op]:
+            if why:
+                # A pattern or a variable may still be judged by what it says as written.
+                written = _path_or_none(path)
+                subject = Subject((written,), label=what) if written else None
+                checks.append((tool, subject, f"{what} {why}"))
+                continue
+            try:
+                checks.append((tool, _landing(path, resolve, what, what), ""))
+            except Unprovable as exc:
+                checks.append((tool, None, str(exc)))
+    guard: tuple[Rule, str] | None = None
+    for action in (DENY, ASK):
+        for rule in path_rules:
+            if rule.action != action:
+                continue
+            for tool, subject, why in checks:
+                if not rule.applies_to(tool):
+                    continue
+                if subject is not None and any(rule.matches(form) for form in subject.every):
+                    return Decision(action, (rule,), subject=subject.label)
+                if why and guard is None:
+                    guard = (rule, why)
+    if guard is not None:
+        return Decision(ASK, (guard[0],), unprovable=guard[1])
+    return None
+
+
+def _path_subjects(
+    name: str, arguments: Mapping[str, Any], resolve: Callable[[str], str] | None
+) -> list[Subject]:
+    raw = arguments.get("path", "." if name == "list_files" else None)
+    if not isinstance(raw, str):
+        raise Unprovable("the call has no path")
+    return [_landing(raw, resolve, f"the path {raw}", "")]
+
+
+def _landing(raw: str, resolve: Callable[[str], str] | None, what: str, label: str) -> Subject:
+    """The path `raw` as written and where it leads: an allow must match both, a deny
+    or ask either. Unprovable when it leaves the workspace or cannot be followed."""
+    written = normalise_path(raw)
+    if resolve is None:
+        return Subject((written,), label=label)
+    try:
+        landed = normalise_path(resolve(raw))
+    except Exception as exc:  # the resolver's refusal, whatever its type: never allowed
+        raise Unprovable(f"{what} cannot be followed ({_first_line(exc)})") from None
+    if landed == written:
+        return Subject((written,), label=label)
+    return Subject((written, landed), label=f"{label or raw}, a link to {landed}")
 
 
 def natural(name: str, arguments: Mapping[str, Any]) -> str | None:
     """The rule "always allow" offers for a call, or None when no safe one exists: the
     exact command for the shell, the file's folder for write_file (the file itself at
     the top), the tool's name for the rest. A command or path holding `*` would widen
-    into a wildcard, so it gets none, like a command that is not one simple command."""
+    into a wildcard, so it gets none, like a command that is not one simple command, one
+    that runs another (a wrapper, a path to the program: the rule would not allow the
+    command inside) and one that runs what rules cannot read."""
     if name == SHELL:
-        try:
-            parts = subjects(name, arguments)
-        except Unprovable:
+        shell = read_shell(arguments.get("command"))
+        if shell.unprovable or shell.runs or len(shell.parts) != 1:
             return None
-        if len(parts) != 1 or "*" in parts[0]:
+        (part,) = shell.parts
+        if part.every != (part.text,) or "*" in part.text:
             return None
-        return f"{SHELL}({parts[0]})"
+        return f"{SHELL}({part.text})"
     if name == "write_file":
         try:
-            (path,) = subjects(name, arguments)
+            (part,) = _path_subjects(name, arguments, None)
         except Unprovable:
             return None
+        path = part.text
         if "*" in path or path == ".":
             return None
         folder = posixpath.dirname(path)
@@ -263,66 +377,110 @@ def natural(name: str, arguments: Mapping[str, Any]) -> str | None:
 # --- shell commands --------------------------------------------------------------------
 
 
-def shell_parts(command: str) -> list[str]:
-    """The simple commands of `command` as text (words quoted where needed), or
-    Unprovable with the reason."""
-    if not command.strip():
-        raise Unprovable("the command is empty")
-    if any(ord(ch) < 32 and ch not in "\n\t" for ch in command):
+@dataclass
+class Shell:
+    """A shell command as rules read it."""
+
+    # Its simple commands (Subject.every: as written, then each command it runs).
+    parts: list[Subject] = field(default_factory=list)
+    # Its redirections to files: (operator, target as written, why the target cannot be
+    # read, or "").
+    redirects: list[tuple[str, str, str]] = field(default_factory=list)
+    # The first reason its syntax cannot all be checked ("" when it can).
+    unprovable: str = ""
+    # The first reason one of its commands runs what rules cannot read (`sh -c`, a
+    # wrapper's unknown option, a program's name as a pattern).
+    runs: str = ""
+    # The first reason it may run commands (or redirections) out of sight: a string it
+    # runs, a substitution, syntax rules do not read.
+    hidden: str = ""
+
+    def cannot(self, reason: str, *, hides: bool = True) -> None:
+        self.unprovable = self.unprovable or reason
+        if hides:
+            self.hidden = self.hidden or reason
+
+
+def read_shell(command: object) -> Shell:
+    """What rules read in a shell command: its simple commands, its redirections, and
+    what they cannot read in it."""
+    shell = Shell()
+    if not isinstance(command, str):
+        shell.cannot("the call has no command")
+    elif not command.strip():
+        shell.cannot("the command is empty")
+    elif any(ord(ch) < 32 and ch not in "\n\t" for ch in command):
         # bash and bashlex may read a control character differently.
-        raise Unprovable("the command holds control characters")
-    try:
-        trees = bashlex.parse(command)
-    except Exception as exc:  # bashlex raises several types, NotImplementedError too
-        raise Unprovable(f"the command could not be parsed ({_first_line(exc)})") from None
-    parts: list[str] = []
-    for tree in trees:
-        _collect(tree, parts)
-    if not parts:
-        raise Unprovable("the command has no command in it")
-    return parts
+        shell.cannot("the command holds control characters")
+    else:
+        try:
+            trees = bashlex.parse(command)
+        except Exception as exc:  # bashlex raises several types, NotImplementedError too
+            shell.cannot(f"the command could not be parsed ({_first_line(exc)})")
+        else:
+            for tree in trees:
+                _collect(tree, shell, command)
+            if not shell.parts:
+                shell.cannot("the command has no command in it")
+    return shell
 
 
-def _collect(node: Any, parts: list[str]) -> None:
+def _collect(node: Any, shell: Shell, source: str) -> None:
     kind = node.kind
     if kind == "command":
-        parts.append(_command_text(node))
+        _command(node, shell, source)
     elif kind == "list":
         for child in node.parts:
             if child.kind == "operator":
                 if child.op not in SEPARATORS:
-                    raise Unprovable(f"the command uses the operator {child.op}")
+                    shell.cannot(f"the command uses the operator {child.op}", hides=False)
             else:
-                _collect(child, parts)
+                _collect(child, shell, source)
     elif kind == "pipeline":
         for child in node.parts:
             if child.kind == "pipe":
                 continue
             if child.kind == "reservedword":  # `! cmd`
-                raise Unprovable(f"the command uses {child.word}")
-            _collect(child, parts)
+                shell.cannot(f"the command uses {child.word}", hides=False)
+                continue
+            _collect(child, shell, source)
     else:
-        raise Unprovable(f"the command uses syntax rules do not read ({_syntax(node)})")
+        shell.cannot(f"the command uses syntax rules do not read ({_syntax(node)})")
 
 
-def _command_text(node: Any) -> str:
-    words: list[str] = []
+def _command(node: Any, shell: Shell, source: str) -> None:
+    words: list[tuple[str, str]] = []
+    assignments = 0
     for part in node.parts:
         if part.kind in ("word", "assignment"):
-            _check_word(part)
-            words.append(_quoted(part.word))
+            _check_word(part, shell)
+            raw = source[part.pos[0] : part.pos[1]]
+            if _is_brace_expansion(raw):
+                shell.cannot("the command has a brace expansion", hides=False)
+            if part.kind == "assignment" and len(words) == assignments:
+                assignments += 1
+            words.append((part.word, raw))
         elif part.kind == "redirect":
-            _check_redirect(part)
+            _redirect(part, shell, source)
         else:
-            raise Unprovable(f"the command uses syntax rules do not read ({_syntax(part)})")
+            shell.cannot(f"the command uses syntax rules do not read ({_syntax(part)})")
     if not words:
-        raise Unprovable("the command is only a redirection")
-    return " ".join(words)
+        shell.cannot("the command is only a redirection", hides=False)
+        return
+    every, extra, runs = _forms(words[:assignments], words[assignments:])
+    if runs:
+        shell.runs = shell.runs or runs
+        shell.hidden = shell.hidden or runs
+    shell.parts.append(Subject(every, extra))
 
 
-def _check_word(word: Any) -> None:
+def _check_word(word: Any, shell: Shell) -> str:
+    """Why bash may read `word` as something else than its text ("" when it cannot)."""
     for part in getattr(word, "parts", ()) or ():
-        raise Unprovable(f"the command has {_EXPANSIONS.get(part.kind, 'an expansion')}")
+        what = _EXPANSIONS.get(part.kind, "an expansion")
+        shell.cannot(f"the command has {what}", hides=part.kind not in _VISIBLE_EXPANSIONS)
+        return f"has {what}"
+    return ""
 
 
 _EXPANSIONS = {
@@ -331,37 +489,356 @@ _EXPANSIONS = {
     "parameter": "a variable expansion",
     "tilde": "a ~ expansion",
 }
+# Expansions that make a word unknown but run nothing.
+_VISIBLE_EXPANSIONS = frozenset({"parameter", "tilde"})
 
 
-def _check_redirect(node: Any) -> None:
+def _redirect(node: Any, shell: Shell, source: str) -> None:
     if node.type not in FILE_REDIRECTS:
         if node.type.startswith("<<"):
-            raise Unprovable("the command has a here-document")
-        raise Unprovable(f"the command uses the redirection {node.type}")
+            # The text of a here-document is expanded: it may run commands.
+            shell.cannot("the command has a here-document")
+        else:
+            shell.cannot(f"the command uses the redirection {node.type}", hides=False)
+        return
     target = node.output
     if isinstance(target, int):  # 2>&1, >&2
         return
-    _check_word(target)
     path = target.word
-    if path in HARMLESS_TARGETS:
+    why = _check_word(target, shell)
+    if not why and _is_pattern(source[target.pos[0] : target.pos[1]]):
+        why = "is a pattern bash expands"
+    if not why and path in HARMLESS_TARGETS:
         return
-    try:
-        normalise_path(path)
-    except Unprovable:
-        raise Unprovable(f"the command redirects to {path}, outside the workspace") from None
+    if not why and (problem := _path_problem(path)):
+        shell.cannot(f"the command redirects to {path}, outside the workspace", hides=False)
+        why = problem
+    shell.redirects.append((node.type, path, why))
+
+
+# --- commands that run other commands ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """How a program that runs the command after its own arguments reads them, so that
+    rules can see the command it runs."""
+
+    flags: str = ""  # one-letter options alone
+    valued: str = ""  # one-letter options that take a value (the next word, or the rest)
+    long_flags: frozenset[str] = frozenset()
+    long_valued: frozenset[str] = frozenset()
+    operands: int = 0  # words before the command (timeout's duration)
+    assignments: bool = False  # NAME=value words before the command (env, sudo)
+    numeric: bool = False  # `-5` is a value (nice)
+    # Options whose value is a command line in one string, or that make it read one.
+    hides: str = ""
+    long_hides: frozenset[str] = frozenset()
+
+
+def _longs(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+# The programs rules look through: a deny or ask rule matches the command they run too.
+# Their options are read as their manuals give them; one rules do not know makes the
+# command unprovable rather than a guess at where the inner command starts.
+WRAPPERS = {
+    "command": Wrapper(flags="pvV"),
+    "builtin": Wrapper(),
+    "exec": Wrapper(flags="cl", valued="a"),
+    "env": Wrapper(
+        flags="i0v",
+        valued="uC",
+        long_flags=_longs(
+            "ignore-environment",
+            "null",
+            "debug",
+            "ignore-signal",
+            "default-signal",
+            "block-signal",
+            "list-signal-handling",
+        ),
+        long_valued=_longs("unset", "chdir"),
+        assignments=True,
+        hides="S",
+        long_hides=_longs("split-string"),
+    ),  # fmt: skip
+    "nice": Wrapper(valued="n", long_valued=_longs("adjustment"), numeric=True),
+    "nohup": Wrapper(),
+    "timeout": Wrapper(
+        flags="v",
+        valued="sk",
+        long_flags=_longs("foreground", "preserve-status", "verbose"),
+        long_valued=_longs("signal", "kill-after"),
+        operands=1,
+    ),
+    "sudo": Wrapper(
+        flags="AbEeHiKklnPSsVv",
+        valued="CDghpRrTtUu",
+        long_flags=_longs(
+            "askpass",
+            "background",
+            "bell",
+            "edit",
+            "set-home",
+            "login",
+            "remove-timestamp",
+            "reset-timestamp",
+            "list",
+            "non-interactive",
+            "preserve-groups",
+            "shell",
+            "stdin",
+            "validate",
+            "preserve-env",
+        ),
+        long_valued=_longs(
+            "close-from",
+            "chdir",
+            "chroot",
+            "group",
+            "host",
+            "prompt",
+            "role",
+            "type",
+            "command-timeout",
+            "other-user",
+            "user",
+        ),
+        assignments=True,
+    ),  # fmt: skip
+    "doas": Wrapper(flags="ns", valued="uC"),
+    "stdbuf": Wrapper(valued="ioe", long_valued=_longs("input", "output", "error")),
+    "setsid": Wrapper(flags="cfw", long_flags=_longs("ctty", "fork", "wait")),
+    "ionice": Wrapper(
+        flags="t",
+        valued="cn",
+        long_flags=_longs("ignore"),
+        long_valued=_longs("class", "classdata"),
+    ),
+    "time": Wrapper(
+        flags="apqvV",
+        valued="fo",
+        long_flags=_longs("append", "portability", "quiet", "verbose"),
+        long_valued=_longs("format", "output"),
+    ),
+    "busybox": Wrapper(),
+    "toybox": Wrapper(),
+}
+
+# Programs that run a command given as one string, read from their input or from a
+# file, or commands they build: what they run is out of the rules' sight.
+HIDING = {
+    "eval": "runs a string as a command",
+    "source": "runs the commands in a file in this shell",
+    ".": "runs the commands in a file in this shell",
+    "xargs": "runs commands it builds from its input",
+    "parallel": "runs commands it builds from its arguments and input",
+    "watch": "runs a string as a command",
+    "trap": "runs a string as a command later",
+    "alias": "renames commands",
+    "su": "runs a shell that reads its commands",
+    "runuser": "runs a shell that reads its commands",
+    "flock": "runs a command rules do not read",
+    "script": "runs a shell that reads its commands",
+}
+# Shells: `sh -c STRING` runs a string, `sh` alone (or -s, -i) reads the commands it
+# runs from its input; `sh FILE` runs a script, like any program.
+SHELLS = frozenset(
+    {"sh", "bash", "rbash", "dash", "ash", "zsh", "ksh", "mksh", "yash", "fish", "csh", "tcsh"}
+)
+# find's actions that run a command for each file.
+FIND_RUNS = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
+# More wrappers than this in one command is not a command, it is a puzzle.
+MAX_WRAPPERS = 8
+
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
+
+
+def _forms(
+    assignments: list[tuple[str, str]], words: list[tuple[str, str]]
+) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """A simple command's forms (as written, then with its program's name alone and
+    through each wrapper), the same without the variables set before them, and why it
+    runs something rules cannot read ("" when it does not)."""
+    every = [_text(assignments + words)]
+    extra: list[str] = []
+    hidden = ""
+    for _ in range(MAX_WRAPPERS + 1):
+        if not words:
+            break
+        word, raw = words[0]
+        if _is_pattern(raw):
+            hidden = f"the command name {word} is a pattern bash expands"
+            break
+        name = posixpath.basename(word) or word
+        args = words[1:]
+        every.append(_text(assignments + [(name, name)] + args))
+        extra.append(_text([(name, name)] + args))
+        hidden = _hides(name, [arg for arg, _ in args])
+        wrapper = WRAPPERS.get(name)
+        if hidden or wrapper is None:
+            break
+        try:
+            more, words = _unwrap(wrapper, name, args)
+        except Unprovable as exc:
+            hidden = str(exc)
+            break
+        assignments = assignments + more
+    else:
+        hidden = f"the command is wrapped more than {MAX_WRAPPERS} times"
+    every = list(dict.fromkeys(every))
+    return tuple(every), tuple(f for f in dict.fromkeys(extra) if f not in every), hidden
+
+
+def _hides(name: str, args: list[str]) -> str:
+    """Why the program `name` run with `args` runs what rules cannot read, or ""."""
+    if name in HIDING:
+        return f"the command {name} {HIDING[name]}"
+    if name == "find":
+        runs = next((arg for arg in args if arg in FIND_RUNS), None)
+        return f"the command find {runs} runs a command for each file" if runs else ""
+    if name in SHELLS:
+        return _shell_hides(name, args)
+    if name in ("sudo", "doas") and any(
+        arg in ("-s", "-i", "--shell", "--login")
+        or (arg.startswith("-") and not arg.startswith("--") and set(arg[1:]) & {"s", "i"})
+        for arg in args
+    ):
+        try:
+            _, inner = _unwrap(WRAPPERS[name], name, [(arg, arg) for arg in args])
+        except Unprovable:
+            return ""  # said by the caller's own unwrapping
+        if not inner:
+            return f"the command {name} reads the commands it runs from its input"
+    return ""
+
+
+def _shell_hides(name: str, args: list[str]) -> str:
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
+            i += 2
+            continue
+        if arg.startswith("--command") or (arg[:1] == "-" and "c" in arg[1:].lower()):
+            return f"the command {name} -c runs a string as a command"
+        if arg[:1] == "-" and set(arg[1:]) & {"s", "i"}:
+            break  # reads its input, as with no script
+        if len(arg) > 1 and arg[0] in "-+":
+            i += 1
+            continue
+        return ""  # a script file: a program like any other
+    return f"the command {name} reads the commands it runs from its input"
+
+
+def _unwrap(
+    wrapper: Wrapper, name: str, args: list[tuple[str, str]]
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The variables a wrapper sets and the command it runs (both as (word, raw)
+    pairs); Unprovable for an option rules do not read."""
+    i = 0
+    while i < len(args):
+        arg = args[i][0]
+        if arg == "--":
+            i += 1
+            break
+        if arg.startswith("--"):
+            key, eq, _ = arg[2:].partition("=")
+            if key in wrapper.long_hides:
+                raise Unprovable(f"the command {name} --{key} runs a string as a command")
+            if key in wrapper.long_valued:
+                i += 1 if eq else 2
+            elif key in wrapper.long_flags:
+                i += 1
+            else:
+                raise Unprovable(f"the option --{key} of {name} is not one rules read")
+            continue
+        if arg == "-" and wrapper.assignments:  # env's old spelling of -i
+            i += 1
+            continue
+        if arg.startswith("-") and len(arg) > 1:
+            if wrapper.numeric and arg[1:].isdigit():
+                i += 1
+                continue
+            step = 1
+            for j, letter in enumerate(arg[1:], 1):
+                if letter in wrapper.hides:
+                    raise Unprovable(f"the command {name} -{letter} runs a string as a command")
+                if letter in wrapper.valued:
+                    step = 1 if j + 1 < len(arg) else 2
+                    break
+                if letter not in wrapper.flags:
+                    raise Unprovable(f"the option -{letter} of {name} is not one rules read")
+            i += step
+            continue
+        break
+    assignments = []
+    while wrapper.assignments and i < len(args) and _ASSIGNMENT.match(args[i][0]):
+        assignments.append(args[i])
+        i += 1
+    return assignments, args[i + wrapper.operands :]
+
+
+def _text(words: Sequence[tuple[str, str]]) -> str:
+    return " ".join(_quoted(word) for word, _ in words)
+
+
+def _unquoted(raw: str) -> str:
+    """`raw` (a word as it stands in the command) with every quoted or escaped character
+    blanked out: what is left is what bash may expand."""
+    out: list[str] = []
+    quote = ""
+    i = 0
+    while i < len(raw):
+        ch = raw[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+            elif ch == "\\" and quote == '"':
+                out.append(" ")
+                i += 1
+            out.append(" ")
+        elif ch == "\\":
+            out.append("  ")
+            i += 1
+        elif ch in "'\"":
+            quote = ch
+            out.append(" ")
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+_BRACES = re.compile(r"\{[^{}]*(?:,|\.\.)[^{}]*\}")
+
+
+def _is_pattern(raw: str) -> bool:
+    """Whether bash would expand `raw` as a file name pattern."""
+    bare = _unquoted(raw)
+    return any(ch in bare for ch in "*?[") or _BRACES.search(bare) is not None
+
+
+def _is_brace_expansion(raw: str) -> bool:
+    """Whether bash would make several words (or other ones) of `raw`: `{a,b}`, `{1..3}`."""
+    return _BRACES.search(_unquoted(raw)) is not None
 
 
 def _shell_spec(pattern: str, spec: str) -> str:
-    try:
-        parts = shell_parts(spec)
-    except Unprovable as exc:
-        raise RuleError(f"`{pattern}`: {exc}; a shell rule is one plain command.") from None
-    if len(parts) > 1:
+    shell = read_shell(spec)
+    if shell.unprovable:
+        raise RuleError(f"`{pattern}`: {shell.unprovable}; a shell rule is one plain command.")
+    if len(shell.parts) > 1:
         raise RuleError(
-            f"`{pattern}` holds {len(parts)} commands: write one rule for each; a command "
-            "joined with ;, &&, || or | is allowed when every part is."
+            f"`{pattern}` holds {len(shell.parts)} commands: write one rule for each; a "
+            "command joined with ;, &&, || or | is allowed when every part is."
         )
-    return parts[0]
+    return shell.parts[0].text
 
 
 def _quoted(word: str) -> str:
@@ -400,14 +877,24 @@ def normalise_path(raw: str) -> str:
     """A path as the file tools read it, relative to the workspace (`./src//a.py` is
     `src/a.py`, the workspace itself `.`); Unprovable when it leaves the workspace or
     could (absolute, `..`)."""
+    if problem := _path_problem(raw):
+        raise Unprovable(f"the path {raw} {problem}")
+    return "/".join(name for name in raw.split("/") if name not in ("", ".")) or "."
+
+
+def _path_problem(raw: str) -> str:
+    """Why `raw` is not a path rules can read in the workspace, or ""."""
     if "\x00" in raw:
-        raise Unprovable("the path holds a NUL character")
+        return "holds a NUL character"
     if raw.startswith("/"):
-        raise Unprovable(f"the path {raw} is absolute")
-    names = [name for name in raw.split("/") if name not in ("", ".")]
-    if ".." in names:
-        raise Unprovable(f"the path {raw} climbs out with ..")
-    return "/".join(names) or "."
+        return "is absolute"
+    if ".." in raw.split("/"):
+        return "climbs out with .."
+    return ""
+
+
+def _path_or_none(raw: str) -> str | None:
+    return None if _path_problem(raw) else normalise_path(raw)
 
 
 def _path_spec(pattern: str, spec: str) -> str:

@@ -226,3 +226,59 @@ async def test_always_allow_adds_the_rule_and_the_next_call_runs_unasked(script,
         ("s2", "Allowed by rule `shell(echo one)` (this tab)"),
     ]
     assert rule_chunks(rows)[0]["added"] is True
+
+
+async def test_path_rules_see_where_links_lead_in_the_tabs_working_directory(script, workspace):
+    """Approval off, a deny rule on .git: a write and a shell redirection through a link
+    to .git are denied (matched where the link leads, from the tab's working directory),
+    a path that leads out is asked about, and a plain redirection runs unasked."""
+    proj = workspace / "proj"
+    (proj / ".git" / "hooks").mkdir(parents=True)
+    (proj / "src").mkdir()
+    (proj / "src" / "h").symlink_to("../.git/hooks")
+    (proj / "up").symlink_to("../..")
+    script(
+        [
+            call("w1", "write_file", path="src/h/pre-commit", content="evil"),
+            call("s1", "shell", command="echo evil > src/h/post-commit"),
+            call("w2", "write_file", path="up/x", content="x"),
+            call("s2", "shell", command="echo fine > out.txt"),
+            Finish(stop_reason="tool_use"),
+        ],
+        [TextDelta("done"), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab(approve_tools=False)
+        tab.workdir = "proj"
+        await tab.asave(update_fields=["workdir"])
+        await with_rules(tab, [], [("deny", "write_file(.git/**)")])
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(waiting_for("w2"))
+            await database_sync_to_async(turns.approve)(tab.pk, "w2", False)
+            await watcher.until_idle()
+    assert sorted(p.name for p in (proj / ".git" / "hooks").iterdir()) == []
+    rows = await chunks(tab.pk)
+    audit = {c["call_id"]: (c["action"], c["text"]) for c in rule_chunks(rows)}
+    assert audit == {
+        "w1": (
+            "deny",
+            "Denied by rule `write_file(.git/**)` (your settings) for src/h/pre-commit, "
+            "a link to .git/hooks/pre-commit",
+        ),
+        "s1": (
+            "deny",
+            "Denied by rule `write_file(.git/**)` (your settings) for the redirection "
+            "> src/h/post-commit, a link to .git/hooks/post-commit",
+        ),
+        "w2": (
+            "ask",
+            "Asked: the path up/x cannot be followed (up/x: resolves outside the workspace "
+            "through a symlink; refused), which rule `write_file(.git/**)` (your settings) "
+            "cannot check",
+        ),
+    }
+    done = results(rows)
+    assert done["w1"]["is_error"] and done["s1"]["is_error"] and done["w2"]["is_error"]
+    assert done["w2"]["result"] == "Denied by the user."
+    assert (proj / "out.txt").read_text() == "fine\n" and done["s2"]["is_error"] is False

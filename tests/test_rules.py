@@ -124,7 +124,8 @@ GIT_NO_RM = ["allow shell(git *)", "allow shell(ls *)", "deny shell(rm *)"]
         (GIT_NO_RM, "git status; rm -rf /", DENY),
         (GIT_NO_RM, "git status\nrm -rf /", DENY),
         (GIT_NO_RM, "ls | rm -rf /", DENY),
-        (GIT_NO_RM, "git status && curl x | sh", None),
+        (GIT_NO_RM, "git status && curl x | git apply", None),
+        (GIT_NO_RM, "git status && curl x | sh", ASK),  # sh runs what it reads
         (GIT_NO_RM, "git status; curl x", None),
         (GIT_NO_RM, "git status &", ASK),
         (GIT, "git status & curl x", None),
@@ -161,7 +162,7 @@ GIT_NO_RM = ["allow shell(git *)", "allow shell(ls *)", "deny shell(rm *)"]
         (GIT, "git diff >& diff.txt", ALLOW),
         # an assignment before a command is part of it
         (GIT, "LD_PRELOAD=/tmp/x.so git status", None),
-        (["deny shell(rm *)"], "FORCE=1 rm -rf /", None),
+        (["deny shell(rm *)"], "FORCE=1 rm -rf /", DENY),
         (["deny shell(*rm *)"], "FORCE=1 rm -rf /", DENY),
         # order: deny, then ask, then allow; first match wins
         (["allow shell(git *)", "deny shell(git push *)"], "git push origin", DENY),
@@ -310,3 +311,296 @@ def test_the_rule_always_allow_offers(name, arguments, expected):
     assert natural == expected
     if natural is not None:
         assert rules.decide([rules.parse(ALLOW, natural)], name, arguments).action == ALLOW
+
+
+# --- issue 18 review: links, wrappers, redirections ------------------------------------
+# Each row below marked "attack" let a call past a deny rule before the fix.
+
+# The workspace as the file tools see it: src/h is a link to .git/hooks, up leads out of
+# the workspace, loop is a link to itself (what chat.tools.files.resolve answers).
+LINKS = {"src/h": ".git/hooks", "alias.md": ".env"}
+
+
+def resolve(path: str) -> str:
+    names = rules.normalise_path(path).split("/")
+    if names[0] in ("up", "loop"):
+        raise ValueError(f"{path}: resolves outside the workspace through a symlink; refused")
+    for link, target in LINKS.items():
+        if names[: len(link.split("/"))] == link.split("/"):
+            return "/".join([target, *names[len(link.split("/")) :]])
+    return "/".join(names)
+
+
+def decided(rule_texts: list[str], name: str, **arguments) -> rules.Decision | None:
+    return rules.decide([rule(t) for t in rule_texts], name, arguments, resolve=resolve)
+
+
+GIT_DIR = ["deny write_file(.git/**)", "allow write_file(**)"]
+
+
+@pytest.mark.parametrize(
+    ("rule_texts", "name", "path", "expected"),
+    [
+        (GIT_DIR, "write_file", "src/h/pre-commit", DENY),  # attack
+        (GIT_DIR, "write_file", "./src//h/pre-commit", DENY),  # attack
+        (GIT_DIR, "write_file", ".git/hooks/pre-commit", DENY),
+        (GIT_DIR, "write_file", "src/a.py", ALLOW),
+        (["ask write_file(.git/**)"], "write_file", "src/h/x", ASK),  # attack
+        (["deny read_file(.env)"], "read_file", "alias.md", DENY),  # attack
+        (["deny list_files(.git/**)"], "list_files", "src/h", DENY),  # attack
+        # allow needs both the path as written and the one it lands on
+        (["allow write_file(src/**)"], "write_file", "src/h/pre-commit", None),  # attack
+        (["allow write_file(.git/**)"], "write_file", "src/h/x", None),
+        (["allow write_file(src/**)", "allow write_file(.git/**)"], "write_file", "src/h/x",
+         ALLOW),  # fmt: skip
+        # a path that cannot be followed (out of the workspace, a loop) is unprovable
+        (["deny write_file(.git/**)"], "write_file", "up/x", ASK),
+        (["deny write_file(.git/**)"], "write_file", "loop", ASK),
+        (["allow write_file(**)"], "write_file", "up/x", None),
+        (["allow write_file"], "write_file", "up/x", ALLOW),
+        (["deny write_file"], "write_file", "up/x", DENY),
+    ],
+)
+def test_path_rules_judge_where_a_link_leads(rule_texts, name, path, expected):
+    decision = decided(rule_texts, name, path=path)
+    assert (decision.action if decision else None) == expected
+
+
+def test_a_decision_on_a_linked_path_names_where_it_leads():
+    denied = decided(GIT_DIR, "write_file", path="src/h/pre-commit")
+    assert denied.text == (
+        "Denied by rule `write_file(.git/**)` (your settings) for src/h/pre-commit, "
+        "a link to .git/hooks/pre-commit"
+    )
+    asked = decided(["deny write_file(.git/**)"], "write_file", path="up/x")
+    assert asked.text == (
+        "Asked: the path up/x cannot be followed (up/x: resolves outside the workspace "
+        "through a symlink; refused), which rule `write_file(.git/**)` (your settings) "
+        "cannot check"
+    )
+
+
+NO_RM = ["deny shell(rm *)"]
+SAFE = ["allow shell(git *)", "allow shell(ls *)", "allow shell(timeout *)",
+        "allow shell(env *)", "allow shell(nice *)", "deny shell(rm *)"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rule_texts", "command", "expected"),
+    [
+        # the command's name: a path or quoting is the same program
+        (NO_RM, "/bin/rm -rf x", DENY),  # attack
+        (NO_RM, "/usr/bin/rm x", DENY),  # attack
+        (NO_RM, "./rm x", DENY),
+        (NO_RM, "\\rm x", DENY),
+        (NO_RM, "'rm' x", DENY),
+        (NO_RM, '"r"m x', DENY),
+        # a variable assignment in front does not hide the command from deny
+        (NO_RM, "FORCE=1 rm -rf x", DENY),  # attack
+        # wrappers run the command they are given
+        (NO_RM, "command rm x", DENY),  # attack
+        (NO_RM, "command -p rm x", DENY),  # attack
+        (NO_RM, "builtin rm x", DENY),  # attack
+        (NO_RM, "exec rm x", DENY),  # attack
+        (NO_RM, "exec -a name rm x", DENY),  # attack
+        (NO_RM, "env rm x", DENY),  # attack
+        (NO_RM, "env FOO=1 rm x", DENY),  # attack
+        (NO_RM, "env -i A=1 rm x", DENY),  # attack
+        (NO_RM, "env -u HOME -- rm x", DENY),  # attack
+        (NO_RM, "env --chdir=src rm x", DENY),  # attack
+        (NO_RM, "nice rm x", DENY),  # attack
+        (NO_RM, "nice -n 5 rm x", DENY),  # attack
+        (NO_RM, "nice -5 rm x", DENY),  # attack
+        (NO_RM, "nice --adjustment=5 rm x", DENY),  # attack
+        (NO_RM, "nohup rm x", DENY),  # attack
+        (NO_RM, "timeout 5 rm x", DENY),  # attack
+        (NO_RM, "timeout -s KILL 5 rm x", DENY),  # attack
+        (NO_RM, "timeout --signal=KILL -k 1 5s rm x", DENY),  # attack
+        (NO_RM, "sudo rm x", DENY),  # attack
+        (NO_RM, "sudo -u root -- rm x", DENY),  # attack
+        (NO_RM, "doas -u root rm x", DENY),  # attack
+        (NO_RM, "stdbuf -o L rm x", DENY),  # attack
+        (NO_RM, "setsid -f rm x", DENY),  # attack
+        (NO_RM, "ionice -c 3 rm x", DENY),  # attack
+        (NO_RM, "busybox rm x", DENY),  # attack
+        (NO_RM, "/usr/bin/time -f %e rm x", DENY),  # attack
+        (NO_RM, "command nice -n 1 env A=1 /bin/rm x", DENY),  # attack
+        (NO_RM, "git status && sudo rm x", DENY),  # attack
+        (NO_RM, "time rm x", ASK),  # bash's keyword: past what the parser reads
+        # a wrapper with an option rules do not know: where its command starts is unknown
+        (NO_RM, "timeout --frobnicate 5 rm x", ASK),
+        (NO_RM, "env -Z rm x", ASK),
+        # commands that run a string or commands rules cannot see: unprovable
+        (NO_RM, "eval 'rm x'", ASK),  # attack
+        (NO_RM, "sh -c 'rm x'", ASK),  # attack
+        (NO_RM, "bash -c 'rm x'", ASK),  # attack
+        (NO_RM, "bash -xc 'rm x'", ASK),  # attack
+        (NO_RM, "zsh -c 'rm x'", ASK),  # attack
+        (NO_RM, "/bin/dash -c 'rm x'", ASK),  # attack
+        (NO_RM, "echo 'rm x' | sh", ASK),  # attack
+        (NO_RM, "echo 'rm x' | bash -s", ASK),  # attack
+        (NO_RM, "env -S 'rm x'", ASK),  # attack
+        (NO_RM, "sudo sh -c 'rm x'", ASK),  # attack
+        (NO_RM, "sudo -s", ASK),
+        (NO_RM, "su -c 'rm x'", ASK),  # attack
+        (NO_RM, "echo x | xargs rm", ASK),  # attack
+        (NO_RM, "find . -name '*.o' -exec rm {} +", ASK),  # attack
+        (NO_RM, "find . -execdir rm {} ;", ASK),  # attack
+        (NO_RM, "find . -ok rm {} ;", ASK),  # attack
+        (NO_RM, "source ./x.sh", ASK),  # attack
+        (NO_RM, ". ./x.sh", ASK),  # attack
+        (NO_RM, "parallel rm ::: a b", ASK),  # attack
+        (NO_RM, "watch rm x", ASK),  # attack
+        (NO_RM, "trap 'rm x' EXIT", ASK),  # attack
+        (NO_RM, "flock /tmp/l -c 'rm x'", ASK),  # attack
+        (NO_RM, "alias ls=rm", ASK),  # attack
+        (NO_RM, "timeout 5 bash -c 'rm x'", ASK),  # attack
+        # a command name bash expands (a glob, braces) is not a name rules can read
+        (NO_RM, "/bin/r? -rf x", ASK),  # attack
+        (NO_RM, "/???/rm x", ASK),  # attack
+        (NO_RM, "{rm,-rf,x}", ASK),  # attack
+        (["deny shell(git push *)"], "git {push,origin}", ASK),  # attack
+        (["allow shell(echo *)"], "echo '{a,b}' \"*\"", ALLOW),
+        (["allow shell(echo *)"], "echo {a,b}", None),
+        # a script run by a shell, python -c: matched as the command it is
+        (NO_RM, "bash ./build.sh", None),
+        (NO_RM, "python -c 'print(1)'", None),
+        (NO_RM, "find . -name '*.py'", None),
+        # not an rm at all
+        (NO_RM, "git rm x", None),
+        (NO_RM, "echo rm x", None),
+        # allow: the whole command and the one it wraps must both be allowed
+        (SAFE, "timeout 60 git fetch", ALLOW),
+        (SAFE, "nice -n 5 ls -la", ALLOW),
+        (SAFE, "timeout 60 curl x", None),  # attack
+        (SAFE, "env curl x", None),  # attack
+        (SAFE, "env A=1 git status", None),
+        (SAFE, "env rm x", DENY),
+        (SAFE, "timeout 5 sh -c 'git status'", ASK),
+        (["allow shell(git *)"], "/usr/bin/git status", None),
+        (["allow shell(git *)"], "command git status", None),
+        (["allow shell(git *)", "allow shell(command *)"], "command git status", ALLOW),
+        (["allow shell(sh *)"], "sh -c 'rm x'", None),  # attack
+        (["allow shell(bash *)"], "bash build.sh", ALLOW),
+        (["allow shell(xargs *)"], "xargs rm", None),  # attack
+        (["allow shell(find *)"], "find . -exec rm {} ;", None),  # attack
+        (["allow shell(eval *)"], "eval ls", None),  # attack
+        (["allow shell"], "eval ls", ALLOW),
+        (["deny shell(sh *)"], "sh -c ls", DENY),
+        (["deny shell(eval *)", "allow shell"], "eval ls", DENY),
+    ],
+)
+def test_wrapped_and_hidden_commands(rule_texts, command, expected):
+    assert action_of(rule_texts, "shell", command=command) == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        ("eval 'rm x'", "the command eval runs a string as a command"),
+        ("sh -c 'rm x'", "the command sh -c runs a string as a command"),
+        ("echo x | bash", "the command bash reads the commands it runs from its input"),
+        ("echo x | xargs rm", "the command xargs runs commands it builds from its input"),
+        ("find . -exec rm {} ;", "the command find -exec runs a command for each file"),
+        ("source x.sh", "the command source runs the commands in a file in this shell"),
+        ("/bin/r? x", "the command name /bin/r? is a pattern bash expands"),
+        ("timeout --frobnicate 5 rm x", "the option --frobnicate of timeout is not one rules read"),
+    ],
+)
+def test_a_hidden_command_says_why(command, reason):
+    decision = rules.decide([rule("deny shell(rm *)")], "shell", {"command": command})
+    assert (decision.action, decision.unprovable) == (ASK, reason)
+
+
+REDIRECTS = ["deny write_file(.git/**)", "ask write_file(prod/**)", "deny read_file(.env)"]
+
+
+@pytest.mark.parametrize(
+    ("rule_texts", "command", "expected"),
+    [
+        (REDIRECTS, "echo x > .git/hooks/pre-commit", DENY),  # attack
+        (REDIRECTS, "echo x >> .git/hooks/pre-commit", DENY),  # attack
+        (REDIRECTS, "echo x >| .git/config", DENY),  # attack
+        (REDIRECTS, "echo x &> .git/config", DENY),  # attack
+        (REDIRECTS, "echo x &>> .git/config", DENY),  # attack
+        (REDIRECTS, "echo x >& .git/config", DENY),  # attack
+        (REDIRECTS, "echo x 2> .git/config", DENY),  # attack
+        (REDIRECTS, "cat <> .git/config", DENY),  # attack
+        (REDIRECTS, "cat < .env", DENY),  # attack
+        (REDIRECTS, "cat <> .env", DENY),  # attack
+        (REDIRECTS, "echo x > src/h/pre-commit", DENY),  # attack: through the link
+        (REDIRECTS, "ls; echo x > ./.git//hooks/x", DENY),  # attack
+        (REDIRECTS, "echo x > prod/app.py", ASK),  # attack
+        (["allow shell(echo *)", *REDIRECTS], "echo x > .git/hooks/pre-commit", DENY),  # attack
+        (["allow shell"], "echo x > .git/x", ALLOW),
+        # no path rule that matches: a redirection changes nothing
+        (REDIRECTS, "echo x > out.txt", None),
+        (REDIRECTS, "cat < notes.txt", None),
+        (REDIRECTS, "echo x 2>&1 > /dev/null", None),
+        (["allow shell(echo *)", *REDIRECTS], "echo x > out.txt", ALLOW),
+        (["allow shell(echo *)", "allow write_file(src/**)"], "echo x > out.txt", ALLOW),
+        (["allow write_file(**)"], "echo x > out.txt", None),
+        (["deny read_file(.env)"], "echo x > .env", None),
+        (["deny write_file(.git/**)"], "cat < .git/config", None),
+        # a rule without a path is the file tool's own, not the shell's
+        (["deny write_file"], "echo x > out.txt", None),
+        (["ask write_file", "allow shell(echo *)"], "echo x > out.txt", ALLOW),
+        # a target rules cannot read, when a path rule could have matched it
+        (REDIRECTS, "echo x > $OUT", ASK),
+        (REDIRECTS, "echo x > .g*/hooks/x", ASK),  # attack
+        (REDIRECTS, "echo x > .git/hooks/pre-commi?", DENY),
+        (REDIRECTS, "echo x > ~/x", ASK),
+        (REDIRECTS, "echo x > /work/ws/.git/config", ASK),  # attack
+        (REDIRECTS, "echo x > ../ws/.git/config", ASK),  # attack
+        (REDIRECTS, "echo x > up/x", ASK),
+        (REDIRECTS, "echo $(echo x > .git/config)", ASK),  # attack
+        (REDIRECTS, "for f in a; do echo x > .git/config; done", ASK),  # attack
+        (REDIRECTS, "bash -c 'echo x > .git/config'", ASK),  # attack
+        (REDIRECTS, "echo 'a > b' 'unterminated", ASK),
+        (["allow shell(echo *)"], "echo x > $OUT", None),
+        (["deny read_file(.env)"], "echo x > $OUT", None),
+        (["allow write_file(**)"], "echo x > $OUT", None),
+        (["ask write_file(prod/**)"], "echo x > \"prod/a b\"", ASK),
+        (["ask write_file(prod/**)"], "echo x > 'prod'/a", ASK),
+    ],
+)
+def test_redirections_are_judged_by_path_rules(rule_texts, command, expected):
+    decision = decided(rule_texts, "shell", command=command)
+    assert (decision.action if decision else None) == expected
+
+
+def test_a_redirection_decision_names_the_redirection_and_the_rule():
+    denied = decided(REDIRECTS, "shell", command="echo x >> src/h/pre-commit")
+    assert denied.text == (
+        "Denied by rule `write_file(.git/**)` (your settings) for the redirection "
+        ">> src/h/pre-commit, a link to .git/hooks/pre-commit"
+    )
+    asked = decided(REDIRECTS, "shell", command="echo x > $OUT")
+    assert asked.action == ASK
+    assert asked.text == (
+        "Asked: the redirection > $OUT has a variable expansion, which rule "
+        "`write_file(.git/**)` (your settings) cannot check"
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("/bin/rm x", None),
+        ("\\rm x", "shell(rm x)"),
+        ("timeout 5 git fetch", None),
+        ("env A=1 git status", None),
+        ("sh -c 'git status'", None),
+        ("eval ls", None),
+        ("xargs ls", None),
+        ("bash build.sh", "shell(bash build.sh)"),
+        ("FOO=1 git status", "shell(FOO=1 git status)"),
+        ("git status > .git/x", "shell(git status)"),
+    ],
+)
+def test_always_allow_offers_no_rule_for_a_wrapped_or_hidden_command(command, expected):
+    natural = rules.natural("shell", {"command": command})
+    assert natural == expected
+    if natural is not None:
+        decision = rules.decide([rules.parse(ALLOW, natural)], "shell", {"command": command})
+        assert decision.action == ALLOW

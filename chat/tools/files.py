@@ -129,7 +129,13 @@ def _checked(raw: str) -> tuple[list[str], str]:
 
 
 def _walk(
-    stack: ExitStack, root: Path, parts: list[str], shown: str, *, missing: str | None
+    stack: ExitStack,
+    root: Path,
+    parts: list[str],
+    shown: str,
+    *,
+    missing: str | None,
+    landed: list[str] | None = None,
 ) -> tuple[int, str, os.stat_result | None]:
     """Follow `parts` from the workspace `root` down to their last component.
 
@@ -138,6 +144,10 @@ def _walk(
     link at the end has been followed, so the name is not a link unless it was
     swapped in since; open it with O_NOFOLLOW. Directories missing on the way
     raise ToolError(`missing`), or are created when `missing` is None.
+
+    With `landed` (a list, filled with the components of the path reached),
+    nothing is created: what lies below a missing directory is read as written,
+    as it would be once write_file had made it (a new directory holds no link).
     """
     try:
         root_fd = os.open(root, _DIR_FLAGS)
@@ -150,6 +160,8 @@ def _walk(
     trail: list[str] = []
     pending = parts[::-1]
     hops = 0
+    # How many names at the end of `trail` were never made (only with `landed`).
+    virtual = 0
     try:
         while pending:
             name = pending.pop()
@@ -159,7 +171,16 @@ def _walk(
                         f"{shown}: resolves outside the workspace through a symlink; refused"
                     )
                 trail.pop()
-                here = _move(here, _open_trail(root_fd, trail, shown), root_fd)
+                if virtual:
+                    virtual -= 1
+                else:
+                    here = _move(here, _open_trail(root_fd, trail, shown), root_fd)
+                continue
+            if virtual:
+                if not pending:
+                    break
+                trail.append(name)
+                virtual += 1
                 continue
             info = _lstat(here, name, shown)
             if info is not None and stat.S_ISLNK(info.st_mode):
@@ -188,6 +209,10 @@ def _walk(
             if info is None:
                 if missing is not None:
                     raise ToolError(f"{shown}: {missing}")
+                if landed is not None:
+                    trail.append(name)
+                    virtual = 1
+                    continue
                 _mkdir(here, name, shown)
             elif not stat.S_ISDIR(info.st_mode):
                 if missing is not None:
@@ -207,6 +232,8 @@ def _walk(
         raise
     if here != root_fd:
         stack.callback(os.close, here)
+    if landed is not None:
+        landed[:] = [*trail, name] if name != "." else trail
     return here, name, info
 
 
@@ -295,6 +322,17 @@ def _open_file(here: int, name: str, shown: str, flags: int) -> int:
             # A FIFO with no reader, opened for writing without blocking.
             raise ToolError(f"{shown}: not a regular file") from exc
         raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
+
+
+def resolve(root: Path, raw: str) -> str:
+    """The path, relative to `root`, that a file tool given `raw` would open: links
+    followed as the tools follow them, nothing created (`.` for `root` itself).
+    ToolError when the tools would refuse the path (it leaves `root`, a loop)."""
+    parts, shown = _checked(raw)
+    landed: list[str] = []
+    with ExitStack() as stack:
+        _walk(stack, root, parts, shown, missing=None, landed=landed)
+    return "/".join(landed) or "."
 
 
 # --- list_files ----------------------------------------------------------------
