@@ -10,6 +10,7 @@ are shared by its tests, as a worker's are by its turns.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import shutil
 import sys
@@ -409,3 +410,42 @@ async def test_without_bubblewrap_stdio_servers_are_refused(sandboxed, monkeypat
         "server unboxed: not reachable (not started, since stdio servers run in the shell's "
         "sandbox: The shell tool is unavailable: bubblewrap ('no-such-bwrap') is not installed."
     )
+
+
+@pytest.fixture(scope="module")
+def hanging(tmp_path_factory) -> str:
+    log = tmp_path_factory.mktemp("mcp") / "hanging.log"
+    argv = [sys.executable, TOOLS, "http", "--hang"]
+    proc = Proc("mcp-hanging", argv, clean_env(), log).start()
+    yield f"http://127.0.0.1:{proc.listening().port}/mcp"
+    proc.kill()  # its requests never end: a polite stop waits for them
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_stop_while_a_server_hangs_in_its_handshake_ends_the_call_and_the_pool_works(
+    servers, hanging, transport, caplog
+):
+    """Stop (the turn's task cancelled) while connecting to a server that never answers
+    `initialize` ends the call at once, not at the server's timeout, and leaves nothing
+    behind: no connection, no lock held, other servers' calls work."""
+    fields = {"url": hanging} if transport == "http" else {"command": sys.executable}
+    if transport == "stdio":
+        fields["args"] = [str(SERVERS / "bare.py"), "silent"]
+    await McpServer.objects.acreate(name="stuck", transport=transport, timeout=3600, **fields)
+    # Its tool's name is known from an earlier listing (the tab's frozen list).
+    task = asyncio.create_task(mcp.call("mcp__stuck__where", {}))
+    for _ in range(500):
+        if mcp._pool().lock("stuck").locked():
+            break
+        await asyncio.sleep(0.01)
+    assert mcp._pool().lock("stuck").locked()
+    await asyncio.sleep(0.3)
+    task.cancel()
+    # Far below the server's timeout: a Stop that waited for it would fail here.
+    done, _ = await asyncio.wait({task}, timeout=30)
+    assert done and task.cancelled()
+    gc.collect()
+    assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert not mcp._pool().lock("stuck").locked()
+    assert connection("stuck") is None
+    assert (await mcp.call("mcp__web__echo", {"text": "after"})).result == "echo: after"

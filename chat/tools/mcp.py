@@ -190,6 +190,9 @@ class Connection:
         """Start the server (or reach it) and shake hands, within the server's timeout."""
         await asyncio.to_thread(self.workspace.mkdir, parents=True, exist_ok=True)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Stopped while connecting, nobody awaits it when the connection's task fails it:
+        # taken here, or asyncio logs an error for every such Stop.
+        ready.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._task = asyncio.create_task(self._hold(ready), name=f"mcp {self.config.name}")
         try:
             async with asyncio.timeout(self.config.timeout):

@@ -1,7 +1,8 @@
 """A real MCP server (the SDK's MCPServer, once FastMCP) for the MCP client's tests.
 
-`python tests/mcp_servers/tools.py stdio` serves stdin/stdout; `... http PORT` serves
-streamable HTTP on 127.0.0.1:PORT and counts the sessions it holds (GET /sessions).
+`python tests/mcp_servers/tools.py stdio` serves stdin/stdout; `... http [PORT]` serves
+streamable HTTP on 127.0.0.1:PORT (any port by default; `--hang`: answering nothing) and
+counts the session DELETEs it gets (GET /deletes).
 Its tools cover what the client must handle: text, structured, image, is_error,
 progress, a hang, a crash mid-call, a huge result, a changing tool list.
 """
@@ -98,9 +99,10 @@ async def grow(ctx: Context) -> str:
 class Deletes:
     """ASGI wrapper counting session DELETEs, read back at GET /deletes."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, *, hang: bool = False) -> None:
         self.app = app
         self.count = 0
+        self.hang = hang
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] == "/deletes":
@@ -110,6 +112,9 @@ class Deletes:
             return
         if scope["type"] == "http" and scope["method"] == "DELETE":
             self.count += 1
+        if self.hang and scope["type"] == "http" and scope["method"] == "POST":
+            # `--hang`: a server that never answers, its handshake included.
+            await asyncio.sleep(3600)
         await self.app(scope, receive, send)
 
 
@@ -126,7 +131,7 @@ def serve_http() -> None:
     # Listening before the line: a client may connect at once (uvicorn accepts later).
     sock.listen(128)
     port = sock.getsockname()[1]
-    app = Deletes(server.streamable_http_app())
+    app = Deletes(server.streamable_http_app(), hang="--hang" in sys.argv)
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     print(f"Listening on TCP address 127.0.0.1:{port}", flush=True)
     asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
