@@ -22,6 +22,30 @@ command or process substitution, an expansion, a redirection out of the workspac
 here-document, any syntax past simple commands, a parse error) is never allowed by a
 specifier rule; if a deny or ask rule with a specifier might have matched it, it is
 asked about. A path argument with `..` or an absolute path is treated the same way.
+
+Each simple command is matched as written and as what it runs: the program's name
+without its folder (`/bin/rm` is `rm`), and the command a wrapper runs (`env A=1 rm`,
+`timeout 5 rm`, `sudo rm`: WRAPPERS), with the variables set before it and without
+them. A deny or ask rule matching any of these forms decides; an allow rule must match
+every form but the one without variables (`timeout 60 git fetch` needs `timeout *` and
+`git *`). A program that runs a string or commands it does not name (`eval`,
+`sh -c`, `xargs`, `find -exec`, `source`: HIDING, SHELLS), a wrapper option rules do not
+know and a program's name bash would expand (`/bin/r?`) are unprovable like the rest.
+
+Paths are judged where they lead as well as as written: `decide` is given `resolve`,
+which follows links as the file tools do (a link `src/h` to `.git/hooks` makes
+`src/h/x` also `.git/hooks/x`); a deny or ask rule matching either decides, an allow
+must match both, and a path that cannot be followed is unprovable. A redirection of a
+shell command into the workspace is judged as a write_file call on its target (`>`,
+`>>`, `>|`, `&>`, `&>>`, `>&`), a read_file call (`<`) or both (`<>`), by the deny and
+ask rules of those tools that have a path: a deny denies the command, an ask asks, and
+anything else leaves the command's decision as it was. A target rules cannot read (an
+expansion, a pattern, outside the workspace) or a command that may redirect out of
+sight (a substitution, `sh -c`) is asked about when such a rule exists.
+
+Rules see what a command says, not what the programs do: `cp`, `tee`, a script or
+`python -c` write files and run commands rules never see. The shell's sandbox is the
+boundary; rules decide what to run without asking.
 """
 
 from __future__ import annotations
@@ -449,17 +473,26 @@ def _collect(node: Any, shell: Shell, source: str) -> None:
 
 
 def _command(node: Any, shell: Shell, source: str) -> None:
+    written: list[str] = []
+    # The words as bash makes them (braces expanded), each with its text in the command.
     words: list[tuple[str, str]] = []
     assignments = 0
     for part in node.parts:
         if part.kind in ("word", "assignment"):
-            _check_word(part, shell)
+            written.append(part.word)
+            if _check_word(part, shell):
+                words.append((part.word, part.word))
+                continue
             raw = source[part.pos[0] : part.pos[1]]
-            if _is_brace_expansion(raw):
-                shell.cannot("the command has a brace expansion", hides=False)
             if part.kind == "assignment" and len(words) == assignments:
                 assignments += 1
-            words.append((part.word, raw))
+                words.append((part.word, raw))
+                continue
+            expanded = _braces(raw)
+            if expanded is None:
+                shell.cannot("the command has a brace expansion rules do not read", hides=False)
+                expanded = [raw]
+            words.extend((_dequoted(one), one) for one in expanded)
         elif part.kind == "redirect":
             _redirect(part, shell, source)
         else:
@@ -467,7 +500,8 @@ def _command(node: Any, shell: Shell, source: str) -> None:
     if not words:
         shell.cannot("the command is only a redirection", hides=False)
         return
-    every, extra, runs = _forms(words[:assignments], words[assignments:])
+    literal = " ".join(_quoted(word) for word in written)
+    every, extra, runs = _forms(literal, words[:assignments], words[assignments:])
     if runs:
         shell.runs = shell.runs or runs
         shell.hidden = shell.hidden or runs
@@ -506,8 +540,11 @@ def _redirect(node: Any, shell: Shell, source: str) -> None:
         return
     path = target.word
     why = _check_word(target, shell)
-    if not why and _is_pattern(source[target.pos[0] : target.pos[1]]):
-        why = "is a pattern bash expands"
+    if not why:
+        raw = source[target.pos[0] : target.pos[1]]
+        path = _dequoted(raw)
+        if _is_pattern(raw):
+            why = "is a pattern bash expands"
     if not why and path in HARMLESS_TARGETS:
         return
     if not why and (problem := _path_problem(path)):
@@ -657,12 +694,12 @@ _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 
 
 def _forms(
-    assignments: list[tuple[str, str]], words: list[tuple[str, str]]
+    literal: str, assignments: list[tuple[str, str]], words: list[tuple[str, str]]
 ) -> tuple[tuple[str, ...], tuple[str, ...], str]:
-    """A simple command's forms (as written, then with its program's name alone and
-    through each wrapper), the same without the variables set before them, and why it
-    runs something rules cannot read ("" when it does not)."""
-    every = [_text(assignments + words)]
+    """A simple command's forms (as written, then as bash makes its words, with its
+    program's name alone and through each wrapper), the same without the variables set
+    before them, and why it runs something rules cannot read ("" when it does not)."""
+    every = [literal]
     extra: list[str] = []
     hidden = ""
     for _ in range(MAX_WRAPPERS + 1):
@@ -716,24 +753,31 @@ def _hides(name: str, args: list[str]) -> str:
 
 
 def _shell_hides(name: str, args: list[str]) -> str:
+    runs_string = f"the command {name} -c runs a string as a command"
+    reads = f"the command {name} reads the commands it runs from its input"
     i = 0
     while i < len(args):
         arg = args[i]
         if arg == "--":
-            i += 1
-            break
-        if arg in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
-            i += 2
+            return "" if i + 1 < len(args) else reads
+        if arg == "-":
+            return reads
+        if arg.startswith("--"):
+            if arg.startswith("--command"):
+                return runs_string
+            i += 2 if arg in ("--rcfile", "--init-file") else 1
             continue
-        if arg.startswith("--command") or (arg[:1] == "-" and "c" in arg[1:].lower()):
-            return f"the command {name} -c runs a string as a command"
-        if arg[:1] == "-" and set(arg[1:]) & {"s", "i"}:
-            break  # reads its input, as with no script
-        if len(arg) > 1 and arg[0] in "-+":
-            i += 1
+        if arg[0] in "-+" and len(arg) > 1:
+            letters = arg[1:]
+            if arg[0] == "-" and "c" in letters.lower():
+                return runs_string
+            if arg[0] == "-" and set(letters) & {"s", "i"}:
+                return reads
+            # -o and -O take an option's name: `bash -eo pipefail`.
+            i += 2 if letters[-1] in "oO" else 1
             continue
         return ""  # a script file: a program like any other
-    return f"the command {name} reads the commands it runs from its input"
+    return reads
 
 
 def _unwrap(
@@ -790,43 +834,100 @@ def _text(words: Sequence[tuple[str, str]]) -> str:
 
 def _unquoted(raw: str) -> str:
     """`raw` (a word as it stands in the command) with every quoted or escaped character
-    blanked out: what is left is what bash may expand."""
+    blanked out, character for character: what is left is what bash may expand."""
     out: list[str] = []
     quote = ""
     i = 0
     while i < len(raw):
         ch = raw[i]
-        if quote:
-            if ch == quote:
-                quote = ""
-            elif ch == "\\" and quote == '"':
-                out.append(" ")
-                i += 1
+        if quote and ch == quote:
+            quote = ""
+        elif ch == "\\" and quote != "'":
             out.append(" ")
-        elif ch == "\\":
-            out.append("  ")
             i += 1
-        elif ch in "'\"":
+        elif not quote and ch in "'\"":
             quote = ch
-            out.append(" ")
+        elif not quote:
+            out.append(ch)
+            i += 1
+            continue
+        out.append(" ")
+        i += 1
+    return "".join(out)[: len(raw)]
+
+
+def _dequoted(raw: str) -> str:
+    """`raw` after bash's quote removal (a word with no expansion left in it)."""
+    out: list[str] = []
+    quote = ""
+    i = 0
+    while i < len(raw):
+        ch = raw[i]
+        if quote and ch == quote:
+            quote = ""
+        elif ch == "\\" and quote != "'" and i + 1 < len(raw):
+            i += 1
+            if quote and raw[i] not in '$`"\\\n':
+                out.append("\\")
+            if raw[i] != "\n":
+                out.append(raw[i])
+        elif not quote and ch in "'\"":
+            quote = ch
         else:
             out.append(ch)
         i += 1
     return "".join(out)
 
 
-_BRACES = re.compile(r"\{[^{}]*(?:,|\.\.)[^{}]*\}")
+# A bracket expression of a file name pattern (`[ab]`): a `[` alone is a name (`[ -f x ]`).
+_BRACKETS = re.compile(r"\[.*\]")
+# The most words rules expand one word's braces into; more is asked about.
+MAX_BRACE_WORDS = 64
 
 
 def _is_pattern(raw: str) -> bool:
-    """Whether bash would expand `raw` as a file name pattern."""
+    """Whether bash would expand `raw` as a file name pattern or with braces."""
     bare = _unquoted(raw)
-    return any(ch in bare for ch in "*?[") or _BRACES.search(bare) is not None
+    return "*" in bare or "?" in bare or bool(_BRACKETS.search(bare)) or _braces(raw) != [raw]
 
 
-def _is_brace_expansion(raw: str) -> bool:
-    """Whether bash would make several words (or other ones) of `raw`: `{a,b}`, `{1..3}`."""
-    return _BRACES.search(_unquoted(raw)) is not None
+def _braces(raw: str) -> list[str] | None:
+    """The words bash's brace expansion makes of `raw` (`a{b,c}` is `ab ac`), each as it
+    stands in the command; None for what rules do not expand (nesting, `{1..9}`, too many)."""
+    bare = _unquoted(raw)
+    start = bare.find("{")
+    while start != -1:
+        depth, commas, end = 0, [], -1
+        for i in range(start, len(bare)):
+            if bare[i] == "{":
+                depth += 1
+            elif bare[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    end = i
+                    break
+            elif bare[i] == "," and depth == 1:
+                commas.append(i)
+        if end == -1:
+            return [raw]
+        inner = bare[start + 1 : end]
+        if commas:
+            if "{" in inner:
+                return None
+            cuts = [start, *commas, end]
+            words: list[str] = []
+            for left, right in zip(cuts, cuts[1:], strict=False):
+                expanded = _braces(raw[:start] + raw[left + 1 : right] + raw[end + 1 :])
+                if expanded is None:
+                    return None
+                words.extend(expanded)
+                if len(words) > MAX_BRACE_WORDS:
+                    return None
+            return words
+        if ".." in inner and "{" not in inner:
+            return None
+        start = bare.find("{", start + 1)
+    return [raw]
 
 
 def _shell_spec(pattern: str, spec: str) -> str:

@@ -351,8 +351,12 @@ GIT_DIR = ["deny write_file(.git/**)", "allow write_file(**)"]
         # allow needs both the path as written and the one it lands on
         (["allow write_file(src/**)"], "write_file", "src/h/pre-commit", None),  # attack
         (["allow write_file(.git/**)"], "write_file", "src/h/x", None),
-        (["allow write_file(src/**)", "allow write_file(.git/**)"], "write_file", "src/h/x",
-         ALLOW),  # fmt: skip
+        (
+            ["allow write_file(src/**)", "allow write_file(.git/**)"],
+            "write_file",
+            "src/h/x",
+            ALLOW,
+        ),  # fmt: skip
         # a path that cannot be followed (out of the workspace, a loop) is unprovable
         (["deny write_file(.git/**)"], "write_file", "up/x", ASK),
         (["deny write_file(.git/**)"], "write_file", "loop", ASK),
@@ -439,6 +443,11 @@ SAFE = ["allow shell(git *)", "allow shell(ls *)", "allow shell(timeout *)",
         (NO_RM, "/bin/dash -c 'rm x'", ASK),  # attack
         (NO_RM, "echo 'rm x' | sh", ASK),  # attack
         (NO_RM, "echo 'rm x' | bash -s", ASK),  # attack
+        (NO_RM, "echo 'rm x' | bash -", ASK),  # attack
+        (NO_RM, "echo 'rm x' | bash -eo pipefail", ASK),  # attack
+        (NO_RM, "echo 'rm x' | bash --noprofile", ASK),  # attack
+        (NO_RM, "bash -euo pipefail build.sh", None),
+        (NO_RM, "bash --posix -- build.sh", None),
         (NO_RM, "env -S 'rm x'", ASK),  # attack
         (NO_RM, "sudo sh -c 'rm x'", ASK),  # attack
         (NO_RM, "sudo -s", ASK),
@@ -455,13 +464,25 @@ SAFE = ["allow shell(git *)", "allow shell(ls *)", "allow shell(timeout *)",
         (NO_RM, "flock /tmp/l -c 'rm x'", ASK),  # attack
         (NO_RM, "alias ls=rm", ASK),  # attack
         (NO_RM, "timeout 5 bash -c 'rm x'", ASK),  # attack
-        # a command name bash expands (a glob, braces) is not a name rules can read
+        # a command name bash expands as a pattern is not a name rules can read
         (NO_RM, "/bin/r? -rf x", ASK),  # attack
         (NO_RM, "/???/rm x", ASK),  # attack
-        (NO_RM, "{rm,-rf,x}", ASK),  # attack
-        (["deny shell(git push *)"], "git {push,origin}", ASK),  # attack
-        (["allow shell(echo *)"], "echo '{a,b}' \"*\"", ALLOW),
-        (["allow shell(echo *)"], "echo {a,b}", None),
+        (NO_RM, "/bin/r[m] x", ASK),  # attack
+        (NO_RM, "[ -f x ] && ls", None),
+        # braces are expanded as bash expands them, and the command judged both ways
+        (NO_RM, "{rm,-rf,x}", DENY),  # attack
+        (NO_RM, "sudo {rm,x}", DENY),  # attack
+        (["deny shell(git push *)"], "git {push,origin}", DENY),  # attack
+        (["deny shell(git push *)"], "git pu{sh,} origin", DENY),  # attack
+        (["deny shell(git push *)"], "git {pu,}sh", DENY),  # attack
+        (["allow shell(echo *)"], "echo '{a,b}' \"*\" \\{a,b}", ALLOW),
+        (["allow shell(echo *)"], "echo {a,b}", ALLOW),
+        (["allow shell(mkdir *)"], "mkdir -p src/{a,b}/x", ALLOW),
+        (["allow shell(echo *)"], "echo {}", ALLOW),
+        (["allow shell(echo *)", "deny shell(rm *)"], "echo {a,{b,c}}", ASK),
+        (["allow shell(echo *)", "deny shell(rm *)"], "echo {1..3}", ASK),
+        (["allow shell(echo *)"], "echo {a,b} {c,d} {e,f} {g,h} {i,j} {k,l} {m,n}", ALLOW),
+        (["allow shell(echo *)"], "echo {a,b}{c,d}{e,f}{g,h}{i,j}{k,l}{m,n}", None),  # 128
         # a script run by a shell, python -c: matched as the command it is
         (NO_RM, "bash ./build.sh", None),
         (NO_RM, "python -c 'print(1)'", None),
@@ -560,7 +581,7 @@ REDIRECTS = ["deny write_file(.git/**)", "ask write_file(prod/**)", "deny read_f
         (["allow shell(echo *)"], "echo x > $OUT", None),
         (["deny read_file(.env)"], "echo x > $OUT", None),
         (["allow write_file(**)"], "echo x > $OUT", None),
-        (["ask write_file(prod/**)"], "echo x > \"prod/a b\"", ASK),
+        (["ask write_file(prod/**)"], 'echo x > "prod/a b"', ASK),
         (["ask write_file(prod/**)"], "echo x > 'prod'/a", ASK),
     ],
 )
