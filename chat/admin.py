@@ -31,7 +31,14 @@ from pygments.lexers import JsonLexer
 
 from chat import log, usage
 from chat import render as chat_render
-from chat.forms import ENV_NAME, HEADER_NAME, ProfileForm, masked_pairs, parse_pairs
+from chat.forms import (
+    ENV_NAME,
+    HEADER_NAME,
+    ProfileForm,
+    check_server_name,
+    masked_pairs,
+    parse_pairs,
+)
 from chat.lease import is_stale, turn_usage
 from chat.models import (
     ApiKey,
@@ -656,6 +663,11 @@ class McpServerAdminForm(forms.ModelForm):
             self.fields["env"].initial = masked_pairs(self.instance.get_env())
             self.fields["headers"].initial = masked_pairs(self.instance.get_headers())
 
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        check_server_name(name, None if self.instance._state.adding else self.instance.name)
+        return name
+
     def clean_env(self) -> dict[str, str]:
         kept = None if self.instance._state.adding else self.instance.get_env()
         return parse_pairs(self.cleaned_data["env"], kept, what="variable", name_pattern=ENV_NAME)
@@ -677,9 +689,36 @@ class McpServerAdminForm(forms.ModelForm):
 
 @admin.register(McpServer)
 class McpServerAdmin(admin.ModelAdmin):
+    """Superusers add, change and remove servers: a stdio server is a program run on this
+    machine, as whoever runs Dispatch. Other staff see them, secrets masked."""
+
     form = McpServerAdminForm
     list_display = ["name", "transport", "target", "secrets", "enabled", "timeout", "updated_at"]
     list_filter = ["transport", "enabled"]
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request: HttpRequest, obj: McpServer | None = None) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_change_permission(self, request: HttpRequest, obj: McpServer | None = None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: McpServer | None = None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    # Shown, masked, where the form's fields are not (a view-only page).
+    @admin.display(description="env")
+    def env(self, server: McpServer) -> str:
+        return masked_pairs(server.get_env() or {})
+
+    @admin.display(description="headers")
+    def headers(self, server: McpServer) -> str:
+        return masked_pairs(server.get_headers() or {})
 
     @admin.display(description="command or URL")
     def target(self, server: McpServer) -> str:

@@ -450,6 +450,18 @@ def parse_pairs(
     return pairs
 
 
+def check_server_name(name: str, saved: str | None) -> None:
+    """Refuse an MCP server name its tools' names cannot be read back from: `a__b` with a
+    tool `c` and `a` with a tool `b__c` are both mcp__a__b__c (their names stay apart by a
+    hash, but a rule or a profile's `mcp__a__b__*` would name the wrong server). The name
+    a server has (`saved`) passes: its tabs' tool names must not change."""
+    if name != saved and ("__" in name or name.endswith("_")):
+        raise forms.ValidationError(
+            "A server name cannot contain __ or end with _: its tools are called "
+            "mcp__NAME__TOOL, and the name must read back from them."
+        )
+
+
 class McpServerForm(forms.Form):
     """Add or edit an MCP server (Settings; the admin has its own form on the same parts)."""
 
@@ -520,6 +532,7 @@ class McpServerForm(forms.Form):
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"]
+        check_server_name(name, self.instance.name if self.instance else None)
         others = McpServer.objects.filter(name=name)
         if self.instance is not None:
             others = others.exclude(pk=self.instance.pk)

@@ -131,6 +131,12 @@ def _staff(request: HttpRequest) -> None:
         raise PermissionDenied("Only staff can change the settings.")
 
 
+def _mcp_superuser(request: HttpRequest) -> None:
+    # A stdio server is a program run on this machine: other staff only see the servers.
+    if not request.user.is_superuser:
+        raise PermissionDenied("Only superusers can add, change or remove MCP servers.")
+
+
 # --- Accounts ------------------------------------------------------------------------
 
 
@@ -1003,6 +1009,7 @@ def settings_view(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Saved the {provider} endpoint.")
                 return redirect("settings")
         elif action == "mcp":
+            _mcp_superuser(request)
             editing = _mcp_server(request.POST.get("server"))
             mcp_form = McpServerForm(request.POST, instance=editing)
             if mcp_form.is_valid():
@@ -1058,6 +1065,7 @@ def _mcp_server(server_id: str | None) -> McpServer | None:
 @require_POST
 def mcp_server_delete(request: HttpRequest, server_id: int) -> HttpResponse:
     _staff(request)
+    _mcp_superuser(request)
     server = get_object_or_404(McpServer, pk=server_id)
     server.delete()
     messages.success(request, f"Removed the MCP server {server.name}.")

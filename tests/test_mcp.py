@@ -449,3 +449,27 @@ async def test_stop_while_a_server_hangs_in_its_handshake_ends_the_call_and_the_
     assert not mcp._pool().lock("stuck").locked()
     assert connection("stuck") is None
     assert (await mcp.call("mcp__web__echo", {"text": "after"})).result == "echo: after"
+
+
+async def test_servers_whose_joined_names_meet_get_apart_names_and_each_its_own_calls():
+    """`a` + `b__c` and `a__b` + `c` both join to mcp__a__b__c (a name saved before such
+    names were refused): each gets a name of its own and a call reaches its server."""
+    for server, tool in (("a", "b__c"), ("a__b", "c")):
+        await McpServer.objects.acreate(
+            name=server,
+            transport="stdio",
+            command=sys.executable,
+            args=[TOOLS, "stdio", f"--tool={tool}=from {server}"],
+            timeout=TIMEOUT,
+        )
+    found, problems = await mcp.specs()
+    assert problems == []
+    mine = {
+        (s.server, s.tool): s.name
+        for s in found
+        if (s.server, s.tool) in {("a", "b__c"), ("a__b", "c")}
+    }
+    assert len(set(mine.values())) == 2
+    assert all(name.startswith("mcp__a__b__c_") for name in mine.values())
+    assert (await mcp.call(mine[("a", "b__c")], {})).result == "from a"
+    assert (await mcp.call(mine[("a__b", "c")], {})).result == "from a__b"

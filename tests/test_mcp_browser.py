@@ -1,8 +1,9 @@
-"""An MCP server in Chromium, end to end: staff add a streamable-HTTP server (the SDK's
+"""An MCP server in Chromium, end to end: a superuser adds a streamable-HTTP server (the SDK's
 MCPServer, tests/mcp_servers/tools.py) in Settings, a rule allows its tools, and a turn of
 the real Anthropic adapter (against the fake provider) calls one: the model is offered
 it, the rule lets it run unasked (the log says so), its progress and result show in the
-tool card, and the model gets the result. Screenshots at 1280 and 375 px, light and dark."""
+tool card, and the model gets the result; other staff see the servers and no form.
+Screenshots at 1280 and 375 px, light and dark."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ MODEL = "anthropic/claude-sonnet-4-5"
 TOOLS = str(Path(__file__).parent / "mcp_servers" / "tools.py")
 
 
-async def test_staff_add_a_server_and_a_turn_uses_its_tool_allowed_by_a_rule(
+async def test_a_superuser_adds_a_server_and_a_turn_uses_its_tool_allowed_by_a_rule(
     browser, serve, fake_server, tmp_path
 ):
     mcp_server = Proc("mcp", [sys.executable, TOOLS, "http"], clean_env(), tmp_path / "mcp.log")
@@ -57,6 +58,9 @@ async def run(browser, serve, fake_server, url: str) -> None:
     server = await serve(**anthropic_env(fake_server))
     await sync_to_async(set_setting)("approve_tools", True)
     user = await sync_to_async(make_user)()
+    # A stdio server is a program run here: only superusers add servers.
+    user.is_superuser = True
+    await user.asave()
     session = await sync_to_async(session_for)(user)
     live = await open_page(browser, server, "/settings/#mcp", session=session, width=1280)
     page = live.page
@@ -111,6 +115,26 @@ async def run(browser, serve, fake_server, url: str) -> None:
     kinds = [(r.type, r.data.get("kind")) for r in logged if r.type == "system"]
     assert ("system", "rule") in kinds
     await shots(page, "mcp-turn")
+    live.assert_clean()
+
+
+async def test_other_staff_see_the_servers_and_no_form(browser, serve):
+    row = McpServer(name="github", transport="stdio", command="npx")
+    row.args = ["-y", "@modelcontextprotocol/server-github"]
+    row.set_env({"GITHUB_TOKEN": "ghp_s3cret"})
+    await row.asave()
+    server = await serve()
+    user = await sync_to_async(make_user)()
+    session = await sync_to_async(session_for)(user)
+    live = await open_page(browser, server, "/settings/#mcp", session=session, width=1280)
+    page = live.page
+    await page.locator("#mcp").evaluate("section => section.scrollIntoView()")
+    section = await page.text_content("#mcp")
+    assert "Only a superuser can add, change or remove MCP servers" in section
+    assert "GITHUB_TOKEN=" in section and "ghp_s3cret" not in await page.content()
+    assert await page.locator("#mcp form.mcp-form").count() == 0
+    assert await page.locator("#mcp .mcp-servers button:has-text('Test')").count() == 1
+    await shots(page, "mcp-settings-staff")
     live.assert_clean()
 
 

@@ -27,6 +27,13 @@ def staff(db) -> Client:
 
 
 @pytest.fixture
+def root(db) -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw-root-12345"))
+    return client
+
+
+@pytest.fixture
 def member(db) -> Client:
     client = Client()
     client.force_login(User.objects.create_user("meg", password="pw-meg-12345"))
@@ -38,9 +45,9 @@ def add(client: Client, **fields) -> object:
     return client.post(reverse("settings"), data)
 
 
-def test_staff_add_a_stdio_server_whose_env_is_encrypted_and_masked(staff):
+def test_superusers_add_a_stdio_server_whose_env_is_encrypted_and_masked(root):
     response = add(
-        staff, name="github", command="npx", args="-y\nserver-github", env=f"TOKEN={TOKEN}"
+        root, name="github", command="npx", args="-y\nserver-github", env=f"TOKEN={TOKEN}"
     )
     assert response.status_code == 302
     row = McpServer.objects.get(name="github")
@@ -50,19 +57,19 @@ def test_staff_add_a_stdio_server_whose_env_is_encrypted_and_masked(staff):
         {"TOKEN": TOKEN},
     )
     assert TOKEN not in row.env_encrypted
-    page = staff.get(reverse("settings")).content.decode()
+    page = root.get(reverse("settings")).content.decode()
     assert f"TOKEN={SECRET_MASK}" in page
     assert TOKEN not in page
-    edit = staff.get(reverse("settings") + f"?mcp={row.pk}").content.decode()
+    edit = root.get(reverse("settings") + f"?mcp={row.pk}").content.decode()
     assert f"TOKEN={SECRET_MASK}" in edit
     assert TOKEN not in edit
 
 
-def test_an_edit_keeps_a_masked_value_and_takes_new_ones(staff):
-    add(staff, name="github", command="npx", env=f"TOKEN={TOKEN}")
+def test_an_edit_keeps_a_masked_value_and_takes_new_ones(root):
+    add(root, name="github", command="npx", env=f"TOKEN={TOKEN}")
     row = McpServer.objects.get(name="github")
     response = add(
-        staff,
+        root,
         server=str(row.pk),
         name="gh",
         command="uvx",
@@ -96,16 +103,16 @@ def test_an_edit_keeps_a_masked_value_and_takes_new_ones(staff):
         ),
     ],
 )
-def test_bad_input_is_a_message_on_the_form(staff, fields, message):
-    response = add(staff, **fields)
+def test_bad_input_is_a_message_on_the_form(root, fields, message):
+    response = add(root, **fields)
     assert response.status_code == 422
     assert message in response.content.decode()
     assert not McpServer.objects.exists()
 
 
-def test_a_second_server_of_the_same_name_is_refused(staff):
-    add(staff, name="one", command="x")
-    response = add(staff, name="one", command="y")
+def test_a_second_server_of_the_same_name_is_refused(root):
+    add(root, name="one", command="x")
+    response = add(root, name="one", command="y")
     assert response.status_code == 422
     assert "There is already a server named one." in response.content.decode()
 
@@ -119,27 +126,27 @@ def test_non_staff_never_see_or_change_servers(member):
     assert McpServer.objects.count() == 1
 
 
-def test_remove(staff):
+def test_remove(root):
     row = McpServer.objects.create(name="web", transport="http", url="http://127.0.0.1:9/")
-    response = staff.post(reverse("mcp_delete", args=[row.pk]), follow=True)
+    response = root.post(reverse("mcp_delete", args=[row.pk]), follow=True)
     assert "Removed the MCP server web." in response.content.decode()
     assert not McpServer.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)
-def test_test_shows_the_error_of_a_server_that_is_down(staff):
+def test_test_shows_the_error_of_a_server_that_is_down(root):
     row = McpServer.objects.create(name="down", transport="http", url="http://127.0.0.1:9/mcp")
-    response = staff.post(reverse("mcp_test", args=[row.pk]), follow=True)
+    response = root.post(reverse("mcp_test", args=[row.pk]), follow=True)
     assert "server down: not reachable (" in response.content.decode()
 
 
 @pytest.mark.django_db(transaction=True)
-def test_test_lists_the_tools_of_a_disabled_server(staff, tmp_path):
+def test_test_lists_the_tools_of_a_disabled_server(root, tmp_path):
     proc = Proc("mcp-web", [sys.executable, TOOLS, "http"], clean_env(), tmp_path / "log").start()
     try:
         url = f"http://127.0.0.1:{proc.listening().port}/mcp"
         row = McpServer.objects.create(name="web", transport="http", url=url, enabled=False)
-        response = staff.post(reverse("mcp_test", args=[row.pk]), follow=True)
+        response = root.post(reverse("mcp_test", args=[row.pk]), follow=True)
     finally:
         proc.stop()
     said = [str(message) for message in response.context["messages"]]
@@ -178,16 +185,108 @@ def test_the_admin_stores_headers_encrypted_and_shows_them_masked(db):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_test_names_each_tool_left_out_and_why_and_lists_the_rest(staff, settings):
+def test_test_names_each_tool_left_out_and_why_and_lists_the_rest(root, settings):
     settings.DISPATCH_SHELL_UNSANDBOXED = True
     bare = str(Path(__file__).parent / "mcp_servers" / "bare.py")
     row = McpServer.objects.create(
         name="odd", transport="stdio", command=sys.executable, args=[bare, "broken"]
     )
-    response = staff.post(reverse("mcp_test", args=[row.pk]), follow=True)
+    response = root.post(reverse("mcp_test", args=[row.pk]), follow=True)
     said = [str(message) for message in response.context["messages"]]
     assert said[0].startswith("server odd: tool 'broken' is left out: it is not valid MCP (")
     assert said[1].startswith(
         "server odd: tool 'typo' is left out: its input schema is not valid JSON Schema ("
     )
     assert said[2:] == ["Server odd offers 2 tools: where, fine."]
+
+
+def admin_form(**fields) -> dict[str, str]:
+    return {
+        "name": "web",
+        "transport": "http",
+        "args": "[]",
+        "url": "https://example.com/mcp",
+        "timeout": "60",
+        "enabled": "on",
+        "headers": f"Authorization=Bearer {TOKEN}",
+        **fields,
+    }
+
+
+def web_row() -> McpServer:
+    row = McpServer(name="web", transport="http", url="https://example.com/mcp")
+    row.set_headers({"Authorization": f"Bearer {TOKEN}"})
+    row.save()
+    return row
+
+
+def test_only_superusers_add_change_or_remove_servers_in_the_admin(staff, root):
+    """A stdio server is a program run on this machine: staff who are not superusers see
+    the servers (secrets masked) and change none."""
+    row = web_row()
+    change = reverse("admin:chat_mcpserver_change", args=[row.pk])
+    for url in (reverse("admin:chat_mcpserver_changelist"), change):
+        response = staff.get(url)
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert f"Authorization={SECRET_MASK}" in html
+        assert TOKEN not in html
+    assert 'name="url"' not in staff.get(change).content.decode()
+    changed = admin_form(url="https://evil.example/mcp", headers="")
+    assert staff.post(change, changed).status_code == 403
+    assert staff.get(reverse("admin:chat_mcpserver_add")).status_code == 403
+    added = admin_form(name="local", transport="stdio", url="", headers="", command="sh")
+    assert staff.post(reverse("admin:chat_mcpserver_add"), added).status_code == 403
+    delete = reverse("admin:chat_mcpserver_delete", args=[row.pk])
+    assert staff.post(delete, {"post": "yes"}).status_code == 403
+    row.refresh_from_db()
+    assert (McpServer.objects.count(), row.url) == (1, "https://example.com/mcp")
+    assert root.post(change, changed).status_code == 302
+    row.refresh_from_db()
+    assert row.url == "https://evil.example/mcp"
+
+
+def test_only_superusers_add_change_or_remove_servers_on_settings(staff, root):
+    """The same on Settings: other staff see the list (secrets masked) and Test a
+    server, with no form to add or change one, and a post is refused."""
+    row = web_row()
+    page = staff.get(reverse("settings")).content.decode()
+    assert f"Authorization={SECRET_MASK}" in page and TOKEN not in page
+    assert "Only a superuser can add, change or remove MCP servers" in page
+    assert 'name="action" value="mcp"' not in page
+    assert reverse("mcp_delete", args=[row.pk]) not in page
+    assert reverse("mcp_test", args=[row.pk]) in page
+    assert add(staff, name="local", command="sh").status_code == 403
+    assert (
+        add(staff, server=str(row.pk), name="web", transport="stdio", command="sh").status_code
+        == 403
+    )
+    assert staff.post(reverse("mcp_delete", args=[row.pk])).status_code == 403
+    row.refresh_from_db()
+    assert (McpServer.objects.count(), row.transport) == (1, "http")
+    assert 'name="action" value="mcp"' in root.get(reverse("settings")).content.decode()
+    assert add(root, name="local", command="sh").status_code == 302
+
+
+@pytest.mark.parametrize("name", ["a__b", "a_"])
+def test_a_new_server_name_that_tool_names_cannot_be_read_back_from_is_refused(root, name):
+    response = add(root, name=name, command="x")
+    assert response.status_code == 422
+    assert "A server name cannot contain __ or end with _" in response.content.decode()
+    response = root.post(reverse("admin:chat_mcpserver_add"), admin_form(name=name, headers=""))
+    assert response.status_code == 200
+    assert "A server name cannot contain __ or end with _" in response.content.decode()
+    assert not McpServer.objects.exists()
+
+
+def test_a_server_saved_with_such_a_name_keeps_it_on_an_edit(root):
+    """Its tabs' tool names must not change: only a new name is refused."""
+    row = McpServer.objects.create(name="a__b", transport="stdio", command="x")
+    assert add(root, server=str(row.pk), name="a__b", command="y").status_code == 302
+    response = root.post(
+        reverse("admin:chat_mcpserver_change", args=[row.pk]),
+        admin_form(name="a__b", transport="stdio", url="", headers="", command="z"),
+    )
+    assert response.status_code == 302
+    row.refresh_from_db()
+    assert (row.name, row.command) == ("a__b", "z")

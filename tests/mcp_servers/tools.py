@@ -142,6 +142,11 @@ if __name__ == "__main__":
         # 500 tools, and one whose input schema is no object schema.
         for number in range(500):
             server.add_tool(echo, name=f"t{number:03}")
+    for arg in sys.argv[2:]:
+        if arg.startswith("--tool="):
+            # `--tool=NAME=REPLY`: one more tool, answering REPLY.
+            name, reply = arg.removeprefix("--tool=").split("=", 1)
+            server.add_tool(lambda reply=reply: reply, name=name, description=f"Says {reply}.")
     if sys.argv[1] == "stdio":
         server.run("stdio")
     else:
