@@ -261,6 +261,8 @@ def decide(
         return main
     if not own:
         return None
+    if not any(rule.spec for rule in own):
+        resolve = None  # no rule reads the path: no need to follow it
     try:
         parts = _path_subjects(name, arguments, resolve) if name in PATH_TOOLS else []
     except Unprovable as exc:
@@ -316,8 +318,8 @@ def _judge_redirects(
     for tool in ("read_file", "write_file"):
         if shell.hidden:
             checks.append((tool, None, shell.hidden))
-    for op, path, why in shell.redirects:
-        what = f"the redirection {op} {path}"
+    for op, path, why, folder in shell.redirects:
+        what = f"the redirection {op} {path}" + (f" in {folder}" if folder else "")
         for tool in REDIRECT_TOOLS[op]:
             if why:
                 # A pattern or a variable may still be judged by what it says as written.
@@ -325,8 +327,9 @@ def _judge_redirects(
                 subject = Subject((written,), label=what) if written else None
                 checks.append((tool, subject, f"{what} {why}"))
                 continue
+            where = posixpath.join(folder, path) if folder else path
             try:
-                checks.append((tool, _landing(path, resolve, what, what), ""))
+                checks.append((tool, _landing(where, resolve, what, what), ""))
             except Unprovable as exc:
                 checks.append((tool, None, str(exc)))
     guard: tuple[Rule, str] | None = None
@@ -408,8 +411,12 @@ class Shell:
     # Its simple commands (Subject.every: as written, then each command it runs).
     parts: list[Subject] = field(default_factory=list)
     # Its redirections to files: (operator, target as written, why the target cannot be
-    # read, or "").
-    redirects: list[tuple[str, str, str]] = field(default_factory=list)
+    # read or "", the folder a `cd` before it may have moved to or "").
+    redirects: list[tuple[str, str, str, str]] = field(default_factory=list)
+    # The folders a `cd` may have left the shell in by now ("": where it started); a cd
+    # that fails leaves it where it was, so each is kept. None after a cd rules cannot
+    # follow.
+    dirs: list[str] | None = field(default_factory=lambda: [""])
     # The first reason its syntax cannot all be checked ("" when it can).
     unprovable: str = ""
     # The first reason one of its commands runs what rules cannot read (`sh -c`, a
@@ -501,11 +508,15 @@ def _command(node: Any, shell: Shell, source: str) -> None:
         shell.cannot("the command is only a redirection", hides=False)
         return
     literal = " ".join(_quoted(word) for word in written)
-    every, extra, runs = _forms(literal, words[:assignments], words[assignments:])
+    every, extra, runs, inner = _forms(literal, words[:assignments], words[assignments:])
     if runs:
         shell.runs = shell.runs or runs
         shell.hidden = shell.hidden or runs
     shell.parts.append(Subject(every, extra))
+    if any("CDPATH" in word for word in written):
+        shell.dirs = None
+    elif inner and inner[0][0] in CHANGES_DIR:
+        _change_dir(shell, inner)
 
 
 def _check_word(word: Any, shell: Shell) -> str:
@@ -550,7 +561,35 @@ def _redirect(node: Any, shell: Shell, source: str) -> None:
     if not why and (problem := _path_problem(path)):
         shell.cannot(f"the command redirects to {path}, outside the workspace", hides=False)
         why = problem
-    shell.redirects.append((node.type, path, why))
+    if why or shell.dirs is None:
+        why = why or "comes after a change of folder rules cannot follow"
+        shell.redirects.append((node.type, path, why, ""))
+        return
+    for folder in shell.dirs:
+        shell.redirects.append((node.type, path, "", folder))
+
+
+# Builtins that change the folder later redirections are relative to (CDPATH and
+# `shopt -s cdable_vars` change where cd goes).
+CHANGES_DIR = frozenset({"cd", "pushd", "popd", "shopt"})
+# The most folders rules follow a command's cds into.
+MAX_DIRS = 8
+
+
+def _change_dir(shell: Shell, words: list[tuple[str, str]]) -> None:
+    args = [(word, raw) for word, raw in words[1:] if word != "--" and not (
+        word.startswith("-") and len(word) > 1)]  # fmt: skip
+    if shell.dirs is None or words[0][0] not in ("cd", "pushd") or len(args) != 1:
+        shell.dirs = None
+        return
+    word, raw = args[0]
+    unknown = word in ("-", "") or word[0] in "+~" or "$" in word or "`" in word
+    if unknown or _path_problem(word) or _is_pattern(raw):
+        shell.dirs = None
+        return
+    moved = [normalise_path(posixpath.join(folder, word)) for folder in shell.dirs]
+    dirs = list(dict.fromkeys([*shell.dirs, *moved]))
+    shell.dirs = dirs if len(dirs) <= MAX_DIRS else None
 
 
 # --- commands that run other commands ---------------------------------------------------
@@ -695,13 +734,15 @@ _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 
 def _forms(
     literal: str, assignments: list[tuple[str, str]], words: list[tuple[str, str]]
-) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+) -> tuple[tuple[str, ...], tuple[str, ...], str, list[tuple[str, str]]]:
     """A simple command's forms (as written, then as bash makes its words, with its
     program's name alone and through each wrapper), the same without the variables set
-    before them, and why it runs something rules cannot read ("" when it does not)."""
+    before them, why it runs something rules cannot read ("" when it does not), and the
+    innermost command read (its name alone)."""
     every = [literal]
     extra: list[str] = []
     hidden = ""
+    inner: list[tuple[str, str]] = []
     for _ in range(MAX_WRAPPERS + 1):
         if not words:
             break
@@ -711,6 +752,7 @@ def _forms(
             break
         name = posixpath.basename(word) or word
         args = words[1:]
+        inner = [(name, raw), *args]
         every.append(_text(assignments + [(name, name)] + args))
         extra.append(_text([(name, name)] + args))
         hidden = _hides(name, [arg for arg, _ in args])
@@ -726,7 +768,8 @@ def _forms(
     else:
         hidden = f"the command is wrapped more than {MAX_WRAPPERS} times"
     every = list(dict.fromkeys(every))
-    return tuple(every), tuple(f for f in dict.fromkeys(extra) if f not in every), hidden
+    extra = [form for form in dict.fromkeys(extra) if form not in every]
+    return tuple(every), tuple(extra), hidden, inner
 
 
 def _hides(name: str, args: list[str]) -> str:
@@ -881,8 +924,10 @@ def _dequoted(raw: str) -> str:
 
 # A bracket expression of a file name pattern (`[ab]`): a `[` alone is a name (`[ -f x ]`).
 _BRACKETS = re.compile(r"\[.*\]")
-# The most words rules expand one word's braces into; more is asked about.
+# The most words rules expand one word's braces into; more is asked about. Seven groups
+# of two already make more, so a word with more braces than this is not expanded at all.
 MAX_BRACE_WORDS = 64
+MAX_BRACE_GROUPS = 16
 
 
 def _is_pattern(raw: str) -> bool:
@@ -895,6 +940,8 @@ def _braces(raw: str) -> list[str] | None:
     """The words bash's brace expansion makes of `raw` (`a{b,c}` is `ab ac`), each as it
     stands in the command; None for what rules do not expand (nesting, `{1..9}`, too many)."""
     bare = _unquoted(raw)
+    if bare.count("{") > MAX_BRACE_GROUPS:
+        return None
     start = bare.find("{")
     while start != -1:
         depth, commas, end = 0, [], -1

@@ -483,6 +483,7 @@ SAFE = ["allow shell(git *)", "allow shell(ls *)", "allow shell(timeout *)",
         (["allow shell(echo *)", "deny shell(rm *)"], "echo {1..3}", ASK),
         (["allow shell(echo *)"], "echo {a,b} {c,d} {e,f} {g,h} {i,j} {k,l} {m,n}", ALLOW),
         (["allow shell(echo *)"], "echo {a,b}{c,d}{e,f}{g,h}{i,j}{k,l}{m,n}", None),  # 128
+        (["allow shell(echo *)"], "echo " + "{a,b}" * 1000, None),
         # a script run by a shell, python -c: matched as the command it is
         (NO_RM, "bash ./build.sh", None),
         (NO_RM, "python -c 'print(1)'", None),
@@ -577,6 +578,28 @@ REDIRECTS = ["deny write_file(.git/**)", "ask write_file(prod/**)", "deny read_f
         (REDIRECTS, "echo $(echo x > .git/config)", ASK),  # attack
         (REDIRECTS, "for f in a; do echo x > .git/config; done", ASK),  # attack
         (REDIRECTS, "bash -c 'echo x > .git/config'", ASK),  # attack
+        (REDIRECTS, "echo x | sh", ASK),  # attack
+        (REDIRECTS, "cat <<EOF > out.txt\n$(echo x > .git/config)\nEOF", ASK),  # attack
+        (REDIRECTS, "cat <<EOF > .git/config\nx\nEOF", DENY),  # attack
+        (REDIRECTS, "exec 3> .git/config", DENY),  # attack
+        # a cd moves where later redirections land (and a failed one does not)
+        (REDIRECTS, "cd .git/hooks && echo x > pre-commit", DENY),  # attack
+        (REDIRECTS, "cd .git; cd hooks; echo x > pre-commit", DENY),  # attack
+        (REDIRECTS, "cd nowhere; echo x > .git/config", DENY),  # attack
+        (REDIRECTS, "cd src/h && echo x > pre-commit", DENY),  # attack: through the link
+        (REDIRECTS, "builtin cd -P .git && echo x > config", DENY),  # attack
+        (REDIRECTS, "pushd .git && echo x > config", DENY),  # attack
+        (REDIRECTS, "cd - && echo x > config", ASK),  # attack
+        (REDIRECTS, "cd && echo x > config", ASK),  # attack
+        (REDIRECTS, "cd $D && echo x > config", ASK),  # attack
+        (REDIRECTS, "cd .g* && echo x > config", ASK),  # attack
+        (REDIRECTS, "popd && echo x > config", ASK),  # attack
+        (REDIRECTS, "CDPATH=.git cd hooks && echo x > pre-commit", ASK),  # attack
+        (REDIRECTS, "shopt -s cdable_vars; cd x; echo x > pre-commit", ASK),  # attack
+        (REDIRECTS, "cd src && echo x > a.py", None),
+        (REDIRECTS, "echo x > a.txt && cd .git", None),
+        (REDIRECTS, "cd .git > out.txt", None),
+        (["allow shell(cd *)", "allow shell(echo *)"], "cd - && echo x > config", ALLOW),
         (REDIRECTS, "echo 'a > b' 'unterminated", ASK),
         (["allow shell(echo *)"], "echo x > $OUT", None),
         (["deny read_file(.env)"], "echo x > $OUT", None),
@@ -595,6 +618,10 @@ def test_a_redirection_decision_names_the_redirection_and_the_rule():
     assert denied.text == (
         "Denied by rule `write_file(.git/**)` (your settings) for the redirection "
         ">> src/h/pre-commit, a link to .git/hooks/pre-commit"
+    )
+    moved = decided(REDIRECTS, "shell", command="cd .git && echo x > config")
+    assert moved.text == (
+        "Denied by rule `write_file(.git/**)` (your settings) for the redirection > config in .git"
     )
     asked = decided(REDIRECTS, "shell", command="echo x > $OUT")
     assert asked.action == ASK
