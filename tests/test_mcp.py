@@ -402,6 +402,26 @@ async def test_a_stdio_server_runs_in_the_shells_sandbox(sandboxed):
     assert (sandboxed / "written-by-mcp.txt").read_text() == "ok"
 
 
+@pytest.mark.skipif(
+    not sandbox.check(sandbox.policy_from(settings)).available or not SYSTEM_PYTHON,
+    reason="needs bubblewrap and the system's python3 (the sandbox's tests say why not)",
+)
+@pytest.mark.parametrize(("network", "reaches"), [(False, "no"), (True, "yes")])
+async def test_a_stdio_servers_network_is_the_shells_setting_with_the_hosts_loopback(
+    sandboxed, settings, web, network, reaches
+):
+    """Network off: none, as for the shell. On: the host's own network, its loopback
+    included (the shell's private network needs descriptors the SDK does not pass):
+    the README's documented limit."""
+    settings.DISPATCH_SHELL_NETWORK = network
+    await mcp.close_all()  # a connection opened under the other setting
+    row = McpServer(name="netted", transport="stdio", command=SYSTEM_PYTHON, args=["bare.py"])
+    row.set_env({"MCP_TEST_CONNECT": web.removeprefix("http://")})
+    await row.asave()
+    result = await mcp.call("mcp__netted__where", {})
+    assert json.loads(result.result)["reaches"] == reaches
+
+
 async def test_without_bubblewrap_stdio_servers_are_refused(sandboxed, monkeypatch):
     monkeypatch.setattr(sandbox, "BWRAP", "no-such-bwrap")
     await McpServer.objects.acreate(name="unboxed", transport="stdio", command="/bin/true")

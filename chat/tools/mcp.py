@@ -7,6 +7,8 @@ headers. The public interface:
 
 - specs(): every enabled server's tools as provider-safe McpToolSpecs, and problems
   ("server x: not reachable (...)"); never raises for a broken server.
+- refresh(known) -> Listing: the same, a server that cannot be listed keeping its tools
+  in `known` (a tab's frozen list), and which servers failed.
 - call(name, arguments, *, on_output, timeout=None) -> ToolOutcome: one call, an
   `is_error` outcome naming the server for every failure.
 

@@ -9,6 +9,7 @@ on stderr; `leak`: the same, quoting its token; `silent`: it reads and never ans
 
 import json
 import os
+import socket
 import sys
 
 if sys.argv[1:] == ["exit"]:
@@ -46,6 +47,18 @@ def answer(message_id, result):
     print(json.dumps({"jsonrpc": "2.0", "id": message_id, "result": result}), flush=True)
 
 
+def reaches(address):
+    """Whether a TCP connection to `host:port` opens ("" when none is asked)."""
+    if not address:
+        return ""
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError:
+        return "no"
+    return "yes"
+
+
 def seen():
     data = os.environ.get("DISPATCH_TEST_DATA_DIR", "")
     try:
@@ -55,6 +68,7 @@ def seen():
     except OSError:
         writable = "no"
     return {
+        "reaches": reaches(os.environ.get("MCP_TEST_CONNECT", "")),
         "cwd": os.getcwd(),
         "token": os.environ.get("MCP_TEST_TOKEN", ""),
         "secret": os.environ.get("DISPATCH_TEST_SECRET", ""),
