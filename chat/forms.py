@@ -10,9 +10,10 @@ from django import forms
 from django.contrib.auth.forms import UserCreationForm
 from django.core.validators import URLValidator
 from django.db import transaction
+from django.utils import timezone as dj_timezone
 
-from chat import rules
-from chat.models import McpServer, PermissionRule, Profile, set_setting
+from chat import rules, schedule, wakes
+from chat.models import McpServer, PermissionRule, Profile, Tab, Wake, set_setting
 from chat.preferences import (
     DEFAULT_SYSTEM_PROMPT,
     DOM_WINDOW_MAX,
@@ -578,3 +579,142 @@ class McpServerForm(forms.Form):
         row.set_headers(data["headers"])
         row.save()
         return row
+
+
+# --- Wakes ---------------------------------------------------------------------------
+
+# What a prompt that runs on its own may be: a message's bound.
+MAX_WAKE_PROMPT_CHARS = MAX_MESSAGE_CHARS
+NEW_TAB_TARGET = "new"
+
+
+class WakeForm(forms.Form):
+    """A new wake (chat.wakes): its times are read in its time zone and checked by
+    chat.schedule; each problem is shown at the field it is about."""
+
+    name = forms.CharField(max_length=200, required=False)
+    target = forms.ChoiceField(label="Send to")
+    prompt = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}), max_length=MAX_WAKE_PROMPT_CHARS
+    )
+    kind = forms.ChoiceField(label="Schedule", choices=Wake.Kind.choices, initial=Wake.Kind.CRON)
+    cron = forms.CharField(
+        label="Cron expression",
+        required=False,
+        max_length=200,
+        help_text="minute hour day-of-month month day-of-week, e.g. <code>0 9 * * 1-5</code>",
+        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
+    )
+    interval_seconds = forms.IntegerField(label="Every (seconds)", required=False, min_value=1)
+    once_at = forms.DateTimeField(
+        label="Once at",
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+    )
+    timezone = forms.CharField(
+        label="Time zone",
+        max_length=64,
+        initial="UTC",
+        help_text="An IANA name: Europe/Berlin, America/New_York, UTC.",
+        widget=forms.TextInput(attrs={"list": "timezones", "autocomplete": "off"}),
+    )
+    overlap = forms.ChoiceField(
+        choices=[
+            (Wake.Overlap.QUEUE, "Queue behind a running turn"),
+            (Wake.Overlap.SKIP, "Skip when a turn is running"),
+        ],
+        label="If the tab is busy",
+    )
+    catch_up = forms.ChoiceField(
+        choices=[
+            (Wake.CatchUp.LATEST, "Run once for the latest missed time"),
+            (Wake.CatchUp.SKIP, "Skip missed times"),
+        ],
+        label="After downtime",
+    )
+    approval = forms.ChoiceField(
+        choices=[
+            (Wake.Approval.WAIT, "Wait for me (the tab shows it)"),
+            (Wake.Approval.DENY, "Answer “not approved”"),
+        ],
+        label="A call needing approval",
+    )
+    profile = forms.ModelChoiceField(
+        queryset=Profile.objects.order_by("name"), required=False, label="Profile (new tabs)"
+    )
+    model = forms.ChoiceField(required=False, label="Model (new tabs)")
+    expires_at = forms.DateTimeField(
+        label="Expires",
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+    )
+
+    def __init__(self, *args: Any, owner: Any, tabs: list[Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.owner = owner
+        self.fields["target"].choices = [(NEW_TAB_TARGET, "A new tab each time")] + [
+            (str(t.pk), t.title or "New tab") for t in tabs
+        ]
+        self.fields["model"].choices = [("", "Profile's or default")] + model_choices()
+        self.wake: Wake | None = None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.errors:
+            return data
+        tz = data["timezone"].strip()
+        target = data["target"]
+        tab = None
+        if target != NEW_TAB_TARGET:
+            tab = Tab.objects.filter(pk=target, owner=self.owner).first()
+            if tab is None:
+                self.add_error("target", "That tab is gone: choose another.")
+                return data
+        try:
+            zone = schedule.zone(tz)
+        except schedule.ScheduleError as exc:
+            self.add_error("timezone", str(exc))
+            return data
+        kind = data["kind"]
+        wake = Wake(
+            owner=self.owner,
+            name=data["name"].strip(),
+            tab=tab,
+            new_tab=tab is None,
+            prompt=data["prompt"],
+            kind=kind,
+            timezone=zone.key,
+            overlap=data["overlap"],
+            catch_up=data["catch_up"],
+            approval=data["approval"],
+            profile=data["profile"] if tab is None else None,
+            model=data["model"] if tab is None else "",
+        )
+        try:
+            if data["expires_at"] is not None:
+                wake.expires_at = schedule.local_to_utc(_naive(data["expires_at"]), tz)
+        except schedule.ScheduleError as exc:
+            self.add_error("expires_at", str(exc))
+            return data
+        field = {Wake.Kind.CRON: "cron", Wake.Kind.INTERVAL: "interval_seconds"}.get(
+            kind, "once_at"
+        )
+        try:
+            if kind == Wake.Kind.CRON:
+                wake.cron = schedule.check_cron(data["cron"], tz)
+            elif kind == Wake.Kind.INTERVAL:
+                wake.interval_seconds = data["interval_seconds"]
+            elif data["once_at"] is not None:
+                wake.once_at = schedule.local_to_utc(_naive(data["once_at"]), tz)
+            wakes.reschedule(wake, dj_timezone.now())
+        except schedule.ScheduleError as exc:
+            self.add_error(field, str(exc))
+            return data
+        self.wake = wake
+        return data
+
+
+def _naive(value: Any) -> Any:
+    """A datetime-local field's value as typed: Django makes it aware in the server's
+    zone, and the wake's zone is the one that counts."""
+    return dj_timezone.make_naive(value) if dj_timezone.is_aware(value) else value

@@ -33,6 +33,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -52,7 +53,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from chat import context, rules
+from chat import context, rules, schedule
 from chat.stream import Block, Kind, Role
 from chat.tools import sandbox, shell
 from chat.usage import Totals, format_usd
@@ -767,6 +768,21 @@ class Item:
     @cached_property
     def html(self) -> SafeString:
         return markdown(self.text)
+
+    @cached_property
+    def wake(self) -> dict[str, str] | None:
+        """A wake's message: its name and scheduled time in its zone, for the clock badge."""
+        origin = self.data.get("origin")
+        if self.role != Role.USER or not isinstance(origin, dict):
+            return None
+        if origin.get("kind") != "wake":
+            return None
+        when = str(origin.get("scheduled_for", ""))
+        with suppress(ValueError, schedule.ScheduleError):
+            zone = schedule.zone(str(origin.get("timezone") or "UTC"))
+            at = datetime.fromisoformat(when).astimezone(zone)
+            when = f"{at:%Y-%m-%d %H:%M %Z}"
+        return {"name": str(origin.get("name") or "wake"), "when": when}
 
     @cached_property
     def attachments(self) -> list[Attachment]:

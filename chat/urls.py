@@ -17,6 +17,12 @@ urlpatterns = [
     path("account/tokens/", views.api_tokens_view, name="api_tokens"),
     path("account/tokens/<int:token_id>/revoke/", views.api_token_revoke, name="api_token_revoke"),
     path("account/rules/", views.rules_view, name="permission_rules"),
+    path("wakes/", views.wakes_view, name="wakes"),
+    path(
+        "wakes/<int:wake_id>/<slug:action>/",
+        views.wake_action,
+        name="wake_action",
+    ),
     path("account/rules/<int:rule_id>/delete/", views.rule_delete, name="rule_delete"),
     path(
         "settings/endpoints/<str:provider>/delete/",

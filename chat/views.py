@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import uuid
+import zoneinfo
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -38,7 +39,21 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from chat import blobs, cuts, lease, log, preferences, resume, rules, search, transfer, turns, usage
+from chat import (
+    blobs,
+    cuts,
+    lease,
+    log,
+    preferences,
+    resume,
+    rules,
+    schedule,
+    search,
+    transfer,
+    turns,
+    usage,
+    wakes,
+)
 from chat import render as chat_render
 from chat.forms import (
     MAX_MESSAGE_CHARS,
@@ -55,6 +70,7 @@ from chat.forms import (
     SettingsForm,
     TabModelForm,
     TabSystemPromptForm,
+    WakeForm,
     key_providers,
     known_models,
     masked_pairs,
@@ -74,6 +90,8 @@ from chat.models import (
     Setting,
     Tab,
     UsageRecord,
+    Wake,
+    WakeRun,
 )
 from chat.providers.registry import PROVIDERS
 from chat.stream import Kind, Role
@@ -1290,3 +1308,96 @@ def profile_delete(request: HttpRequest, profile_id: int) -> HttpResponse:
     profile.delete()
     messages.success(request, f"Deleted the profile {profile.name}; its tabs keep their copy.")
     return redirect(reverse("settings") + "#profiles")
+
+
+# --- Wakes -------------------------------------------------------------------------------
+
+# Runs listed under each wake on the Wakes page, most recent first.
+WAKE_RUNS_SHOWN = 10
+# Tabs offered as a wake's target: the most recently used.
+WAKE_TARGET_TABS = 200
+
+
+@login_required
+def wakes_view(request: HttpRequest) -> HttpResponse:
+    """The user's wakes, and a new one (each problem shown at its field)."""
+    targets = list(
+        Tab.objects.filter(owner=request.user).order_by("-updated_at")[:WAKE_TARGET_TABS]
+    )
+    if request.method != "POST":
+        return _wakes_page(request, WakeForm(owner=request.user, tabs=targets))
+    form = WakeForm(request.POST, owner=request.user, tabs=targets)
+    if not form.is_valid() or form.wake is None:
+        return _wakes_page(request, form, status=422)
+    wake = form.wake
+    wake.save()
+    wakes.changed()
+    messages.success(request, f"Added the wake “{wake}”: next run {_wake_when(wake)}.")
+    return redirect(reverse("wakes"))
+
+
+@login_required
+@require_POST
+def wake_action(request: HttpRequest, wake_id: int, action: str) -> HttpResponse:
+    """enable, disable, run (now, once), keep (no expiry), delete."""
+    wake = Wake.objects.filter(pk=wake_id, owner=request.user).first()
+    if wake is None:
+        messages.error(request, "There is no such wake of yours; it may have been deleted.")
+        return redirect(reverse("wakes"))
+    now = timezone.now()
+    try:
+        if action == "delete":
+            wake.delete()
+            messages.success(request, f"Deleted the wake “{wake}”.")
+        elif action == "run":
+            run = wakes.run_now(wake, now)
+            if run.status == WakeRun.Status.FAILED:
+                messages.error(request, f"“{wake}” did not run: {run.reason}")
+            else:
+                messages.success(request, f"“{wake}” runs now.")
+        elif action in ("enable", "disable", "keep"):
+            if action == "keep":
+                wake.expires_at = None
+            else:
+                wake.enabled = action == "enable"
+            if wake.enabled and (action == "enable" or wake.next_run_at is None):
+                wakes.reschedule(wake, now)
+            elif not wake.enabled:
+                wake.next_run_at = None
+            wake.save(update_fields=["enabled", "expires_at", "next_run_at", "updated_at"])
+            messages.success(request, f"“{wake}”: next run {_wake_when(wake)}.")
+        else:
+            raise Http404
+    except schedule.ScheduleError as exc:
+        messages.error(request, f"“{wake}” cannot run again: {exc}")
+    wakes.changed()
+    return redirect(reverse("wakes"))
+
+
+def _wake_when(wake: Wake) -> str:
+    """The next run in the wake's own time zone, as its schedule reads."""
+    if wake.next_run_at is None:
+        return "never"
+    try:
+        zone = schedule.zone(wake.timezone)
+    except schedule.ScheduleError:
+        return f"{wake.next_run_at:%Y-%m-%d %H:%M} UTC"
+    return f"{wake.next_run_at.astimezone(zone):%Y-%m-%d %H:%M %Z}"
+
+
+def _wakes_page(request: HttpRequest, form: WakeForm, status: int = 200) -> HttpResponse:
+    rows = list(
+        Wake.objects.filter(owner=request.user).select_related("tab", "profile").order_by("id")
+    )
+    now = timezone.now()
+    for wake in rows:
+        wake.when = _wake_when(wake)
+        wake.expired = wake.expires_at is not None and wake.expires_at <= now
+        wake.recent = list(wake.runs.select_related("tab")[:WAKE_RUNS_SHOWN])
+    context = {
+        "tabs": _sidebar_tabs(request),
+        "wakes": rows,
+        "form": form,
+        "timezones": sorted(zoneinfo.available_timezones()),
+    }
+    return render(request, "chat/wakes.html", context, status=status)

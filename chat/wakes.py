@@ -79,6 +79,7 @@ def origin_of(wake: Wake, scheduled_for: datetime) -> dict[str, Any]:
         "wake_id": wake.pk,
         "scheduled_for": scheduled_for.isoformat(),
         "name": str(wake),
+        "timezone": wake.timezone,
         "approval": wake.approval,
     }
 

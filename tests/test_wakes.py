@@ -79,6 +79,7 @@ def test_a_due_wake_fires_once_into_its_tab_with_its_origin(owner, tab):
         "wake_id": wake.pk,
         "scheduled_for": NOW.isoformat(),
         "name": "digest",
+        "timezone": "Europe/Berlin",
         "approval": "wait",
     }
     run = WakeRun.objects.get(wake=wake)

@@ -1,0 +1,174 @@
+"""The Wakes page: the list, the create form and its errors, the actions, another user's
+wakes, and the clock badge of a wake's message in a tab."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from chat import log
+from chat.models import QueuedMessage, Wake, WakeRun
+from chat.preferences import new_tab
+from chat.stream import Block, Kind, Role
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+User = get_user_model()
+
+
+@pytest.fixture
+def alice():
+    return User.objects.create_user("alice", password="correct horse battery")
+
+
+@pytest.fixture
+def client(alice) -> Client:
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def tab(alice):
+    return new_tab(alice, "offline/demo")
+
+
+def form(tab, **fields) -> dict[str, str]:
+    values = {
+        "name": "morning",
+        "target": str(tab.pk),
+        "prompt": "Plan my day",
+        "kind": "cron",
+        "cron": "0 8 * * 1-5",
+        "timezone": "Europe/Berlin",
+        "overlap": "queue",
+        "catch_up": "latest",
+        "approval": "wait",
+    }
+    values.update(fields)
+    return values
+
+
+def test_it_adds_a_wake_and_lists_it_with_its_next_run_in_its_zone(client, alice, tab):
+    response = client.post(reverse("wakes"), form(tab), follow=True)
+    wake = Wake.objects.get()
+    assert (wake.owner, wake.tab, wake.cron, wake.timezone) == (
+        alice,
+        tab,
+        "0 8 * * 1-5",
+        "Europe/Berlin",
+    )
+    page = response.content.decode()
+    assert "Added the wake “morning”: next run " in page
+    assert "08:00 CE" in page  # CET or CEST: the wake's own zone
+    assert f'id="wake-{wake.pk}"' in page
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"timezone": "Mars/Olympus"}, "Unknown time zone &#x27;Mars/Olympus&#x27;"),
+        ({"cron": "0 8 * *"}, "A cron expression has five fields"),
+        ({"cron": "0 25 * * *"}, "Invalid cron expression"),
+        ({"cron": "0 0 30 2 *"}, "never fires"),
+        ({"kind": "interval", "interval_seconds": "10"}, "between 60 seconds"),
+        ({"kind": "once", "once_at": "2001-01-01T09:00"}, "already passed"),
+        ({"kind": "once", "once_at": "2030-03-31T02:30"}, "the clocks skip it"),
+        ({"kind": "once", "once_at": ""}, "Give the time to run at."),
+        ({"expires_at": "2001-01-01T00:00"}, "would expire"),
+        ({"prompt": ""}, "This field is required."),
+    ],
+)
+def test_bad_input_is_shown_at_its_field_and_nothing_is_added(client, tab, fields, message):
+    response = client.post(reverse("wakes"), form(tab, **fields))
+    assert response.status_code == 422
+    assert message in response.content.decode()
+    assert not Wake.objects.exists()
+
+
+def test_another_users_tab_is_not_a_target(client, tab):
+    bob = User.objects.create_user("bob", password="x")
+    theirs = new_tab(bob, "offline/demo")
+    response = client.post(reverse("wakes"), form(tab, target=str(theirs.pk)))
+    assert response.status_code == 422 and not Wake.objects.exists()
+
+
+def _wake(alice, tab, **fields) -> Wake:
+    values = {
+        "owner": alice,
+        "name": "w",
+        "tab": tab,
+        "prompt": "p",
+        "kind": "interval",
+        "interval_seconds": 3600,
+        "next_run_at": timezone.now() + timedelta(hours=1),
+    }
+    values.update(fields)
+    return Wake.objects.create(**values)
+
+
+def test_the_actions(client, alice, tab):
+    wake = _wake(alice, tab, created_by="agent", expires_at=timezone.now() + timedelta(days=7))
+    act = lambda action: client.post(reverse("wake_action", args=[wake.pk, action]))  # noqa: E731
+
+    act("keep")
+    wake.refresh_from_db()
+    assert wake.expires_at is None and wake.next_run_at is not None
+    act("disable")
+    wake.refresh_from_db()
+    assert not wake.enabled and wake.next_run_at is None
+    act("enable")
+    wake.refresh_from_db()
+    assert wake.enabled and wake.next_run_at > timezone.now()
+    act("run")
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+    page = client.get(reverse("wakes")).content.decode()
+    assert "submitted" in page and reverse("tab", args=[tab.pk]) in page
+    act("delete")
+    assert not Wake.objects.exists() and not WakeRun.objects.exists()
+
+
+def test_run_now_of_a_wake_whose_tab_was_deleted_says_why(client, alice, tab):
+    wake = _wake(alice, tab)
+    tab.delete()
+    page = client.post(reverse("wake_action", args=[wake.pk, "run"]), follow=True)
+    assert "did not run: The wake&#x27;s tab was deleted" in page.content.decode()
+    wake.refresh_from_db()
+    assert not wake.enabled
+
+
+def test_another_users_wake_is_neither_shown_nor_touched(client, tab):
+    bob = User.objects.create_user("bob", password="x")
+    theirs = _wake(bob, new_tab(bob, "offline/demo"), name="bobs")
+    assert "bobs" not in client.get(reverse("wakes")).content.decode()
+    page = client.post(reverse("wake_action", args=[theirs.pk, "delete"]), follow=True)
+    assert "no such wake of yours" in page.content.decode()
+    assert Wake.objects.filter(pk=theirs.pk).exists()
+
+
+def test_a_wakes_message_shows_a_clock_badge_with_its_name_and_time(client, tab):
+    origin = {
+        "kind": "wake",
+        "wake_id": 1,
+        "scheduled_for": "2026-06-01T07:00:00+00:00",
+        "name": "morning",
+        "timezone": "Europe/Berlin",
+        "approval": "wait",
+    }
+    turn = uuid.uuid4()
+    log.append(
+        tab.pk,
+        [
+            Block(uuid.uuid4(), turn, 0, Role.USER, Kind.TEXT, {"text": "Plan", "origin": origin}),
+            Block(uuid.uuid4(), turn, 0, Role.USER, Kind.TEXT, {"text": "mine"}),
+        ],
+    )
+    page = client.get(reverse("tab", args=[tab.pk])).content.decode()
+    assert "🕒</span> morning · 2026-06-01 09:00 CEST</div>" in page
+    assert page.count('class="wake-badge"') == 1
