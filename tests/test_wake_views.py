@@ -170,5 +170,5 @@ def test_a_wakes_message_shows_a_clock_badge_with_its_name_and_time(client, tab)
         ],
     )
     page = client.get(reverse("tab", args=[tab.pk])).content.decode()
-    assert "🕒</span> morning · 2026-06-01 09:00 CEST</div>" in page
+    assert "</svg> morning · 2026-06-01 09:00 CEST</div>" in page
     assert page.count('class="wake-badge"') == 1
