@@ -29,7 +29,7 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import JsonLexer
 
-from chat import log, usage
+from chat import log, schedule, usage, wakes
 from chat import render as chat_render
 from chat.forms import (
     ENV_NAME,
@@ -52,6 +52,8 @@ from chat.models import (
     Setting,
     Tab,
     UsageRecord,
+    Wake,
+    WakeRun,
 )
 
 # A list row is one line: long enough to recognise a chunk, short enough not
@@ -727,3 +729,62 @@ class McpServerAdmin(admin.ModelAdmin):
     @admin.display(description="env and headers")
     def secrets(self, server: McpServer) -> str:
         return masked_pairs({**(server.get_env() or {}), **(server.get_headers() or {})})
+
+
+class WakeAdminForm(forms.ModelForm):
+    """The schedule is checked as on the Wakes page; the next run is computed, not typed."""
+
+    class Meta:
+        model = Wake
+        exclude = ["next_run_at"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.errors:
+            return data
+        probe = Wake(**{k: v for k, v in data.items() if k in _WAKE_SCHEDULE_FIELDS})
+        try:
+            if data.get("enabled"):
+                wakes.reschedule(probe, timezone.now())
+            else:
+                wakes.schedule_of(probe)
+        except schedule.ScheduleError as exc:
+            raise ValidationError(str(exc)) from None
+        return data
+
+
+_WAKE_SCHEDULE_FIELDS = ("kind", "cron", "timezone", "interval_seconds", "once_at", "expires_at")
+
+
+class WakeRunInline(admin.TabularInline):
+    model = WakeRun
+    extra = 0
+    can_delete = False
+    fields = ["scheduled_for", "status", "reason", "tab", "queued_id", "finished_at"]
+    readonly_fields = fields
+    max_num = 0
+
+
+@admin.register(Wake)
+class WakeAdmin(admin.ModelAdmin):
+    form = WakeAdminForm
+    list_display = ["__str__", "owner", "kind", "cron", "timezone", "enabled", "next_run_at"]
+    list_filter = ["enabled", "kind", "created_by"]
+    readonly_fields = ["next_run_at", "created_at", "updated_at"]
+    inlines = [WakeRunInline]
+
+    def save_model(self, request: HttpRequest, obj: Wake, form: Any, change: bool) -> None:
+        # Any edit starts the schedule again from now: the form checked that it can.
+        wakes.reschedule(obj, timezone.now())
+        super().save_model(request, obj, form, change)
+        wakes.changed()
+
+
+@admin.register(WakeRun)
+class WakeRunAdmin(admin.ModelAdmin):
+    list_display = ["wake", "scheduled_for", "status", "tab", "finished_at"]
+    list_filter = ["status"]
+    readonly_fields = [f.name for f in WakeRun._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

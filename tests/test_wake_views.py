@@ -172,3 +172,44 @@ def test_a_wakes_message_shows_a_clock_badge_with_its_name_and_time(client, tab)
     page = client.get(reverse("tab", args=[tab.pk])).content.decode()
     assert "</svg> morning · 2026-06-01 09:00 CEST</div>" in page
     assert page.count('class="wake-badge"') == 1
+
+
+# --- the admin ------------------------------------------------------------------------------
+
+
+def _admin_form(alice, **fields) -> dict[str, str]:
+    values = {
+        "owner": str(alice.pk),
+        "name": "a",
+        "prompt": "p",
+        "kind": "cron",
+        "cron": "0 9 * * *",
+        "timezone": "America/New_York",
+        "enabled": "on",
+        "overlap": "queue",
+        "catch_up": "latest",
+        "approval": "wait",
+        "created_by": "user",
+        "new_tab": "on",
+        "runs-TOTAL_FORMS": "0",
+        "runs-INITIAL_FORMS": "0",
+    }
+    values.update(fields)
+    return values
+
+
+def test_the_admin_checks_the_schedule_and_computes_the_next_run(alice):
+    admin_user = User.objects.create_superuser("root", password="x")
+    client = Client()
+    client.force_login(admin_user)
+    url = reverse("admin:chat_wake_add")
+    bad = client.post(url, _admin_form(alice, cron="0 0 30 2 *"))
+    assert bad.status_code == 200 and "never fires" in bad.content.decode()
+    assert not Wake.objects.exists()
+    good = client.post(url, _admin_form(alice))
+    assert good.status_code == 302, good.content.decode()
+    wake = Wake.objects.get()
+    assert wake.next_run_at is not None and wake.next_run_at > timezone.now()
+    assert client.get(reverse("admin:chat_wake_changelist")).status_code == 200
+    assert client.get(reverse("admin:chat_wake_change", args=[wake.pk])).status_code == 200
+    assert client.get(reverse("admin:chat_wakerun_changelist")).status_code == 200
