@@ -505,6 +505,7 @@ class TurnRunner:
         took = await self._take_queued()
         if not took:
             return
+        await self._reattach()
         while True:
             self._check_cancel()
             if step >= config.max_steps:
@@ -993,9 +994,15 @@ class TurnRunner:
             await self._load_rules()
         # The step's sub-agents run side by side while its other calls run in order;
         # their results go into the log once those are done (no block is open then).
+        await self._with_agents(lambda agents: self._run_calls(config, agents))
+
+    async def _with_agents(
+        self, start: Callable[[dict[str, asyncio.Task[children.Result | None]]], Awaitable[None]]
+    ) -> None:
+        """Run `start`, which may start `agent` calls, then answer those as they end."""
         agents: dict[str, asyncio.Task[children.Result | None]] = {}
         try:
-            await self._run_calls(config, agents)
+            await start(agents)
             await self._agent_results(agents)
         finally:
             if any(not task.done() for task in agents.values()):
@@ -1113,6 +1120,22 @@ class TurnRunner:
                 return None
             outcome, why = await children.stop(child.pk, call_id, "was stopped with its parent")
         return children.result(child.pk, child.title, outcome, why=why)
+
+    async def _reattach(self) -> None:
+        """Answer the `agent` calls a stopped turn left open (its worker died or shut down
+        while their children ran on): each waits for the child it made, never a new one."""
+        open_calls = [c for c in self.history.open_calls() if c[1] == children.AGENT]
+        if not open_calls:
+            return
+        ids = [call_id for call_id, _ in open_calls]
+        self._args.update(await database_sync_to_async(children.call_arguments)(self.tab_id, ids))
+        self.reducer.pending_calls.extend(open_calls)
+
+        async def start(agents: dict[str, asyncio.Task[children.Result | None]]) -> None:
+            for call_id in ids:
+                await self._start_agent(agents, call_id, self._args.get(call_id, {}))
+
+        await self._with_agents(start)
 
     async def _agent_results(self, agents: dict[str, asyncio.Task[children.Result | None]]) -> None:
         """The step's children's results, each into the log as it comes."""
@@ -1267,11 +1290,21 @@ class TurnRunner:
         # The running call's open result (live shell output) is the first
         # pending call: answering it seals that block with its output kept.
         if self.stopping:
+            # Calls whose children run on stay open: the turn goes on elsewhere for them.
+            pending = self.reducer.pending_calls
+            agent_calls = [cid for cid, name in pending if name == children.AGENT]
+            waiting = await database_sync_to_async(children.made)(self.tab_id, agent_calls)
+            self.reducer.pending_calls = [
+                (cid, name) for cid, name in self.reducer.pending_calls if cid not in waiting
+            ]
             await self._interrupt("Interrupted: the worker running this turn shut down.")
             await self._system(
                 "interrupted",
-                "The server shut down in the middle of this turn. Send a message to go on.",
+                "The server shut down in the middle of this turn. "
+                + (lease.RESUMING.strip() if waiting else "Send a message to go on."),
             )
+            if waiting:
+                await database_sync_to_async(children.resume_later)(self.tab_id)
             return
         await self._interrupt("Cancelled by the user.")
         await self._system("cancelled", "Stopped by the user.")

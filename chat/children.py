@@ -82,6 +82,29 @@ def may_nest(tab: Tab) -> bool:
     )
 
 
+def call_arguments(tab_id: uuid.UUID, call_ids: list[str]) -> dict[str, Any]:
+    """The arguments of these calls in the tab's log, by call id (the last call of an id)."""
+    rows = Chunk.objects.filter(
+        tab_id=tab_id, type=Kind.TOOL_CALL, data__call_id__in=call_ids
+    ).order_by("seq")
+    return {row.data["call_id"]: row.data.get("arguments") or {} for row in rows}
+
+
+def made(tab_id: uuid.UUID, call_ids: list[str]) -> set[str]:
+    """Which of these calls of the tab made a child."""
+    return set(
+        Tab.objects.filter(parent_tab_id=tab_id, parent_call_id__in=call_ids).values_list(
+            "parent_call_id", flat=True
+        )
+    )
+
+
+def resume_later(tab_id: uuid.UUID) -> None:
+    """Have the tab's next turn start without a message, to answer its open `agent` calls
+    (the runner re-attaches to their children at a turn's start)."""
+    QueuedMessage.objects.create(tab_id=tab_id, rerun=True)
+
+
 def bad_arguments(arguments: Any) -> str | None:
     """What is wrong with an `agent` call's arguments, for the model; None when fine."""
     problem = check_arguments(AGENT_SCHEMA, arguments)

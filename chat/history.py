@@ -235,6 +235,15 @@ class History:
             return Messages(self._done, len(self._done), (draft.freeze(), answers.freeze()))
         return Messages(self._done, len(self._done), (draft.freeze(),))
 
+    def open_calls(self) -> list[tuple[str, str]]:
+        """(id, name) of the last assistant message's calls that have no result yet: a
+        turn resumed after a crash finds the calls it must still answer (sub-agents)."""
+        draft = self._draft
+        if draft is None:
+            return []
+        calls = draft.calls if draft.role == Role.ASSISTANT else draft.unanswered()
+        return [(call.original, call.name) for call in calls]
+
     def with_ask(self, text: str) -> list[Message]:
         """The summary request's messages: the live request's, then the answer that
         ended the last turn (which `messages` leaves out), then `text` from the user.

@@ -28,6 +28,7 @@ from chat import bus, context, log
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, UsageRecord
 from chat.providers import registry
 from chat.stream import Block, Kind, Role
+from chat.tools.registry import AGENT
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +231,10 @@ def _broadcast_recovered(tab_id: uuid.UUID, blocks: list[Block]) -> None:
     bus.publish(tab_id, {"op": "status", "status": status(tab_id)})
 
 
+# What a recovered turn whose sub-agents run on says: it goes on by itself.
+RESUMING = " Its sub-agents are still running: the turn goes on to wait for them."
+
+
 def _recover(running: RunningTurn) -> list[Block]:
     """Close a turn whose worker is gone, so the log is a valid history again.
 
@@ -264,8 +269,16 @@ def _recover(running: RunningTurn) -> list[Block]:
         )
     )
     answered.update(b.data.get("call_id") for b in blocks if b.type == Kind.TOOL_RESULT)
+    # A sub-agent runs on under its own lease: its call stays open, and the turn goes on
+    # (a rerun message) to wait for it and take its result (chat.children).
+    waiting = set(
+        Tab.objects.filter(
+            parent_tab_id=tab_id,
+            parent_call_id__in=[c for c, (name, _) in calls.items() if name == AGENT],
+        ).values_list("parent_call_id", flat=True)
+    )
     for call_id, (name, step) in calls.items():
-        if call_id in answered:
+        if call_id in answered or call_id in waiting:
             continue
         blocks.append(
             Block(
@@ -297,12 +310,16 @@ def _recover(running: RunningTurn) -> list[Block]:
             Kind.SYSTEM,
             {
                 "kind": "interrupted",
-                "text": "The server stopped in the middle of this turn." + lost,
+                "text": "The server stopped in the middle of this turn."
+                + lost
+                + (RESUMING if waiting - answered else ""),
             },
         )
     )
     log.append(tab_id, blocks)
     running.delete()
+    if waiting - answered:
+        QueuedMessage.objects.create(tab_id=tab_id, rerun=True)
     return blocks
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
+from django.utils import timezone
 
-from chat import agent, children, turns
-from chat.models import Chunk, Profile, Tab, UsageRecord
+from chat import agent, children, lease, turns, worker
+from chat.models import Chunk, Profile, QueuedMessage, RunningTurn, Tab, UsageRecord
 from chat.providers import aget_provider
 from chat.providers.base import (
     Finish,
@@ -454,3 +456,107 @@ async def test_the_parents_usage_includes_its_childrens(tabs):
     assert idle["turn_end"]["turn"]["output"] == 53
     assert idle["turn_end"]["tab"]["input"] == 130
     assert await UsageRecord.objects.filter(tab_id=tab.pk).acount() == 2
+
+
+# --- a parent whose worker stops while its children run ---------------------------------
+
+
+async def test_a_parent_recovered_while_its_child_runs_waits_for_that_child(tabs, monkeypatch):
+    """The parent's worker is dead (its lease stale, another host's): recovery leaves the
+    `agent` call open and resumes the turn, which finds the child it made (no second one),
+    waits for it and answers the call with its text; the dead runner writes nothing."""
+    monkeypatch.setattr(lease, "HEARTBEAT_SECONDS", 0.1)
+    release = asyncio.Event()
+    parent = tabs.script(
+        "go",
+        [delegate("c1", "work"), Finish(stop_reason="tool_use")],
+        [TextDelta("The child is done."), Finish()],
+    )
+    tabs.script("work", [TextDelta("started"), release, TextDelta(" and finished"), Finish()])
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(
+                lambda m: (
+                    m["op"] == "status"
+                    and [c["state"] for c in m["status"].get("children", [])] == ["running"]
+                )
+            )
+            dead = worker.RUNNING[tab.pk]
+            await RunningTurn.objects.filter(tab_id=tab.pk).aupdate(
+                worker="elsewhere:1:gone", heartbeat_at=timezone.now() - timedelta(minutes=5)
+            )
+            assert await database_sync_to_async(lease.recover_stale)() == [tab.pk]
+            while not dead.lease_lost:
+                await asyncio.sleep(0.05)
+            release.set()
+            await watcher.until(
+                lambda m: (
+                    m["op"] == "seal"
+                    and m["block"]["type"] == "text"
+                    and m["block"]["role"] == "assistant"
+                )
+            )
+            await watcher.until_idle()
+    assert await Tab.objects.filter(parent_tab=tab.pk).acount() == 1
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == [
+        "user/text",
+        "assistant/tool_call",
+        "system/system",
+        "tool/tool_result",
+        "assistant/text",
+    ]
+    assert rows[2].data["kind"] == "interrupted" and lease.RESUMING in rows[2].data["text"]
+    result = result_of(rows, "c1")
+    assert result.data["is_error"] is False
+    assert result.data["result"].startswith("started and finished\n\n")
+    assert result.turn_id != rows[1].turn_id == rows[2].turn_id
+    assert parent.requests[1].messages[-1].parts[0].result == result.data["result"]
+    assert not await QueuedMessage.objects.filter(tab_id=tab.pk).aexists()
+
+
+async def test_a_parent_stopped_with_its_worker_resumes_and_reads_its_finished_child(
+    tabs, settings
+):
+    """The worker shuts down (both turns interrupted): the parent's `agent` call stays open
+    and a rerun waits; the next worker resumes the parent, which reads the child's ending
+    from the child's log (interrupted: an error naming it) instead of making another."""
+    settings.DISPATCH_SHUTDOWN_GRACE = 0
+    tabs.script(
+        "go",
+        [delegate("c1", "work"), Finish(stop_reason="tool_use")],
+        [TextDelta("It was cut."), Finish()],
+    )
+    tabs.script("work", [TextDelta("started"), asyncio.Event()])
+    tab = await make_tab()
+    async with Watcher(tab.pk) as watcher:
+        async with running_worker():
+            await submit(tab, "go")
+            await watcher.until(
+                lambda m: (
+                    m["op"] == "status"
+                    and [c["state"] for c in m["status"].get("children", [])] == ["running"]
+                )
+            )
+        rows = await chunks(tab.pk)
+        assert kinds(rows) == ["user/text", "assistant/tool_call", "system/system"]
+        assert lease.RESUMING.strip() in rows[-1].data["text"]
+        assert await QueuedMessage.objects.filter(tab_id=tab.pk, rerun=True).aexists()
+        child = await child_of(tab, "c1")
+        assert (await chunks(child.pk))[-1].data["kind"] == "interrupted"
+        async with running_worker():
+            await watcher.until(
+                lambda m: (
+                    m["op"] == "seal"
+                    and m["block"]["type"] == "text"
+                    and m["block"]["role"] == "assistant"
+                )
+            )
+            await watcher.until_idle()
+    assert await Tab.objects.filter(parent_tab=tab.pk).acount() == 1
+    result = result_of(await chunks(tab.pk), "c1")
+    assert result.data["is_error"] is True
+    assert "its server stopped in the middle of its turn" in result.data["result"]
+    assert "started" in result.data["result"]
