@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
+from django.test import Client
 from django.utils import timezone
 
 from chat import agent, children, lease, turns, worker
@@ -560,3 +561,24 @@ async def test_a_parent_stopped_with_its_worker_resumes_and_reads_its_finished_c
     assert result.data["is_error"] is True
     assert "its server stopped in the middle of its turn" in result.data["result"]
     assert "started" in result.data["result"]
+
+
+async def test_the_result_card_links_to_the_childs_tab(tabs):
+    tabs.script(
+        "go",
+        [delegate("c1", "work"), Finish(stop_reason="tool_use")],
+        [TextDelta("ok"), Finish()],
+    )
+    tabs.script("work", [TextDelta("done"), Finish()])
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    child = children.child_id(tab.pk, "c1")
+
+    def page() -> str:
+        client = Client()
+        client.force_login(tab.owner)
+        return client.get(f"/t/{tab.pk}/").content.decode()
+
+    html = await database_sync_to_async(page)()
+    assert f'href="/t/{child}/">Open the sub-agent’s tab</a>' in html
