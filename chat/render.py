@@ -1569,6 +1569,8 @@ def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, An
         "has_usage": state != "idle"
         and any(usage.get(k) for k in ("input", "output", "cache_read", "cache_write")),
         "approval": approval,
+        # Sub-agents the turn waits for (chat.children): each links to its tab.
+        "children": status.get("children") or [] if state != "idle" else [],
         "has_queued": "queued" in status,
         "queued": status.get("queued") or [],
         "context": context_meter(status.get("context")),

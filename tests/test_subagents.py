@@ -14,7 +14,7 @@ from channels.db import database_sync_to_async
 from django.test import Client
 from django.utils import timezone
 
-from chat import agent, children, lease, turns, worker
+from chat import agent, children, lease, render, turns, worker
 from chat.models import Chunk, Profile, QueuedMessage, RunningTurn, Tab, UsageRecord
 from chat.providers import aget_provider
 from chat.providers.base import (
@@ -582,3 +582,25 @@ async def test_the_result_card_links_to_the_childs_tab(tabs):
 
     html = await database_sync_to_async(page)()
     assert f'href="/t/{child}/">Open the sub-agent’s tab</a>' in html
+
+
+def test_the_status_line_names_each_running_child_and_its_approval():
+    child = uuid.uuid4()
+    status = {
+        "state": "running",
+        "step": 1,
+        "children": [
+            {
+                "tab": str(child),
+                "title": "Survey <b>",
+                "call_id": "c1",
+                "state": "waiting",
+                "step": 2,
+                "approval": {"call_id": "w", "name": "write_file", "arguments": {}},
+            }
+        ],
+    }
+    html = render.fragment_status(status)
+    assert f'sub-agent <a href="/t/{child}/">Survey &lt;b&gt;</a> · waiting · step 2' in html
+    assert f'asks to run <span class="tool-name">write_file</span>: <a href="/t/{child}/">' in html
+    assert "sub-agent" not in render.fragment_status({**status, "state": "idle"})
