@@ -604,3 +604,25 @@ def test_the_status_line_names_each_running_child_and_its_approval():
     assert f'sub-agent <a href="/t/{child}/">Survey &lt;b&gt;</a> · waiting · step 2' in html
     assert f'asks to run <span class="tool-name">write_file</span>: <a href="/t/{child}/">' in html
     assert "sub-agent" not in render.fragment_status({**status, "state": "idle"})
+
+
+async def test_a_childs_page_links_back_to_its_parent_and_the_sidebar_marks_it(tabs):
+    tabs.script(
+        "go",
+        [delegate("c1", "work"), Finish(stop_reason="tool_use")],
+        [TextDelta("ok"), Finish()],
+    )
+    tabs.script("work", [TextDelta("done"), Finish()])
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    child = children.child_id(tab.pk, "c1")
+
+    def page() -> str:
+        client = Client()
+        client.force_login(tab.owner)
+        return client.get(f"/t/{child}/").content.decode()
+
+    html = await database_sync_to_async(page)()
+    assert f'A sub-agent of <a href="/t/{tab.pk}/">go</a>' in html
+    assert html.count('class="child-mark"') == 1
