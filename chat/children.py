@@ -308,9 +308,11 @@ async def wait(
     cancelled: asyncio.Event,
 ) -> tuple[Outcome, str]:
     """Follow the child's turn until it ends, `timeout` passes (the child is stopped), or
-    `cancelled` is set (STOPPED: the caller decides whether the child stops too); returns what
-    the log says then and why the parent stopped waiting ("" when the child's turn ended
-    by itself). `on_status` gets the child's live status: {state, step, approval}."""
+        `cancelled` is set (STOPPED: the caller decides whether the child stops too); returns what
+        the log says then and why the parent stopped waiting ("" when the child's turn ended
+        by itself). `on_status` gets the child's live status: {state, step, approval, children}
+    (the database poll's only {state, step}, and approval None once the child no longer
+    waits)."""
     layer = get_channel_layer()
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     channel = await layer.new_channel()
@@ -322,6 +324,13 @@ async def wait(
             inbox.put_nowait(await layer.receive(channel))
 
     listener = asyncio.create_task(listen())
+    # The child's runner says what it waits for now (its approval, its own children), which
+    # a parent that starts following late (re-attached after a crash) has no other way to
+    # learn: the runner publishes a status only when it changes.
+    await layer.group_send(
+        bus.control_group(tab_id),
+        {"type": "turn.snapshot", "reply_to": channel, "tab_id": str(tab_id)},
+    )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     stopping = asyncio.create_task(cancelled.wait())
@@ -330,7 +339,12 @@ async def wait(
             outcome = await database_sync_to_async(read)(tab_id, call_id)
             if outcome.done:
                 return outcome, ""
-            await on_status({"state": outcome.state, "step": outcome.step, "approval": None})
+            # The database knows the state and step, not what a waiting child asks: its
+            # approval stays as the child's last status said, until the state changes.
+            polled: dict[str, Any] = {"state": outcome.state, "step": outcome.step}
+            if outcome.state != "waiting":
+                polled["approval"] = None
+            await on_status(polled)
             polled_at = loop.time()
             while loop.time() - polled_at < POLL_SECONDS:
                 left = deadline - loop.time()
@@ -349,18 +363,14 @@ async def wait(
                     getting.cancel()
                     continue
                 message = getting.result()
-                if message.get("op") != "status":
+                if message.get("op") != "status" and message.get("type") != "tab.snapshot":
                     continue
                 status = message.get("status") or {}
+                if not status:
+                    continue  # a snapshot from a runner without a turn
                 if status.get("state") == "idle":
                     break  # read its ending from the log
-                await on_status(
-                    {
-                        "state": status.get("state", "running"),
-                        "step": status.get("step", 0),
-                        "approval": status.get("approval"),
-                    }
-                )
+                await on_status(live_status(status))
     finally:
         stopping.cancel()
         listener.cancel()
@@ -368,6 +378,26 @@ async def wait(
             await listener
         with suppress(Exception):
             await layer.group_discard(group, channel)
+
+
+def live_status(status: dict[str, Any]) -> dict[str, Any]:
+    """What the parent shows of its child's runner status: its state, step and approval,
+    and, when a profile lets the child have children of its own, theirs (each with its
+    own approval and children: a tree's every approval reaches the top tab)."""
+    return {
+        "state": status.get("state", "running"),
+        "step": status.get("step", 0),
+        "approval": status.get("approval"),
+        "children": [
+            {k: entry.get(k) for k in CHILD_KEYS if k in entry}
+            for entry in status.get("children") or []
+            if isinstance(entry, dict)
+        ],
+    }
+
+
+# What an entry of a status's `children` holds (chat.agent.Status.children).
+CHILD_KEYS = ("tab", "title", "call_id", "state", "step", "approval", "children")
 
 
 async def stop(tab_id: uuid.UUID, call_id: str, why: str) -> tuple[Outcome, str]:

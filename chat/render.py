@@ -1518,6 +1518,83 @@ def context_meter(raw: Any) -> dict[str, Any] | None:
     }
 
 
+def approval_context(approval: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An approval request ({call_id, name, arguments}) as the approval bar shows it."""
+    if not approval or not isinstance(approval, dict):
+        return None
+    call = Item(
+        id=uuid.uuid4(),
+        seq=None,
+        turn_id=None,
+        step=0,
+        role=Role.ASSISTANT,
+        type=Kind.TOOL_CALL,
+        data=dict(approval),
+    )
+    return {
+        "call_id": call.call_id,
+        "name": call.name,
+        "key": call.approve,
+        "summary": call.command or call.args_summary,
+        "rule": call.always_rule,
+    }
+
+
+# How a sub-agent's state reads on its call's card.
+CHILD_STATES = {
+    "queued": "starting",
+    "running": "running",
+    "waiting": "waiting for approval",
+    "stopping": "stopping",
+    "compacting": "compacting",
+}
+
+
+def children_context(entries: list[Any], path: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The status's sub-agents (chat.agent.Status.children) for the page: each with its
+    card's key (its call's approve key: the parent's card for that call) and every approval
+    pending in its subtree, each naming the tab that asks and answered there (`path`: the
+    sub-agents above it, for a sub-agent's own sub-agents)."""
+    out = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not entry.get("tab"):
+            continue
+        title = str(entry.get("title") or "Sub-agent")
+        state = str(entry.get("state") or "running")
+        approval = approval_context(entry.get("approval"))
+        own = (
+            [{"tab": str(entry["tab"]), "title": title, "via": list(path), **approval}]
+            if approval
+            else []
+        )
+        nested = children_context(entry.get("children") or [], (*path, title))
+        out.append(
+            {
+                "tab": str(entry["tab"]),
+                "title": title,
+                "call_id": str(entry.get("call_id") or ""),
+                "key": approve_key(str(entry.get("call_id") or "")),
+                "state": state,
+                "label": CHILD_STATES.get(state, state),
+                "step": entry.get("step") or 0,
+                "approval": approval,
+                "approvals": own + [a for k in nested for a in k["approvals"]],
+            }
+        )
+    return out
+
+
+def children_line(kids: list[dict[str, Any]]) -> str:
+    """The status line's short word on the sub-agents (their cards say the rest)."""
+    if not kids:
+        return ""
+    asking = sum(len(k["approvals"]) for k in kids)
+    if len(kids) == 1:
+        return "sub-agent asks approval" if asking else f"sub-agent {kids[0]['label']}"
+    verb = "asks" if asking == 1 else "ask"
+    return f"{len(kids)} sub-agents" + (f" · {asking} {verb} approval" if asking else "")
+
+
 def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, Any]:
     """What the status partials need, from chat.turns.status() or the runner's status."""
     state = status.get("state") or "idle"
@@ -1525,24 +1602,8 @@ def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, An
     started = _epoch_ms(status.get("started_at")) if state != "idle" else None
     # Set by the runner once a stream has been silent for a while (agent.WAITING_STATUS_AFTER).
     waiting = _epoch_ms(status.get("waiting_since")) if state == "running" else None
-    approval = status.get("approval") or None
-    if approval:
-        call = Item(
-            id=uuid.uuid4(),
-            seq=None,
-            turn_id=None,
-            step=0,
-            role=Role.ASSISTANT,
-            type=Kind.TOOL_CALL,
-            data=dict(approval),
-        )
-        approval = {
-            "call_id": call.call_id,
-            "name": call.name,
-            "key": call.approve,
-            "summary": call.command or call.args_summary,
-            "rule": call.always_rule,
-        }
+    approval = approval_context(status.get("approval"))
+    kids = children_context(status.get("children") or []) if state != "idle" else []
     label = STATE_LABELS.get(state, state.capitalize())
     if status.get("stale"):
         label = "Not responding"
@@ -1569,8 +1630,11 @@ def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, An
         "has_usage": state != "idle"
         and any(usage.get(k) for k in ("input", "output", "cache_read", "cache_write")),
         "approval": approval,
-        # Sub-agents the turn waits for (chat.children): each links to its tab.
-        "children": status.get("children") or [] if state != "idle" else [],
+        # Sub-agents the turn waits for (chat.children), each shown on its call's card;
+        # their approvals (a sub-agent's own sub-agents' too) in the approval bar.
+        "children": kids,
+        "child_approvals": [a for k in kids for a in k["approvals"]],
+        "children_line": children_line(kids),
         "has_queued": "queued" in status,
         "queued": status.get("queued") or [],
         "context": context_meter(status.get("context")),

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
+from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
@@ -584,8 +586,12 @@ async def test_the_result_card_links_to_the_childs_tab(tabs):
     assert f'href="/t/{child}/">Open the sub-agent’s tab</a>' in html
 
 
-def test_the_status_line_names_each_running_child_and_its_approval():
-    child = uuid.uuid4()
+def test_the_status_frame_puts_a_childs_approval_in_the_bar_and_its_state_on_its_card():
+    """The parent's status frame: the status line only counts its sub-agents; each one's
+    state and step go to its call's card (keyed by the call), and each approval pending
+    in the tree (a sub-agent's own sub-agent's too) is a row of the approval bar naming
+    the sub-agent and the call, whose buttons post to that sub-agent's tab."""
+    child, grand = uuid.uuid4(), uuid.uuid4()
     status = {
         "state": "running",
         "step": 1,
@@ -596,14 +602,149 @@ def test_the_status_line_names_each_running_child_and_its_approval():
                 "call_id": "c1",
                 "state": "waiting",
                 "step": 2,
-                "approval": {"call_id": "w", "name": "write_file", "arguments": {}},
+                "approval": {
+                    "call_id": "w",
+                    "name": "write_file",
+                    "arguments": {"path": "x.txt", "content": "hi"},
+                },
+                "children": [
+                    {
+                        "tab": str(grand),
+                        "title": "Deep",
+                        "call_id": "g1",
+                        "state": "waiting",
+                        "step": 1,
+                        "approval": {
+                            "call_id": "s",
+                            "name": "shell",
+                            "arguments": {"command": "ls"},
+                        },
+                    }
+                ],
             }
         ],
     }
     html = render.fragment_status(status)
-    assert f'sub-agent <a href="/t/{child}/">Survey &lt;b&gt;</a> · waiting · step 2' in html
-    assert f'asks to run <span class="tool-name">write_file</span>: <a href="/t/{child}/">' in html
-    assert "sub-agent" not in render.fragment_status({**status, "state": "idle"})
+    assert '<span class="sep child-status">sub-agent asks approval</span>' in html
+    assert '<div id="approval" class="approval" hx-swap-oob="true">' in html  # not hidden
+    form = f'<form id="approve-form-{child}" class="child-approval" data-child="{child}"'
+    assert form in html
+    assert f'hx-post="/t/{child}/approve/"' in html
+    assert f'Sub-agent <a href="/t/{child}/">Survey &lt;b&gt;</a>:</span>' in html
+    assert '<span class="tool-name">write_file</span> <code>x.txt</code>' in html
+    for answer in ("approve", "deny", "always_tab", "always_user"):
+        assert f'form="approve-form-{child}" name="{answer}" value="w"' in html
+    assert ">its tab</button>" in html
+    assert f'hx-post="/t/{grand}/approve/"' in html
+    assert 'Deep</a> <span class="muted">(under Survey &lt;b&gt;)</span>' in html
+    assert f'form="approve-form-{grand}" name="approve" value="s"' in html
+    card = f'innerHTML:[data-child-card="{render.approve_key("c1")}"]'
+    assert card in html
+    assert f'<a class="child-tab" href="/t/{child}/">Survey &lt;b&gt;</a>' in html
+    assert '<span class="child-state state-waiting">waiting for approval</span>' in html
+    assert '<span class="child-step">step 2</span>' in html
+
+    running = {**status["children"][0], "state": "running", "approval": None, "children": []}
+    html = render.fragment_status({**status, "children": [running, {**running, "tab": str(grand)}]})
+    assert '<span class="sep child-status">2 sub-agents</span>' in html
+    assert '<div id="approval" class="approval" hx-swap-oob="true" hidden>' in html
+    assert "child-approval" not in html
+    assert '<span class="child-state state-running">running</span>' in html
+    idle = render.fragment_status({**status, "state": "idle"})
+    for gone in ("sub-agent", "child-approval", "data-child-card"):
+        assert gone not in idle
+
+
+async def test_a_childs_approval_is_answered_from_the_parent_and_never_by_another_user(tabs):
+    """The parent's approval bar posts to the child's approve endpoint: another user's
+    post is a 404 and leaves the child waiting; the owner's approves it, the child's turn
+    goes on and the parent gets its result."""
+    tabs.script(
+        "go",
+        [delegate("c1", "write it"), Finish(stop_reason="tool_use")],
+        [TextDelta("Written."), Finish()],
+    )
+    tabs.script(
+        "write it",
+        [call("w", "write_file", path="x.txt", content="hi"), Finish(stop_reason="tool_use")],
+        [TextDelta("Wrote x.txt."), Finish()],
+    )
+    intruder = await database_sync_to_async(User.objects.create_user)("intruder")
+
+    def post(user, url: str, **data) -> int:
+        client = Client()
+        client.force_login(user)
+        return client.post(url, data, HTTP_HX_REQUEST="true").status_code
+
+    async with running_worker():
+        tab = await make_tab(approve_tools=True)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            asking = await watcher.until(
+                lambda m: (
+                    m["op"] == "status"
+                    and any(c.get("approval") for c in m["status"].get("children", []))
+                )
+            )
+            html = render.fragment_status(asking["status"])
+            action = re.search(r'class="child-approval"[^>]* hx-post="([^"]+)"', html)[1]
+            child = children.child_id(tab.pk, "c1")
+            assert action == f"/t/{child}/approve/"
+            assert await database_sync_to_async(post)(intruder, action, approve="w") == 404
+            assert (await RunningTurn.objects.aget(tab_id=child)).status == "waiting"
+            assert await database_sync_to_async(post)(tab.owner, action, approve="w") == 204
+            gone = await watcher.until(
+                lambda m: (
+                    m["op"] == "status"
+                    and not any(c.get("approval") for c in m["status"].get("children", []))
+                )
+            )
+            assert "child-approval" not in render.fragment_status(gone["status"])
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert result_of(rows, "c1").data["result"].startswith("Wrote x.txt.\n\n")
+    assert rows[-1].data["text"] == "Written."
+
+
+async def test_a_child_followed_late_shows_its_approval_and_keeps_it_across_polls(
+    tabs, monkeypatch
+):
+    """A parent that starts following a child already waiting for approval (re-attached
+    after a crash) learns the approval from the child's runner; the database polls that
+    follow (which know the state, not the question) keep it."""
+    monkeypatch.setattr(children, "POLL_SECONDS", 0.05)
+    tabs.script(
+        "write it",
+        [call("w", "write_file", path="x.txt", content="hi"), Finish(stop_reason="tool_use")],
+        [TextDelta("Wrote x.txt."), Finish()],
+    )
+    seen: list[dict] = []
+    polls = asyncio.Event()
+
+    async def on_status(live: dict) -> None:
+        seen.append(dict(live))
+        if len(seen) >= 8:
+            polls.set()
+
+    async with running_worker():
+        parent = await make_tab(approve_tools=True)
+        arguments = {"description": "Write", "prompt": "write it"}
+        child, _ = await database_sync_to_async(children.ensure)(parent.pk, "c1", arguments)
+        async with Watcher(child.pk) as watcher:
+            await watcher.until(lambda m: m["op"] == "status" and m["status"].get("approval"))
+        stop = asyncio.Event()
+        following = asyncio.create_task(
+            children.wait(child.pk, "c1", on_status, timeout=60, cancelled=stop)
+        )
+        await polls.wait()
+        stop.set()
+        _, why = await following
+        assert why == children.STOPPED
+        asked = [i for i, live in enumerate(seen) if live.get("approval")]
+        assert asked, seen
+        assert seen[asked[0]]["approval"]["call_id"] == "w"
+        assert all(live.get("approval", "kept") for live in seen[asked[0] :]), seen
+        await database_sync_to_async(turns.approve)(child.pk, "w", True)
 
 
 async def test_a_childs_page_links_back_to_its_parent_and_the_sidebar_marks_it(tabs):

@@ -1,6 +1,7 @@
 """Sub-agents in Chromium against a live `manage.py serve`: a turn's `agent` call spawns a
-child tab; while the child streams (slowly), the parent's status line links to it and shows
-its state and step; then the result card links to it and the parent answers. The Anthropic
+child tab; while the child streams (slowly), the agent call's card links to it and shows
+its state and step, live; then the result card links to it and the parent answers. A
+child's approval shows in the parent's approval bar and is answered there. The Anthropic
 adapter talks to the fake provider (replies in request order: parent, child, parent)."""
 
 from __future__ import annotations
@@ -64,19 +65,22 @@ async def test_a_turn_spawns_a_child_whose_status_and_result_the_parent_shows(
     await synced(page)
 
     await send_message(page, "survey the workspace with a sub-agent")
-    running = page.locator(f'#status .child-status[data-child="{child}"]')
-    await running.wait_for(state="visible")
-    assert await running.locator("a").get_attribute("href") == f"/t/{child}/"
-    assert "Survey" in await running.inner_text()
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    await page.screenshot(path=str(ARTIFACTS / "subagent-running-1280.png"))
+    card = page.locator("#log .child-live")
+    await card.locator(".child-state", has_text="running").wait_for(state="visible")
+    assert await card.locator("a.child-tab").get_attribute("href") == f"/t/{child}/"
+    assert await card.locator("a.child-tab").inner_text() == "Survey"
+    # The step follows the child live: it moves on without a reload.
+    await card.locator(".child-step", has_text="step 1").wait_for()
+    assert await page.locator("#status .child-status").inner_text() == "sub-agent running"
+    await shots(page, "subagent-running")
 
     link = page.locator("#log .child-link")
     await link.wait_for(state="visible")
     assert await link.get_attribute("href") == f"/t/{child}/"
     await page.locator("#log", has_text="The child says it is empty.").wait_for()
     await turn_ended(tab.id)
-    assert await running.count() == 0
+    assert not await card.is_visible()
+    assert await page.locator("#status .child-status").count() == 0
     await page.screenshot(path=str(ARTIFACTS / "subagent-done-1280.png"))
     log = await sync_to_async(rows)(tab.id)
     result = next(c for c in log if c.type == "tool_result")
@@ -86,3 +90,72 @@ async def test_a_turn_spawns_a_child_whose_status_and_result_the_parent_shows(
     await page.wait_for_url(f"**/t/{child}/")
     await page.locator("#subagent-of a").wait_for(state="attached")
     assert await page.locator("#subagent-of a").get_attribute("href") == f"/t/{tab.id}/"
+    live.assert_clean()
+
+
+async def test_a_childs_approval_is_answered_in_the_parent_tab(browser, serve, fake_server):
+    fake_server.add(
+        anthropic_reply(
+            [
+                (
+                    "tool_use",
+                    ("toolu_1", "agent", {"description": "Writer", "prompt": "write it"}),
+                ),
+            ],
+            stop_reason="tool_use",
+        ),
+        anthropic_reply(
+            [("tool_use", ("toolu_w", "write_file", {"path": "x.txt", "content": "hi"}))],
+            stop_reason="tool_use",
+        ),
+        anthropic_reply([("text", ["Wrote x.txt."])], stop_reason="end_turn"),
+        anthropic_reply([("text", ["The child wrote it."])], stop_reason="end_turn"),
+    )
+    server = await serve(**anthropic_env(fake_server))
+    await sync_to_async(set_setting)("approve_tools", True)
+    user = await sync_to_async(make_user)()
+    tab = await sync_to_async(make_tab)(user, MODEL)
+    child = uuid.uuid5(tab.id, "toolu_1")
+    session = await sync_to_async(session_for)(user)
+    live = await open_page(browser, server, f"/t/{tab.id}/", session=session, width=1280)
+    page = live.page
+    await synced(page)
+
+    await send_message(page, "have a sub-agent write x.txt")
+    asks = page.locator(f'#approval .child-approval[data-child="{child}"]')
+    await asks.wait_for(state="visible")
+    assert await asks.locator(".child-who a").get_attribute("href") == f"/t/{child}/"
+    what = await asks.locator(".approval-what").inner_text()
+    assert what == "Sub-agent Writer: write_file x.txt"
+    card = page.locator("#log .child-live")
+    await card.locator(".child-state", has_text="waiting for approval").wait_for()
+    assert "asks to run write_file" in await card.inner_text()
+    assert await page.locator("#status .child-status").inner_text() == "sub-agent asks approval"
+    await shots(page, "subagent-approval")
+
+    await asks.locator("button[name=approve]").click()
+    await page.locator("#log", has_text="The child wrote it.").wait_for()
+    await turn_ended(tab.id)
+    assert await page.locator("#approval").is_hidden()
+    child_log = await sync_to_async(rows)(child)
+    result = next(c for c in child_log if c.type == "tool_result")
+    assert result.data["is_error"] is False
+    parent_result = next(c for c in await sync_to_async(rows)(tab.id) if c.type == "tool_result")
+    assert parent_result.data["result"].startswith("Wrote x.txt.\n\n")
+    live.assert_clean()
+
+
+async def shots(page, name: str) -> None:
+    """The state at 1280 and 375 px, light and dark (looked at by whoever changes it)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for width in (1280, 375):
+        await page.set_viewport_size({"width": width, "height": 800})
+        # The sidebar slides away when the page narrows: shot once it is still.
+        await page.wait_for_function(
+            "document.querySelector('.sidebar').getAnimations().length === 0"
+        )
+        for scheme in ("light", "dark"):
+            await page.emulate_media(color_scheme=scheme)
+            await page.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
+    await page.set_viewport_size({"width": 1280, "height": 800})
+    await page.emulate_media(color_scheme="light")
