@@ -4,6 +4,9 @@
 - `control_group(tab_id)`: "turn.cancel", "turn.approve", "turn.snapshot" — only
   the worker holding the tab's lease is in this group, wherever it runs.
 - `tab_group(tab_id)`: "tab.op" — every op of the tab, for the sockets watching it.
+- `user_group(user_id)`: "user.tab" — one of the user's tabs changed state (idle,
+  running, waiting for approval) or appeared: every page of theirs updates its
+  sidebar (chat.sidebar).
 - `WORKER_CHANNEL`: "wakes.changed" — a wake was added or changed: the worker that
   takes it looks at the wakes again now instead of at its next capped wake-up.
 
@@ -30,6 +33,10 @@ def tab_group(tab_id: uuid.UUID | str) -> str:
 
 def control_group(tab_id: uuid.UUID | str) -> str:
     return f"tabctl.{tab_id}"
+
+
+def user_group(user_id: int | str) -> str:
+    return f"user.{user_id}"
 
 
 def send(channel: str, message: dict[str, Any]) -> None:

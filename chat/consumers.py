@@ -1,17 +1,22 @@
-"""TabSocket: one per open tab page, streaming the tab's ops to it as htmx fragments.
+"""TabSocket: one per open tab page, streaming the tab's ops to it as htmx fragments;
+UserSocket: one per other page with the sidebar (home, Wakes, settings...).
 
-The sync itself (catch-up, snapshot, gap checks) is chat.follow's Follower,
-shared with the API's server-sent events.
+Both carry the user channel (chat.sidebar): each of the user's sockets is in their
+user group and answers a tab's change of state with its sidebar entry, so a tab page
+needs no second socket. The tab's sync itself (catch-up, snapshot, gap checks) is
+chat.follow's Follower, shared with the API's server-sent events.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from chat import bus
+from chat import bus, sidebar
 from chat.follow import Follower, HtmlRenderer
 from chat.models import Tab
 
@@ -20,8 +25,73 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_RESYNC = 4409
 
 
-class TabSocket(AsyncWebsocketConsumer):
-    """Streams a tab's ops to one page, with no gap and no duplicate (DESIGN §5)."""
+class UserSocket(AsyncWebsocketConsumer):
+    """The user channel of one page: its sidebar's entries, live."""
+
+    user_group: str | None = None
+    # The tab the page shows (its sidebar entry is marked current).
+    current: uuid.UUID | None = None
+
+    async def connect(self) -> None:
+        if not self.scope["user"].is_authenticated:
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        await self.join_user()
+        await self.accept()
+
+    async def join_user(self) -> None:
+        # Joined before the page's sidebar hello is read: a change from here on is sent.
+        self.user_group = bus.user_group(self.scope["user"].pk)
+        await self.channel_layer.group_add(self.user_group, self.channel_name)
+
+    async def disconnect(self, code: int) -> None:
+        if self.user_group is not None:
+            await self.channel_layer.group_discard(self.user_group, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        message = _json(text_data)
+        if message is not None and message.get("type") == "sidebar":
+            await self.sidebar_hello(message)
+
+    async def sidebar_hello(self, message: dict[str, Any]) -> None:
+        """The page's list as it holds it ({tab id: state}): the entries that differ
+        from the database's, changed while this socket was not connected."""
+        if self.current is None:
+            self.current = _uuid(message.get("current"))
+        held = sidebar.held(message.get("held"))
+        catch_up = database_sync_to_async(sidebar.catch_up)
+        frames = await catch_up(self.scope["user"], held, self.current)
+        if frames:
+            await self.send(text_data="".join(frames))
+
+    async def user_tab(self, message: dict[str, Any]) -> None:
+        # Read again rather than trusted: the entry is the one a reload would show,
+        # whatever order the group's messages from several workers arrive in.
+        tab = await database_sync_to_async(sidebar.one)(self.scope["user"], message["tab_id"])
+        if tab is None:
+            return
+        approval = message.get("approval")
+        await self.send(text_data=sidebar.entry(tab, current=self.current, approval=approval))
+
+
+def _json(text_data: str | None) -> dict[str, Any] | None:
+    try:
+        message = json.loads(text_data or "")
+    except json.JSONDecodeError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+class TabSocket(UserSocket):
+    """Streams a tab's ops to one page, with no gap and no duplicate (DESIGN §5), and
+    the user channel."""
 
     follower: Follower | None = None
 
@@ -34,12 +104,14 @@ class TabSocket(AsyncWebsocketConsumer):
         ):
             await self.close(code=CLOSE_FORBIDDEN)
             return
+        self.current = tab_id
         self.group = bus.tab_group(tab_id)
         self.follower = Follower(
             tab_id, self.channel_layer, self.channel_name, HtmlRenderer(), self._send, self._resync
         )
         # Join before reading anything: ops from here on are buffered, not lost.
         await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.join_user()
         await self.accept()
 
     async def _send(self, frame: str) -> None:
@@ -64,13 +136,16 @@ class TabSocket(AsyncWebsocketConsumer):
         if self.follower is not None:
             self.follower.stop()
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        await super().disconnect(code)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        try:
-            message = json.loads(text_data or "")
-        except json.JSONDecodeError:
+        message = _json(text_data)
+        if message is None:
             return
-        if not isinstance(message, dict) or message.get("type") != "hello":
+        if message.get("type") == "sidebar":
+            await self.sidebar_hello(message)
+            return
+        if message.get("type") != "hello":
             return
         try:
             hello = {

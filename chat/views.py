@@ -22,7 +22,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import F
 from django.http import (
     Http404,
     HttpRequest,
@@ -49,6 +49,7 @@ from chat import (
     rules,
     schedule,
     search,
+    sidebar,
     transfer,
     turns,
     usage,
@@ -86,7 +87,6 @@ from chat.models import (
     PermissionRule,
     Profile,
     ProviderEndpoint,
-    RunningTurn,
     Setting,
     Tab,
     UsageRecord,
@@ -98,8 +98,6 @@ from chat.stream import Kind, Role
 from chat.tools import mcp, sandbox
 from chat.tools.workdir import BadWorkdir
 
-# The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
-SIDEBAR_TABS = 100
 # The row whose lock makes "no user yet, create the owner" one step across processes.
 SETUP_LOCK_KEY = "owner_setup"
 # ApiToken.name's column.
@@ -133,14 +131,7 @@ def tab_gone_is_404(view: Callable[..., HttpResponse]) -> Callable[..., HttpResp
 
 
 def _sidebar_tabs(request: HttpRequest) -> list[Tab]:
-    running = RunningTurn.objects.filter(tab=OuterRef("pk")).exclude(
-        status=RunningTurn.Status.FINISHING
-    )
-    return list(
-        Tab.objects.filter(owner=request.user)
-        .annotate(running=Exists(running))
-        .order_by("-updated_at")[:SIDEBAR_TABS]
-    )
+    return sidebar.tabs(request.user)
 
 
 def _staff(request: HttpRequest) -> None:

@@ -22,8 +22,9 @@ from channels.routing import ChannelNameRouter
 from channels.worker import Worker
 from django.conf import settings
 
-from chat import bus, lease, wakes
+from chat import bus, lease, sidebar, wakes
 from chat.agent import TurnRunner
+from chat.models import Tab
 from chat.providers import aclose_clients
 from chat.tools import mcp
 
@@ -91,9 +92,30 @@ class TurnWorker(AsyncConsumer):
 
     async def _start(self, tab_id: uuid.UUID, turn_id: uuid.UUID, auto_approve: bool) -> bool:
         group = bus.tab_group(tab_id)
+        try:
+            owner_id = (
+                await Tab.objects.filter(pk=tab_id).values_list("owner_id", flat=True).afirst()
+            )
+        except Exception:
+            # The turn runs anyway; the owner's other pages learn of it at their next load.
+            logger.exception("could not read the owner of tab %s", tab_id)
+            owner_id = None
+        # The state the owner's pages were last told (chat.sidebar): a frame per change of
+        # state, not per status (a status goes out at every step and approval).
+        # Another call's approval is a change too: it is worth a notification.
+        announced: dict[str, Any] = {}
 
         async def publish(op: dict[str, Any]) -> None:
             await self.channel_layer.group_send(group, {"type": "tab.op", **op})
+            if op.get("op") != "status" or owner_id is None:
+                return
+            message = sidebar.message(
+                tab_id, sidebar.state_of(op["status"]), op["status"].get("approval")
+            )
+            if message != announced:
+                announced.clear()
+                announced.update(message)
+                await self.channel_layer.group_send(bus.user_group(owner_id), message)
 
         try:
             await self.channel_layer.group_add(bus.control_group(tab_id), self.channel_name)

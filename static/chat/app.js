@@ -923,15 +923,25 @@
     });
   }
 
+  // The tab this page shows ('' for a page that shows none): its socket's, else the
+  // sidebar's current entry (a tab's delete page).
+  function pageTab() {
+    var live = $('live');
+    var m = live && /\/ws\/tabs\/([^/]+)\//.exec(live.getAttribute('ws-connect') || '');
+    if (m) return m[1];
+    var current = document.querySelector('#tab-list > .tab-link[aria-current]');
+    return current ? current.id.slice('tablink-'.length) : '';
+  }
+  // One notification per tab, whichever page made it: a newer one replaces it.
+  function notifyTag(tabId) { return 'dispatch-tab-' + (tabId || 'none'); }
+
   var shown = null;
   function notify(body) {
     if (!canNotify || !notifyWanted() || document.visibilityState === 'visible') return;
     var title = $('tab-title');
-    var form = $('composer');
     shown = new Notification(title ? title.textContent : 'Dispatch', {
       body: body,
-      // One per tab: a newer one replaces it.
-      tag: form ? form.getAttribute('action') : 'dispatch'
+      tag: notifyTag(pageTab())
     });
     shown.onclick = function () {
       window.focus();
@@ -975,6 +985,87 @@
       notify('Waiting for your approval' + (what ? ': ' + what.textContent.replace(/^Approve\s+/, '') : '.'));
     }
     lastState = state;
+  });
+
+  // --- The sidebar: the user channel ---------------------------------------------------
+
+  // Every page's socket carries the user channel (chat.sidebar): a tab of the user's that
+  // changes state or appears comes as its sidebar entry. On each (re)connect the page says
+  // what its list holds, and the server sends the entries that changed meanwhile.
+  function tabOf(link) { return link.id.slice('tablink-'.length); }
+  document.addEventListener('htmx:wsOpen', function (evt) {
+    var held = {};
+    all(document, '#tab-list > .tab-link').forEach(function (a) {
+      held[tabOf(a)] = a.getAttribute('data-state') || 'idle';
+    });
+    evt.detail.socketWrapper.send(JSON.stringify({
+      type: 'sidebar', current: pageTab(), held: held
+    }), evt.detail.elt);
+  });
+
+  // Which page is in front, across this browser's pages of the site: a tab waiting for
+  // approval notifies from any page, but not while its own page is the one in front
+  // (that page shows the approval bar). A page that goes away without saying so (a crash)
+  // is replaced by the next page that comes to the front.
+  var FRONT_KEY = 'dispatch-front';
+  var pageId = Math.random().toString(36).slice(2);
+  function readFront() {
+    try { return JSON.parse(window.localStorage.getItem(FRONT_KEY) || 'null') || {}; } catch (err) { return {}; }
+  }
+  function markFront(leaving) {
+    try {
+      if (!leaving && document.visibilityState === 'visible') {
+        window.localStorage.setItem(FRONT_KEY, JSON.stringify({ tab: pageTab(), page: pageId }));
+      } else if (readFront().page === pageId) {
+        window.localStorage.removeItem(FRONT_KEY);
+      }
+    } catch (err) {
+      // No storage: every page notifies, as if none were in front.
+    }
+  }
+  markFront(false);
+  document.addEventListener('visibilitychange', function () { markFront(false); });
+  window.addEventListener('focus', function () { markFront(false); });
+  window.addEventListener('pagehide', function () { markFront(true); });
+
+  // The call each waiting tab was notified for ('' for a wait the page loaded with).
+  var notified = {};
+  all(document, '#tab-list > .tab-link[data-state="waiting"]').forEach(function (a) {
+    notified[tabOf(a)] = '';
+  });
+
+  function notifyWaiting(link) {
+    var id = tabOf(link);
+    // This page's own tab notifies from its status line (only while the page is hidden).
+    if (!canNotify || !notifyWanted() || id === pageTab() || readFront().tab === id) return;
+    var tool = link.getAttribute('data-tool');
+    var title = link.querySelector('.tab-title');
+    var href = link.getAttribute('href');
+    var note = new Notification(title ? title.textContent.trim() : 'Dispatch', {
+      body: 'Waiting for your approval' + (tool ? ': ' + tool : '.'),
+      tag: notifyTag(id)
+    });
+    note.onclick = function () {
+      window.focus();
+      this.close();
+      window.location.assign(href);
+    };
+  }
+
+  document.addEventListener('htmx:wsAfterMessage', function (evt) {
+    var m = evt.detail && evt.detail.message;
+    if (typeof m !== 'string' || m.indexOf('id="tablink-') < 0) return;
+    all(document, '#tab-list > .tab-link').forEach(function (a) {
+      var id = tabOf(a);
+      if (a.getAttribute('data-state') !== 'waiting') {
+        delete notified[id];
+        return;
+      }
+      var call = a.getAttribute('data-call') || '';
+      if (id in notified && (notified[id] === call || !call)) return;
+      notified[id] = call;
+      notifyWaiting(a);
+    });
   });
 
   // --- Tool cards ----------------------------------------------------------------------

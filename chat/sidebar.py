@@ -1,0 +1,120 @@
+"""The sidebar's tab list and the user channel that keeps it live on every open page.
+
+Each tab in the list has a state: idle, running, or waiting for approval (a
+`RunningTurn` in status `waiting`). A page load reads it from the database
+(`tabs`); afterwards the user's group (`bus.user_group`) carries one `user.tab`
+message per change of a tab's state, sent by whichever worker runs the turn, and
+each of the user's sockets (a tab page's `TabSocket`, any other page's `UserSocket`)
+answers it with the tab's sidebar entry, read again from the database: the entry a
+reload would show. A tab the page's list lacks (a wake's new tab, a sub-agent's
+child) is inserted at the top. A frame per change of state, never per token: the
+worker compares each status it publishes with the last state it announced.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db.models import Exists, OuterRef, QuerySet
+from django.template.loader import render_to_string
+
+from chat import bus
+from chat.models import RunningTurn, Tab
+
+# The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
+SIDEBAR_TABS = 100
+# A page's report of what its list holds (the sidebar hello) is read up to this many
+# entries: the list never holds more than SIDEBAR_TABS, and a hostile page gets no more.
+HELD_MAX = 2 * SIDEBAR_TABS
+
+IDLE, RUNNING, WAITING = "idle", "running", "waiting"
+
+
+def state_of(status: dict[str, Any]) -> str:
+    """The sidebar's state of a turn status (chat.agent.TurnStatus.as_dict): compacting,
+    stopping and the rest are "running" to a list that only marks activity."""
+    state = status.get("state")
+    if state in (IDLE, WAITING):
+        return state
+    return RUNNING
+
+
+def _with_state(tabs: QuerySet[Tab]) -> QuerySet[Tab]:
+    # A finishing turn has sent its idle status already: the tab is idle.
+    turn = RunningTurn.objects.filter(tab=OuterRef("pk"))
+    return tabs.annotate(
+        running=Exists(turn.exclude(status=RunningTurn.Status.FINISHING)),
+        waiting=Exists(turn.filter(status=RunningTurn.Status.WAITING)),
+    )
+
+
+def tabs(owner: Any) -> list[Tab]:
+    """The owner's sidebar: most recently active first, each with `running` and `waiting`."""
+    return list(_with_state(Tab.objects.filter(owner=owner)).order_by("-updated_at")[:SIDEBAR_TABS])
+
+
+def one(owner: Any, tab_id: uuid.UUID | str) -> Tab | None:
+    return _with_state(Tab.objects.filter(owner=owner, pk=tab_id)).first()
+
+
+def state(tab: Tab) -> str:
+    if getattr(tab, "waiting", False):
+        return WAITING
+    return RUNNING if getattr(tab, "running", False) else IDLE
+
+
+def message(tab_id: uuid.UUID | str, state: str, approval: dict[str, Any] | None) -> dict:
+    """The user group's message for a tab whose state changed. Only the call's id and
+    tool name go with it (for the notification): arguments may be large."""
+    ask = None
+    if approval and state == WAITING:
+        ask = {"call_id": str(approval.get("call_id", "")), "name": str(approval.get("name", ""))}
+    return {"type": "user.tab", "tab_id": str(tab_id), "state": state, "approval": ask}
+
+
+def announce(owner_id: int, tab_id: uuid.UUID | str, state: str) -> None:
+    """From sync code (lease recovery): the tab's state changed."""
+    bus.group_send(bus.user_group(owner_id), message(tab_id, state, None))
+
+
+def entry(
+    tab: Tab,
+    *,
+    current: uuid.UUID | str | None = None,
+    approval: dict[str, Any] | None = None,
+) -> str:
+    """The tab's sidebar entry as an insert at the top of the list; the page's script
+    turns it into a replace in place when the entry is there already."""
+    ask = approval if approval and state(tab) == WAITING else None
+    return render_to_string(
+        "chat/app.html#tablink_insert",
+        {"t": tab, "current_tab": {"id": uuid.UUID(str(current))} if current else None, "ask": ask},
+    )
+
+
+def held(report: Any) -> dict[str, str]:
+    """A page's sidebar hello, `{tab id: state}`, checked: unknown ids and states are
+    left out (they are then sent as if missing), never an error."""
+    if not isinstance(report, dict):
+        return {}
+    out: dict[str, str] = {}
+    for key, value in list(report.items())[:HELD_MAX]:
+        try:
+            tab_id = str(uuid.UUID(str(key)))
+        except ValueError:
+            continue
+        if value in (IDLE, RUNNING, WAITING):
+            out[tab_id] = value
+    return out
+
+
+def catch_up(owner: Any, report: dict[str, str], current: uuid.UUID | str | None) -> list[str]:
+    """The entries a page's list lacks or shows in another state (changes while its
+    socket was not connected: between the page's render and the connect, or a drop)."""
+    frames = []
+    # Oldest first: each insert goes on top, so the newest ends up there.
+    for tab in reversed(tabs(owner)):
+        if report.get(str(tab.pk)) != state(tab):
+            frames.append(entry(tab, current=current))
+    return frames
