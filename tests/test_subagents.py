@@ -706,6 +706,57 @@ async def test_a_childs_approval_is_answered_from_the_parent_and_never_by_anothe
     assert rows[-1].data["text"] == "Written."
 
 
+async def test_a_grandchilds_approval_reaches_the_top_tab_and_is_answered_there(tabs):
+    """With a profile that allows nesting, a sub-agent's own sub-agent's approval is in
+    the top tab's status (under its parent's entry) and bar, and answering it there lets
+    the whole tree finish."""
+    await Profile.objects.acreate(name="nester", allow_nesting=True)
+    tabs.script(
+        "go",
+        [delegate("c1", "nest", "Middle", profile="nester"), Finish(stop_reason="tool_use")],
+        [TextDelta("Top done."), Finish()],
+    )
+    tabs.script(
+        "nest",
+        [delegate("g1", "deep", "Bottom"), Finish(stop_reason="tool_use")],
+        [TextDelta("Middle done."), Finish()],
+    )
+    tabs.script(
+        "deep",
+        [call("w", "write_file", path="x.txt", content="hi"), Finish(stop_reason="tool_use")],
+        [TextDelta("Bottom done."), Finish()],
+    )
+
+    def asks(message) -> bool:
+        return message["op"] == "status" and any(
+            grand.get("approval")
+            for entry in message["status"].get("children", [])
+            for grand in entry.get("children") or []
+        )
+
+    def post(user, url: str, **data) -> int:
+        client = Client()
+        client.force_login(user)
+        return client.post(url, data, HTTP_HX_REQUEST="true").status_code
+
+    async with running_worker():
+        tab = await make_tab(approve_tools=True)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            asking = await watcher.until(asks)
+            middle = children.child_id(tab.pk, "c1")
+            bottom = children.child_id(middle, "g1")
+            html = render.fragment_status(asking["status"])
+            assert 'Bottom</a> <span class="muted">(under Middle)</span>' in html
+            action = f"/t/{bottom}/approve/"
+            assert f'hx-post="{action}"' in html
+            assert await database_sync_to_async(post)(tab.owner, action, approve="w") == 204
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert result_of(rows, "c1").data["result"].startswith("Middle done.\n\n")
+    assert rows[-1].data["text"] == "Top done."
+
+
 async def test_a_child_followed_late_shows_its_approval_and_keeps_it_across_polls(
     tabs, monkeypatch
 ):
