@@ -199,7 +199,8 @@ class TurnStatus:
     # The context meter (chat.context.Meter.as_dict), after each request.
     context: dict[str, Any] | None = None
     # The sub-agents this step waits for, by call id: {tab, title, call_id, state,
-    # step, approval} (the child's own approval request, answered on the child's tab).
+    # step, approval, children} (the child's own approval request, answered on the
+    # child's tab or from this tab's approval bar; its own sub-agents, when it may nest).
     children: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
