@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chat.tools import files
+from chat.tools import files, run_tool, workdir
 from chat.tools.base import ToolError
 
 # Calls made while the path flips. The old check-then-open code lost the race in
@@ -397,3 +397,65 @@ def test_it_closes_every_descriptor(ws, outside):
     ]:
         run(tool, ws, path, *(["x"] if tool == "write" else []))
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+# --- a tab's working directory -------------------------------------------------
+
+
+def swap_after_its_check(monkeypatch, ws: Path, name: str, outside: Path) -> None:
+    """Another tab's shell winning the race: `ws/name`, a folder on the way to the tab's
+    working directory, becomes a link to `outside` right after the working directory was
+    checked and opened, before the tool uses it."""
+    checked = workdir.open_root
+
+    def then_swapped(workspace: Path, cwd: str) -> tuple[Path, int]:
+        opened = checked(workspace, cwd)
+        (ws / name).rename(ws / f"{name}.real")
+        (ws / name).symlink_to(outside)
+        return opened
+
+    monkeypatch.setattr(workdir, "open_root", then_swapped)
+
+
+@pytest.mark.parametrize("tool", ["write_file", "read_file", "list_files"])
+async def test_a_working_directory_swapped_for_a_link_after_its_check_leads_nowhere(
+    ws, outside, monkeypatch, tool
+):
+    """The file tools start from the descriptor of the folder that was checked: a link
+    swapped in for a folder on its way since is never followed."""
+    (outside / "b").mkdir()
+    (outside / "b" / "f.txt").write_text("outside\n")
+    (ws / "a" / "b").mkdir(parents=True)
+    (ws / "a" / "b" / "f.txt").write_text("inside\n")
+    swap_after_its_check(monkeypatch, ws, "a", outside)
+    args = {"path": "f.txt", "content": "written\n"} if tool == "write_file" else {}
+    if tool == "read_file":
+        args = {"path": "f.txt"}
+    outcome = await run_tool(tool, args, ws, cwd="a/b")
+    assert (ws / "a").is_symlink()
+    assert (outside / "b" / "f.txt").read_text() == "outside\n"
+    expected = {
+        "write_file": "Overwrote f.txt (8 bytes)",
+        "read_file": "inside\n",
+        "list_files": "file           7  f.txt",
+    }[tool]
+    assert (outcome.result, outcome.is_error) == (expected, False)
+    if tool == "write_file":
+        assert (ws / "a.real" / "b" / "f.txt").read_text() == "written\n"
+
+
+async def test_a_working_directory_that_is_a_link_is_refused(ws, outside):
+    """Swapped before the call, a link anywhere on the way is refused, naming it."""
+    (outside / "b").mkdir()
+    (ws / "a").symlink_to(outside)
+    for tool, args in [
+        ("write_file", {"path": "x", "content": "x"}),
+        ("read_file", {"path": "x"}),
+        ("list_files", {}),
+    ]:
+        outcome = await run_tool(tool, args, ws, cwd="a/b")
+        assert (outcome.result, outcome.is_error) == (
+            "the working directory a/b is not a folder of the workspace (a is a link or a file)",
+            True,
+        )
+    assert list(outside.rglob("*")) == [outside / "b"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -28,7 +29,7 @@ from django.utils.html import escape
 from chat import agent, render
 from chat.providers.base import Finish, ToolCallEvent
 from chat.providers.replay import ScriptedProvider
-from chat.tools import run_tool, sandbox
+from chat.tools import run_tool, sandbox, workdir
 from chat.tools.base import ToolOutcome
 from chat.tools.sandbox import Policy
 from chat.tools.shell import run_shell
@@ -196,6 +197,92 @@ async def test_it_writes_only_in_the_workspace(ws, policy, tmp_path):
         "made\n"
     )
     assert (ws / "inside.txt").read_text() == "made\n"
+    assert list(outside.iterdir()) == []
+
+
+def swapped_after_its_check(monkeypatch, ws: Path, name: str, outside: Path) -> None:
+    """Another tab's shell winning the race: `ws/name` (a folder on the way to a tab's
+    working directory) becomes a link to `outside` right after the working directory
+    was checked and opened, before the tool uses it. Deterministic, not a race loop."""
+    checked = workdir.open_root
+
+    def then_swapped(workspace: Path, cwd: str) -> tuple[Path, int]:
+        opened = checked(workspace, cwd)
+        (ws / name).rename(ws / f"{name}.real")
+        (ws / name).symlink_to(outside)
+        return opened
+
+    monkeypatch.setattr(workdir, "open_root", then_swapped)
+
+
+@pytest.fixture
+def bwrap_without_bind_fd(tmp_path: Path) -> str:
+    """bwrap as one older than 0.5 looks: no --bind-fd in its --help."""
+    path = tmp_path / "old-bwrap"
+    real = shutil.which("bwrap")
+    path.write_text(
+        f'#!/bin/sh\nif [ "$1" = --help ]; then "{real}" --help | grep -v -- --bind-fd; '
+        f'exit 0; fi\nexec "{real}" "$@"\n'
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("old_bwrap", [False, True], ids=["bind-fd", "no-bind-fd"])
+async def test_a_working_directory_swapped_for_a_link_after_its_check_leads_nowhere(
+    ws, data, tmp_path, monkeypatch, request, old_bwrap
+):
+    """The shell runs in the folder that was checked, never where a link swapped in
+    since leads (bwrap's --bind follows links): with --bind-fd the folder itself is
+    bound; an older bwrap binds the whole workspace and starts in the folder there."""
+    bwrap = request.getfixturevalue("bwrap_without_bind_fd") if old_bwrap else sandbox.BWRAP
+    policy = Policy(hidden=(data,), bwrap=bwrap)
+    assert sandbox.binds_fd(policy) is not old_bwrap
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (ws / "a" / "b").mkdir(parents=True)
+    swapped_after_its_check(monkeypatch, ws, "a", outside)
+    outcome = await run_tool(
+        "shell",
+        {"command": "touch escaped && pwd"},
+        ws,
+        policy=policy,
+        cwd="a/b",
+        timeout=TEST_TIMEOUT,
+    )
+    assert (ws / "a").is_symlink()
+    assert list(outside.rglob("*")) == [outside / "b"]
+    if old_bwrap:
+        # Inside the sandbox a/b leads to the link's target, which is not there.
+        assert outcome.is_error and "Can't chdir" in outcome.result
+    else:
+        assert outcome.result == f"{ws}/a/b\n[exit code 0]"
+        assert (ws / "a.real" / "b" / "escaped").exists()
+
+
+async def test_the_shell_in_a_working_directory_gets_no_descriptor_of_it(ws, policy):
+    """The descriptor bwrap binds is closed before the command runs: one of a folder
+    mounted outside the sandbox's root would let it climb out with `..`."""
+    outcome = await run_tool(
+        "shell", {"command": "ls /proc/self/fd"}, ws, policy=policy, cwd="site"
+    )
+    # stdin, stdout and stderr, and ls's own descriptor of the folder it lists.
+    assert outcome.result == "0\n1\n2\n3\n[exit code 0]"
+
+
+async def test_a_working_directory_that_is_a_link_is_refused(ws, policy, tmp_path):
+    """Swapped before the call: the shell and the file tools refuse it, naming it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (ws / "site").symlink_to(outside)
+    shell = await run_tool("shell", {"command": "touch x"}, ws, policy=policy, cwd="site")
+    write = await run_tool("write_file", {"path": "x", "content": "x"}, ws, cwd="site")
+    for outcome in (shell, write):
+        assert outcome == ToolOutcome(
+            "the working directory site is not a folder of the workspace "
+            "(site is a link or a file)",
+            is_error=True,
+        )
     assert list(outside.iterdir()) == []
 
 

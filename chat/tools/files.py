@@ -9,6 +9,10 @@ checked by path and then used by path again, so a process that swaps a
 directory for a symlink mid-call (the shell tool can) makes the call fail;
 it cannot lead it out of the workspace.
 
+A tab's working directory is given as the descriptor its check opened
+(chat.tools.workdir.open_root, `root_fd`), so the walk starts in that very
+folder even if a link has replaced it (or a folder above it) since.
+
 Symlinks are resolved by this walk, not by the kernel, with the rules of
 Linux's RESOLVE_BENEATH: a relative link is followed when its target stays
 inside the workspace; a `..` in a target that would climb above the
@@ -136,6 +140,7 @@ def _walk(
     *,
     missing: str | None,
     landed: list[str] | None = None,
+    root_fd: int | None = None,
 ) -> tuple[int, str, os.stat_result | None]:
     """Follow `parts` from the workspace `root` down to their last component.
 
@@ -148,9 +153,12 @@ def _walk(
     With `landed` (a list, filled with the components of the path reached),
     nothing is created: what lies below a missing directory is read as written,
     as it would be once write_file had made it (a new directory holds no link).
+
+    With `root_fd`, a descriptor of `root` (chat.tools.workdir.open_root), the walk starts
+    there and `root` is never opened by its path.
     """
     try:
-        root_fd = os.open(root, _DIR_FLAGS)
+        root_fd = os.open(root, _DIR_FLAGS) if root_fd is None else os.dup(root_fd)
     except OSError as exc:
         raise ToolError(f"the workspace cannot be opened: {exc.strerror or exc}") from exc
     stack.callback(os.close, root_fd)
@@ -324,24 +332,26 @@ def _open_file(here: int, name: str, shown: str, flags: int) -> int:
         raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
 
 
-def resolve(root: Path, raw: str) -> str:
+def resolve(root: Path, raw: str, *, root_fd: int | None = None) -> str:
     """The path, relative to `root`, that a file tool given `raw` would open: links
     followed as the tools follow them, nothing created (`.` for `root` itself).
     ToolError when the tools would refuse the path (it leaves `root`, a loop)."""
     parts, shown = _checked(raw)
     landed: list[str] = []
     with ExitStack() as stack:
-        _walk(stack, root, parts, shown, missing=None, landed=landed)
+        _walk(stack, root, parts, shown, missing=None, landed=landed, root_fd=root_fd)
     return "/".join(landed) or "."
 
 
 # --- list_files ----------------------------------------------------------------
 
 
-def list_files(root: Path, raw: str = ".") -> ToolOutcome:
+def list_files(root: Path, raw: str = ".", *, root_fd: int | None = None) -> ToolOutcome:
     parts, shown = _checked(raw)
     with ExitStack() as stack:
-        here, name, info = _walk(stack, root, parts, shown, missing="no such directory")
+        here, name, info = _walk(
+            stack, root, parts, shown, missing="no such directory", root_fd=root_fd
+        )
         if info is None:
             raise ToolError(f"{shown}: no such directory")
         if not stat.S_ISDIR(info.st_mode):
@@ -396,11 +406,16 @@ def _entry_line(entry: os.DirEntry) -> str:
 
 
 def read_file(
-    root: Path, raw: str, offset: int = 1, limit: int = READ_DEFAULT_LINES
+    root: Path,
+    raw: str,
+    offset: int = 1,
+    limit: int = READ_DEFAULT_LINES,
+    *,
+    root_fd: int | None = None,
 ) -> ToolOutcome:
     parts, shown = _checked(raw)
     with ExitStack() as stack:
-        here, name, info = _walk(stack, root, parts, shown, missing="no such file")
+        here, name, info = _walk(stack, root, parts, shown, missing="no such file", root_fd=root_fd)
         # Checked before opening, so that a device is never opened at all, and
         # again on the descriptor, which is what is read.
         _check_readable(info, shown)
@@ -510,14 +525,14 @@ def _skip_line(f) -> bool:
 # --- write_file ----------------------------------------------------------------
 
 
-def write_file(root: Path, raw: str, content: str) -> ToolOutcome:
+def write_file(root: Path, raw: str, content: str, *, root_fd: int | None = None) -> ToolOutcome:
     parts, shown = _checked(raw)
     try:
         data = content.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ToolError(f"{shown}: the content is not valid Unicode ({exc.reason})") from exc
     with ExitStack() as stack:
-        here, name, info = _walk(stack, root, parts, shown, missing=None)
+        here, name, info = _walk(stack, root, parts, shown, missing=None, root_fd=root_fd)
         _check_writable(info, shown)
         fd = _open_file(here, name, shown, os.O_WRONLY | os.O_CREAT)
         stack.callback(os.close, fd)

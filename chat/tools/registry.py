@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
+import os
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -23,8 +25,21 @@ from chat.tools.base import ToolError, ToolOutcome
 logger = logging.getLogger(__name__)
 
 OnOutput = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a call runs: the folder `root` (the workspace or a tab's working directory in
+    it), opened as `fd` by chat.tools.workdir.open_root; tools use the descriptor, so a
+    link swapped in for the folder since leads them nowhere."""
+
+    root: Path
+    fd: int
+    workspace: Path
+
+
 Runner = Callable[
-    [Mapping[str, Any], Path, "OnOutput | None", float, sandbox.Policy], Awaitable[ToolOutcome]
+    [Mapping[str, Any], Place, "OnOutput | None", float, sandbox.Policy], Awaitable[ToolOutcome]
 ]
 
 
@@ -38,31 +53,46 @@ class Tool:
     run: Runner
 
 
-async def _list_files(args, root, on_output, timeout, policy) -> ToolOutcome:
-    return await asyncio.to_thread(files.list_files, root, args.get("path", "."))
-
-
-async def _read_file(args, root, on_output, timeout, policy) -> ToolOutcome:
+async def _list_files(args, place, on_output, timeout, policy) -> ToolOutcome:
     return await asyncio.to_thread(
-        files.read_file,
-        root,
+        functools.partial(files.list_files, root_fd=place.fd),
+        place.root,
+        args.get("path", "."),
+    )
+
+
+async def _read_file(args, place, on_output, timeout, policy) -> ToolOutcome:
+    return await asyncio.to_thread(
+        functools.partial(files.read_file, root_fd=place.fd),
+        place.root,
         args["path"],
         args.get("offset", 1),
         args.get("limit", files.READ_DEFAULT_LINES),
     )
 
 
-async def _write_file(args, root, on_output, timeout, policy) -> ToolOutcome:
-    return await asyncio.to_thread(files.write_file, root, args["path"], args["content"])
-
-
-async def _shell(args, root, on_output, timeout, policy) -> ToolOutcome:
-    return await shell.run_shell(
-        args["command"], root, on_output=on_output, timeout=timeout, policy=policy
+async def _write_file(args, place, on_output, timeout, policy) -> ToolOutcome:
+    return await asyncio.to_thread(
+        functools.partial(files.write_file, root_fd=place.fd),
+        place.root,
+        args["path"],
+        args["content"],
     )
 
 
-async def _schedule_wake(args, root, on_output, timeout, policy) -> ToolOutcome:
+async def _shell(args, place, on_output, timeout, policy) -> ToolOutcome:
+    return await shell.run_shell(
+        args["command"],
+        place.root,
+        on_output=on_output,
+        timeout=timeout,
+        policy=policy,
+        root_fd=place.fd,
+        workspace=place.workspace,
+    )
+
+
+async def _schedule_wake(args, place, on_output, timeout, policy) -> ToolOutcome:
     # run_tool calls chat.tools.wake with the tab instead: a wake is made for a tab.
     return ToolOutcome(f"{wake.NAME} runs only in a tab's turn", is_error=True)
 
@@ -98,7 +128,7 @@ AGENT_SCHEMA: Mapping[str, Any] = {
 }
 
 
-async def _agent(args, root, on_output, timeout, policy) -> ToolOutcome:
+async def _agent(args, place, on_output, timeout, policy) -> ToolOutcome:
     return ToolOutcome(f"{AGENT} runs only in a tab's turn", is_error=True)
 
 
@@ -308,16 +338,24 @@ async def run_tool(
     try:
         if name == wake.NAME:
             return await wake.schedule_wake(args, tab_id)
-        root = await asyncio.to_thread(workdir.ensure, Path(workspace), cwd)
-        return await tool.run(
-            args, root, on_output, timeout or shell.SHELL_TIMEOUT, policy or sandbox.Policy()
-        )
+        place = await asyncio.to_thread(_place, Path(workspace), cwd)
+        try:
+            return await tool.run(
+                args, place, on_output, timeout or shell.SHELL_TIMEOUT, policy or sandbox.Policy()
+            )
+        finally:
+            os.close(place.fd)
     except ToolError as exc:
         return ToolOutcome(str(exc), is_error=True)
     except Exception as exc:
         # A bug in a tool must not end the turn; the model sees it and the log has it.
         logger.exception("tool %s failed", name)
         return ToolOutcome(f"{name} failed unexpectedly: {exc!r}", is_error=True)
+
+
+def _place(workspace: Path, cwd: str) -> Place:
+    root, fd = workdir.open_root(workspace, cwd)
+    return Place(root, fd, files.ensure_workspace(workspace))
 
 
 def check_arguments(schema: Mapping[str, Any], arguments: object) -> str | None:

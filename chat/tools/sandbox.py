@@ -145,6 +145,10 @@ SCMP_ARCH_X86_64 = 0xC000003E
 SCMP_ARCH_X86 = 0x40000003
 SCMP_ARCH_X32 = 0x4000003E
 
+# Binds a folder by an open descriptor (bwrap 0.5 and later), not by a path that a link
+# swapped in since could lead elsewhere; bwrap closes the descriptor once it is bound.
+BIND_FD = "--bind-fd"
+
 # The availability check runs `bwrap ... true`, which takes milliseconds; a
 # bwrap that hangs (a stuck mount) must not stall a request for longer.
 PROBE_TIMEOUT = 10.0
@@ -357,6 +361,11 @@ def _installed(program: str) -> str | None:
 def disables_userns(bwrap: str) -> bool:
     """Whether this bwrap has --disable-userns (0.8 and later; Ubuntu 22.04 has 0.6)."""
     return "--disable-userns" in _options(bwrap)
+
+
+def binds_fd(policy: Policy) -> bool:
+    """Whether command() binds a root given by descriptor by it (this bwrap has --bind-fd)."""
+    return not policy.unsandboxed and BIND_FD in _options(policy.bwrap)
 
 
 @functools.cache
@@ -614,9 +623,20 @@ def command(
     argv: Sequence[str],
     network: Network | None = None,
     seccomp: int | None = None,
+    *,
+    root_fd: int | None = None,
+    workspace: Path | None = None,
 ) -> list[str]:
     """The bwrap command line that runs `argv` in workspace `root` (resolved), on the
-    private `network` if given, under the seccomp program readable on fd `seccomp`."""
+    private `network` if given, under the seccomp program readable on fd `seccomp`.
+
+    `root` may be a tab's working directory, a folder of `workspace` checked by
+    chat.tools.workdir.open_root, which opened it as `root_fd` (passed to bwrap). A
+    link swapped in for it since (another tab's shell can) must not be followed: bwrap's
+    --bind follows links. So the descriptor is bound (--bind-fd), the very folder that
+    was checked, whatever its path leads to now. A bwrap without --bind-fd (older than
+    0.5) binds the whole `workspace` instead and starts in `root` inside the sandbox,
+    where a link can only lead to what the sandbox shows anyway."""
     bwrap = shutil.which(policy.bwrap) or policy.bwrap
     args, exposed = _base_args(policy, private=network is not None)
     if network is not None:
@@ -631,13 +651,17 @@ def command(
         # settings.py refuses that layout.)
         if any(_within(hidden, d) for d in exposed):
             covers += ["--tmpfs", str(hidden)]
+    if root_fd is not None and binds_fd(policy):
+        bind = [BIND_FD, str(root_fd), str(root)]
+    elif root_fd is not None and workspace is not None:
+        bind = ["--bind", str(workspace), str(workspace)]
+    else:
+        bind = ["--bind", str(root), str(root)]
     return [
         bwrap,
         *args,
         *covers,
-        "--bind",
-        str(root),
-        str(root),
+        *bind,
         # Last: the new root, where bwrap made the mount points, takes no files.
         "--remount-ro",
         "/",

@@ -264,8 +264,14 @@ async def run_shell(
     on_output: Callable[[str], None] | None = None,
     timeout: float = SHELL_TIMEOUT,
     policy: sandbox.Policy | None = None,
+    root_fd: int | None = None,
+    workspace: Path | None = None,
 ) -> ToolOutcome:
-    """Run `command` in the resolved workspace `root`; see the module docstring."""
+    """Run `command` in the resolved workspace `root`; see the module docstring.
+
+    `root` may be a tab's working directory in `workspace`, opened as `root_fd` by
+    chat.tools.workdir.open_root: the command then runs in that folder, never in
+    whatever its path leads to by now (sandbox.command)."""
     policy = policy or sandbox.Policy()
     argv = [shell_path(), "-c", command]
     network: sandbox.Network | None = None
@@ -278,9 +284,11 @@ async def run_shell(
             network = sandbox.Network(policy)
         if (program := sandbox.setid_filter()) is not None:
             seccomp = sandbox.program_fd(program)
-        argv = sandbox.command(policy, root, argv, network, seccomp)
+        argv = sandbox.command(
+            policy, root, argv, network, seccomp, root_fd=root_fd, workspace=workspace
+        )
     try:
-        return await _run(root, argv, on_output, timeout, policy, network, seccomp)
+        return await _run(root, argv, on_output, timeout, policy, network, seccomp, root_fd)
     finally:
         if network is not None:
             network.close()
@@ -297,8 +305,10 @@ async def _run(
     policy: sandbox.Policy,
     network: sandbox.Network | None,
     seccomp: int | None,
+    root_fd: int | None = None,
 ) -> ToolOutcome:
     become_subreaper()
+    bound = root_fd is not None and sandbox.binds_fd(policy)
     output = _Output(on_output)
     loop = asyncio.get_running_loop()
     read_fd, write_fd = os.pipe()
@@ -312,12 +322,17 @@ async def _run(
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=write_fd,
-                cwd=root,
+                # The folder opened, not its path: the child resolves its own
+                # descriptor's link before it lets go of its descriptors.
+                cwd=root if root_fd is None else f"/proc/self/fd/{root_fd}",
                 env=shell_env(root, sandboxed=not policy.unsandboxed),
                 start_new_session=True,
                 pass_fds=(
                     *(network.child_fds() if network is not None else ()),
                     *((seccomp,) if seccomp is not None else ()),
+                    # bwrap closes it once bound: a command holding a descriptor of a
+                    # folder mounted outside its root could climb out with "..".
+                    *((root_fd,) if bound else ()),
                 ),
             )
         finally:

@@ -6,7 +6,10 @@ so the shell's sandbox makes only it writable. The name is checked as text
 (relative, no `..`, nothing odd), then each component is made or opened with
 O_NOFOLLOW under its parent's descriptor: a link anywhere on the way is
 refused, so the folder is never somewhere outside the workspace. The runner
-checks again at every call (the shell may have swapped a link in since).
+checks again at every call (the shell may have swapped a link in since) and
+gives the tool the descriptor it opened (open_root), never the path: a link
+swapped in between the check and the use would otherwise lead the shell's bind
+mount or the file tools' walk out of the workspace.
 
 Also here: reading a workspace file the app itself uses (AGENTS.md), with the
 same no-link rule, so a link planted in the workspace cannot pull another file
@@ -61,13 +64,21 @@ def ensure(workspace: Path, workdir: str) -> Path:
     """The tools' root for a tab: the workspace, or its subfolder `workdir` (made if
     missing); ToolError when the folder cannot be made or is (or passes through) a link
     or anything but a directory."""
+    root, fd = open_root(workspace, workdir)
+    os.close(fd)
+    return root
+
+
+def open_root(workspace: Path, workdir: str) -> tuple[Path, int]:
+    """As ensure(), and a descriptor of the folder (the caller closes it), opened from
+    the workspace's one component at a time with O_NOFOLLOW. The tools use it and never
+    the path again: a link swapped in for the folder (or a folder on its way) after this
+    check, by another tab's shell, say, would lead a path anywhere."""
     root = ensure_workspace(Path(workspace))
     try:
         parts = check(workdir).split("/") if workdir else []
     except BadWorkdir as exc:
         raise ToolError(str(exc)) from exc
-    if not parts:
-        return root
     fd = os.open(root, _DIR_FLAGS)
     try:
         for part in parts:
@@ -88,9 +99,10 @@ def ensure(workspace: Path, workdir: str) -> Path:
                 ) from exc
             os.close(fd)
             fd = inner
-    finally:
+    except BaseException:
         os.close(fd)
-    return root.joinpath(*parts)
+        raise
+    return root.joinpath(*parts), fd
 
 
 def read_text(root: Path, name: str, limit: int) -> tuple[str, int] | None:
