@@ -11,6 +11,7 @@ import uuid
 import pytest
 from asgiref.sync import sync_to_async
 
+from chat.models import Tab
 from harness.login import session_for
 from tests.live import (
     ARTIFACTS,
@@ -58,7 +59,6 @@ async def test_a_turn_spawns_a_child_whose_status_and_result_the_parent_shows(
     await sync_to_async(set_setting)("approve_tools", False)
     user = await sync_to_async(make_user)()
     tab = await sync_to_async(make_tab)(user, MODEL)
-    child = uuid.uuid5(tab.id, "toolu_1")
     session = await sync_to_async(session_for)(user)
     live = await open_page(browser, server, f"/t/{tab.id}/", session=session, width=1280)
     page = live.page
@@ -67,6 +67,7 @@ async def test_a_turn_spawns_a_child_whose_status_and_result_the_parent_shows(
     await send_message(page, "survey the workspace with a sub-agent")
     card = page.locator("#log .child-live")
     await card.locator(".child-state", has_text="running").wait_for(state="visible")
+    child = await sync_to_async(child_of)(tab.id, "toolu_1")
     assert await card.locator("a.child-tab").get_attribute("href") == f"/t/{child}/"
     assert await card.locator("a.child-tab").inner_text() == "Survey"
     # The step follows the child live: it moves on without a reload.
@@ -115,15 +116,16 @@ async def test_a_childs_approval_is_answered_in_the_parent_tab(browser, serve, f
     await sync_to_async(set_setting)("approve_tools", True)
     user = await sync_to_async(make_user)()
     tab = await sync_to_async(make_tab)(user, MODEL)
-    child = uuid.uuid5(tab.id, "toolu_1")
     session = await sync_to_async(session_for)(user)
     live = await open_page(browser, server, f"/t/{tab.id}/", session=session, width=1280)
     page = live.page
     await synced(page)
 
     await send_message(page, "have a sub-agent write x.txt")
+    await page.locator("#approval .child-approval").wait_for(state="visible")
+    child = await sync_to_async(child_of)(tab.id, "toolu_1")
     asks = page.locator(f'#approval .child-approval[data-child="{child}"]')
-    await asks.wait_for(state="visible")
+    assert await asks.count() == 1
     assert await asks.locator(".child-who a").get_attribute("href") == f"/t/{child}/"
     what = await asks.locator(".approval-what").inner_text()
     assert what == "Sub-agent Writer: write_file x.txt"
@@ -132,6 +134,11 @@ async def test_a_childs_approval_is_answered_in_the_parent_tab(browser, serve, f
     assert "asks to run write_file" in await card.inner_text()
     assert await page.locator("#status .child-status").inner_text() == "sub-agent asks approval"
     await shots(page, "subagent-approval")
+    # A page opened while the child waits learns of it from the parent's runner.
+    await page.reload()
+    await synced(page)
+    await asks.wait_for(state="visible")
+    await card.locator(".child-state", has_text="waiting for approval").wait_for()
 
     await asks.locator("button[name=approve]").click()
     await page.locator("#log", has_text="The child wrote it.").wait_for()
@@ -143,6 +150,11 @@ async def test_a_childs_approval_is_answered_in_the_parent_tab(browser, serve, f
     parent_result = next(c for c in await sync_to_async(rows)(tab.id) if c.type == "tool_result")
     assert parent_result.data["result"].startswith("Wrote x.txt.\n\n")
     live.assert_clean()
+
+
+def child_of(parent_id: uuid.UUID, call_id: str) -> uuid.UUID:
+    """The child tab that call of the parent made (found, however its id is derived)."""
+    return Tab.objects.get(parent_tab_id=parent_id, parent_call_id=call_id).pk
 
 
 async def shots(page, name: str) -> None:
