@@ -320,6 +320,52 @@ async def test_a_tool_that_is_not_plain_json_is_left_out_with_a_problem():
     ]
 
 
+async def test_a_tool_whose_schema_providers_refuse_at_its_top_or_too_big_is_left_out():
+    """Anthropic and OpenAI refuse a tool whose input schema has oneOf, anyOf, allOf, not
+    or enum at its top, so every request of every tab offering it would fail; a huge
+    schema goes with every request. Each is left out, named with its server and why."""
+    await McpServer.objects.acreate(
+        name="odd",
+        transport="stdio",
+        command=sys.executable,
+        args=[str(SERVERS / "bare.py"), "shapes"],
+    )
+    found, problems = await mcp.specs()
+    assert [spec.name for spec in found] == ["mcp__odd__where"]
+    top = [
+        f"server odd: tool {key.lower()!r} is left out: its input schema has {key} at its "
+        "top, which providers refuse"
+        for key in ["oneOf", "anyOf", "allOf", "not", "enum"]
+    ]
+    huge = {"type": "object", "properties": {"x": {"type": "string", "description": "x" * 20000}}}
+    size = len(json.dumps(huge, sort_keys=True))
+    assert problems == [
+        *top,
+        f"server odd: tool 'huge' is left out: its input schema takes {size} bytes, more than "
+        f"{mcp.MAX_SCHEMA_BYTES}",
+    ]
+
+
+async def test_a_servers_tools_past_its_total_size_are_left_out_with_a_problem():
+    """Ten tools of 10 KB each are fine one by one: together they pass what one server's
+    definitions may take, and the ones past it are left out, named."""
+    await McpServer.objects.acreate(
+        name="bulky",
+        transport="stdio",
+        command=sys.executable,
+        args=[str(SERVERS / "bare.py"), "bulky"],
+    )
+    found, problems = await mcp.specs()
+    kept = ["where", *(f"bulky{n}" for n in range(6))]
+    assert sorted(spec.tool for spec in found) == sorted(kept)
+    assert sum(len(json.dumps(spec.input_schema)) for spec in found) <= mcp.MAX_SERVER_TOOLS_BYTES
+    assert problems == [
+        "server bulky: 4 tools are left out ('bulky6', 'bulky7', 'bulky8', 'bulky9'): its "
+        f"tools' definitions may take {mcp.MAX_SERVER_TOOLS_BYTES} bytes in all, and go with "
+        "every request"
+    ]
+
+
 async def test_problems_and_errors_never_show_the_servers_secrets():
     """A problem goes into every tab that has the server's tools: a server quoting its
     token on stderr, or a URL carrying one, shows users no secret."""

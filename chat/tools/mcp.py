@@ -74,6 +74,17 @@ MAX_TOOLS_PER_SERVER = 100
 MAX_LIST_PAGES = 50
 # A tool's description is sent with every request; past this it is cut.
 MAX_DESCRIPTION_CHARS = 2000
+# One tool's input schema, as sorted-key JSON: a bigger one is left out. Real tools' take
+# a few hundred bytes to a few KiB; each byte goes with every request of every tab.
+MAX_SCHEMA_BYTES = 16 * 1024
+# All of one server's tool definitions (name, description, schema as sorted-key JSON),
+# about 16k tokens: the tools past it are left out. Peers' users lost 50-150k tokens of
+# context to a few servers' definitions.
+MAX_SERVER_TOOLS_BYTES = 64 * 1024
+# Keywords a provider refuses at the top of a tool's input schema (Anthropic and OpenAI
+# alike: it must be a plain object schema); a tool offering one would make every request
+# of every tab that has it fail.
+TOP_LEVEL_REFUSED = ("oneOf", "anyOf", "allOf", "not", "enum")
 
 # The HTTP transport's read timeout: a tool may stream progress or think for long, and
 # the server's own timeout bounds each call; the SDK's default would cut calls short.
@@ -464,7 +475,19 @@ def _refused(tool: Any, version: str) -> str:
     except jsonschema.SchemaError as exc:
         at = "/".join(map(str, exc.absolute_path)) or "its top"
         return f"its input schema is not valid JSON Schema (at {at}: {exc.message})"
+    refused = [key for key in TOP_LEVEL_REFUSED if key in schema]
+    if refused:
+        keys = ", ".join(refused)
+        return f"its input schema has {keys} at its top, which providers refuse"
+    size = _size(schema)
+    if size > MAX_SCHEMA_BYTES:
+        return f"its input schema takes {size} bytes, more than {MAX_SCHEMA_BYTES}"
     return ""
+
+
+def _size(value: Any) -> int:
+    """The bytes `value` takes as sent: sorted-key JSON."""
+    return len(json.dumps(value, sort_keys=True, ensure_ascii=False).encode("utf-8", "replace"))
 
 
 def _where(exc: ValidationError, skip: int = 0) -> str:
@@ -703,6 +726,8 @@ async def _server_tools(
     problems = [f"{label}: {why}" for why in refused]
     usable = []
     seen: set[str] = set()
+    total = 0
+    past: list[str] = []
     for tool in tools:
         if tool.name in seen:
             problems.append(f"{label}: tool {tool.name!r} is listed twice; the first is kept")
@@ -711,9 +736,20 @@ async def _server_tools(
             problems.append(f"{label}: tool {tool.name!r} is left out: {why}")
             continue
         seen.add(tool.name)
+        size = _size([tool.name, _description(tool), tool.input_schema])
+        if past or total + size > MAX_SERVER_TOOLS_BYTES:
+            past.append(tool.name)
+            continue
+        total += size
         usable.append(tool)
+    if past:
+        names = ", ".join(repr(name) for name in past)
+        problems.append(
+            f"{label}: {len(past)} tools are left out ({names}): its tools' definitions "
+            f"may take {MAX_SERVER_TOOLS_BYTES} bytes in all, and go with every request"
+        )
     if beyond:
-        listed = len(usable) + beyond
+        listed = len(usable) + len(past) + beyond
         problems.append(
             f"{label}: {listed} tools, only the first {MAX_TOOLS_PER_SERVER} are offered"
         )

@@ -2,7 +2,9 @@
 sandbox shows the system's Python but not the project's packages, so this one is copied
 into the workspace and run there. `broken` as its argument: it also lists tools whose
 schemas no provider takes (one the SDK refuses, one it lets through) and one fine;
-`unstorable`: tools with NaN in a schema and NUL in a description; `garbage`: it
+`unstorable`: tools with NaN in a schema and NUL in a description; `shapes`: tools
+whose schemas have what providers refuse at their top (oneOf, anyOf, allOf, not,
+enum), and one past the size cap; `bulky`: ten tools past a server's total cap; `garbage`: it
 writes a line that is not JSON-RPC, then nothing; `exit`: it fails at once, saying why
 on stderr; `leak`: the same, quoting its token; `silent`: it reads and never answers
 (a server hanging in its handshake)."""
@@ -36,6 +38,25 @@ if sys.argv[1:] == ["broken"]:
     typo = {"type": "object", "properties": {"x": {"type": "strng"}}}
     TOOLS.append({"name": "typo", "inputSchema": typo})
     TOOLS.append({"name": "fine", "description": "Kept.", "inputSchema": {"type": "object"}})
+if sys.argv[1:] == ["shapes"]:
+    # Valid JSON Schema that providers refuse at the top, and one too big to send.
+    for key, value in [
+        ("oneOf", [{"required": ["a"]}, {"required": ["b"]}]),
+        ("anyOf", [{"required": ["a"]}]),
+        ("allOf", [{"required": ["a"]}]),
+        ("not", {"required": ["a"]}),
+        ("enum", [{}]),
+    ]:
+        schema = {"type": "object", key: value}
+        TOOLS.append({"name": key.lower(), "inputSchema": schema})
+    huge = {"type": "object", "properties": {"x": {"type": "string", "description": "x" * 20000}}}
+    TOOLS.append({"name": "huge", "inputSchema": huge})
+if sys.argv[1:] == ["bulky"]:
+    # Ten tools of 10 KB each: fine one by one, too much together.
+    for n in range(10):
+        text = {"type": "string", "description": str(n) * 10000}
+        schema = {"type": "object", "properties": {"x": text}}
+        TOOLS.append({"name": f"bulky{n}", "inputSchema": schema})
 if sys.argv[1:] == ["unstorable"]:
     # Valid MCP, but not JSON a database column (or a provider) takes: NaN, and a NUL.
     number = {"type": "number", "maximum": float("nan")}
