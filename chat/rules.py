@@ -50,6 +50,7 @@ boundary; rules decide what to run without asking.
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -59,6 +60,8 @@ from typing import Any
 
 import bashlex
 import bashlex.ast
+
+logger = logging.getLogger(__name__)
 
 ALLOW = "allow"
 ASK = "ask"
@@ -248,7 +251,40 @@ def decide(
     `resolve` says where a workspace path leads once links are followed, as the file
     tools and the shell would follow them (chat.tools.files.resolve, from the tab's
     working directory); anything it raises makes that path unprovable. Without it,
-    paths are judged as written."""
+    paths are judged as written.
+
+    Never raises: a call rules fail to read (a parser's shape they do not know) is
+    unprovable, whatever the reason, so it is never allowed and a turn never crashes on it."""
+    if not rules:
+        return None
+    try:
+        return _decide(rules, name, arguments, resolve)
+    except Exception as exc:
+        logger.exception("rules could not read a %s call", name)
+        return _failed(rules, name, exc)
+
+
+def _failed(rules: Sequence[Rule], name: str, exc: Exception) -> Decision | None:
+    """The decision on a call rules failed to read: a whole-tool deny still denies, any
+    other deny or ask rule that might have had a say asks, nothing allows."""
+    why = f"rules could not read the call ({type(exc).__name__}: {_first_line(exc)})"
+    own = [rule for rule in rules if rule.applies_to(name) and rule.action != ALLOW]
+    if whole := next((rule for rule in own if rule.action == DENY and rule.spec is None), None):
+        return Decision(DENY, (whole,))
+    if name == SHELL:
+        own += [
+            rule for rule in rules if rule.tool in PATH_TOOLS and rule.spec is not None
+            and rule.action != ALLOW
+        ]  # fmt: skip
+    return Decision(ASK, (own[0],), unprovable=why) if own else None
+
+
+def _decide(
+    rules: Sequence[Rule],
+    name: str,
+    arguments: Mapping[str, Any],
+    resolve: Callable[[str], str] | None,
+) -> Decision | None:
     own = [rule for rule in rules if rule.applies_to(name)]
     if name == SHELL:
         shell = read_shell(arguments.get("command"))
@@ -380,6 +416,14 @@ def natural(name: str, arguments: Mapping[str, Any]) -> str | None:
     into a wildcard, so it gets none, like a command that is not one simple command, one
     that runs another (a wrapper, a path to the program: the rule would not allow the
     command inside) and one that runs what rules cannot read."""
+    try:
+        return _natural(name, arguments)
+    except Exception:
+        logger.exception("rules could not read a %s call", name)
+        return None
+
+
+def _natural(name: str, arguments: Mapping[str, Any]) -> str | None:
     if name == SHELL:
         shell = read_shell(arguments.get("command"))
         if shell.unprovable or shell.runs or len(shell.parts) != 1:
@@ -539,6 +583,9 @@ _VISIBLE_EXPANSIONS = frozenset({"parameter", "tilde"})
 
 
 def _redirect(node: Any, shell: Shell, source: str) -> None:
+    target = node.output
+    if node.type in (">&", "<&") and (isinstance(target, int) or target == "-"):
+        return  # 2>&1, >&2, <&0 copy a descriptor, 2>&- closes one: no file either way
     if node.type not in FILE_REDIRECTS:
         if node.type.startswith("<<"):
             # The text of a here-document is expanded: it may run commands.
@@ -546,8 +593,8 @@ def _redirect(node: Any, shell: Shell, source: str) -> None:
         else:
             shell.cannot(f"the command uses the redirection {node.type}", hides=False)
         return
-    target = node.output
-    if isinstance(target, int):  # 2>&1, >&2
+    if not isinstance(getattr(target, "word", None), str):
+        shell.cannot(f"the command uses the redirection {node.type} in a way rules do not read")
         return
     path = target.word
     why = _check_word(target, shell)

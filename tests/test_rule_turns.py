@@ -282,3 +282,24 @@ async def test_path_rules_see_where_links_lead_in_the_tabs_working_directory(scr
     assert done["w1"]["is_error"] and done["s1"]["is_error"] and done["w2"]["is_error"]
     assert done["w2"]["result"] == "Denied by the user."
     assert (proj / "out.txt").read_text() == "fine\n" and done["s2"]["is_error"] is False
+
+
+async def test_a_command_closing_a_descriptor_runs_in_a_tab_without_rules(script, workspace):
+    """`2>&-` closes stderr: it once made reading the command raise, which ended the turn
+    with an internal error although the tab had no rules at all."""
+    script(
+        [call("s1", "shell", command="echo hi 2>&-"), Finish(stop_reason="tool_use")],
+        [call("s2", "shell", command="echo there >&2 2>&-"), Finish(stop_reason="tool_use")],
+        [TextDelta("done"), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab(approve_tools=False)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    done = results(rows)
+    assert done["s1"]["is_error"] is False and "hi" in done["s1"]["result"]
+    assert done["s2"]["is_error"] is False
+    assert rule_chunks(rows) == [] and rows[-1].type == "text"
+    assert not [r for r in rows if r.type == "error"]

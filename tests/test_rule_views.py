@@ -205,6 +205,16 @@ def test_always_allow_adds_nothing_when_an_ask_rule_would_still_win(alice, tab):
     assert "added" not in message["rule"]["rule"]
 
 
+def test_always_allow_on_a_command_closing_a_descriptor_adds_its_rule(alice, tab):
+    # `2>&-` once made reading the command raise: the button answered with a 500.
+    with_call(tab, "c1", "shell", command="echo hi 2>&-")
+    channel = control_channel(tab)
+    assert approve(client_for(alice), tab, "always_tab", "c1").status_code == 204
+    tab.refresh_from_db()
+    assert tab.rules == [{"action": "allow", "pattern": "shell(echo hi)"}]
+    assert received(channel)["rule"]["text"] == "Rule added for this tab: allow `shell(echo hi)`"
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
