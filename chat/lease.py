@@ -132,17 +132,20 @@ def unclaim(tab_id: uuid.UUID) -> None:
 def is_dead(running: RunningTurn) -> bool:
     """The lease's worker is gone: its heartbeat is stale, or it ran on this host and
     its process is gone (or a zombie), or it is this process and no claim covers it."""
-    if is_stale(running):
-        return True
     host, _, rest = running.worker.partition(":")
     pid_text = rest.partition(":")[0]
+    mine = host == HOST_ID and pid_text == str(os.getpid())
+    if mine:
+        # This process knows its own runners better than a heartbeat does: a machine so
+        # loaded that a heartbeat lags 15 s must not have its scan take a live turn.
+        # Without a claim, a previous process with the same pid (a restarted container)
+        # left it.
+        return _claims[running.tab_id] <= 0
+    if is_stale(running):
+        return True
     if host != HOST_ID or not pid_text.isdigit():
         return False
-    pid = int(pid_text)
-    if pid == os.getpid():
-        # A previous process with the same pid (a restarted container) left it.
-        return _claims[running.tab_id] <= 0
-    return not _process_alive(pid)
+    return not _process_alive(int(pid_text))
 
 
 def _process_alive(pid: int) -> bool:

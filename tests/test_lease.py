@@ -87,6 +87,23 @@ async def test_a_lease_of_this_process_is_alive_only_while_claimed():
     assert lease.is_dead(running)
 
 
+async def test_a_claimed_lease_of_this_process_is_alive_however_late_its_heartbeat():
+    """A machine so loaded that this process's heartbeat lags past the stale limit: its own
+    recovery scan must not take the turn from its live runner (it did, under a loaded CI
+    run: "lease ... was lost; stopping this runner")."""
+    tab = await make_tab()
+    running = await database_sync_to_async(lease_row)(tab, lease.worker_id("x"))
+    running.heartbeat_at = timezone.now() - timezone.timedelta(
+        seconds=lease.LEASE_STALE_SECONDS * 10
+    )
+    lease.claim(tab.pk)
+    try:
+        assert not lease.is_dead(running)
+    finally:
+        lease.unclaim(tab.pk)
+    assert lease.is_dead(running)
+
+
 async def test_a_zombie_worker_counts_as_dead():
     tab = await make_tab()
     child = subprocess.Popen([sys.executable, "-c", "pass"])
