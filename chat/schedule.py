@@ -12,6 +12,11 @@ user expects:
 - Any other job (`*/15 * * * *`, `0 * * * *`) follows real time: every matching wall
   clock minute that exists, so the repeated hour fires twice and the skipped one never.
 
+Both are computed here on naive wall-clock times (cronsim without a zone), each match
+mapped to the instants it names: cronsim's own zone handling steps real time by the
+hour and misses slots in zones whose clocks move by 30 minutes (Australia/Lord_Howe)
+or whose wall clock is 45 minutes off the hour (Pacific/Chatham).
+
 An interval counts in real time from the previous slot; a once wake has one slot.
 """
 
@@ -44,16 +49,9 @@ MAX_RECORDED_SKIPS = 20
 # Missed slots counted one by one (each a cronsim step, 10-50 µs); past this the count
 # is "more than" and the latest slot is found by looking back from now instead.
 MAX_SCANNED_SLOTS = 10_000
-# Where the latest missed slot is looked for when too many were missed to walk them
-# all: the first window with a slot in it (a cron slot recurs within 50 years or never,
-# as cronsim's own search assumes).
-LOOKBACK_WINDOWS = (
-    timedelta(hours=1),
-    timedelta(days=1),
-    timedelta(days=32),
-    timedelta(days=367),
-    timedelta(days=366 * 50),
-)
+# The largest step back any zone's clocks take (Antarctica/Troll: 2 hours): a wall
+# time this far before `t`'s may still come again after `t`, in the repeated stretch.
+MAX_CLOCK_STEP_BACK = timedelta(hours=3)
 
 
 class ScheduleError(ValueError):
@@ -138,19 +136,26 @@ def parse(
     if kind == INTERVAL:
         if interval_seconds is None:
             raise ScheduleError("Give the interval in seconds.")
-        interval = timedelta(seconds=interval_seconds)
-        if not MIN_INTERVAL <= interval <= MAX_INTERVAL:
-            raise ScheduleError(
-                f"The interval must be between {MIN_INTERVAL.total_seconds():g} seconds "
-                f"and {MAX_INTERVAL.days} days, not {interval_seconds} seconds."
-            )
-        return Schedule(INTERVAL, timezone=timezone.strip(), interval=interval)
+        # Checked as a number first: timedelta() overflows past 10**9 days.
+        if not MIN_INTERVAL.total_seconds() <= interval_seconds <= MAX_INTERVAL.total_seconds():
+            raise ScheduleError(interval_error(interval_seconds))
+        return Schedule(
+            INTERVAL, timezone=timezone.strip(), interval=timedelta(seconds=interval_seconds)
+        )
     if kind == ONCE:
         if once_at is None:
             raise ScheduleError("Give the time to run at.")
         _check_utc(once_at)
         return Schedule(ONCE, timezone=timezone.strip(), once_at=once_at)
     raise ScheduleError(f"Unknown schedule kind {kind!r}: use cron, interval or once.")
+
+
+def interval_error(seconds: int) -> str:
+    return (
+        f"The interval must be between {MIN_INTERVAL.total_seconds():g} seconds "
+        f"and {MAX_INTERVAL.days} days ({MAX_INTERVAL.total_seconds():.0f} seconds), "
+        f"not {seconds} seconds."
+    )
 
 
 def local_to_utc(naive: datetime, timezone: str) -> datetime:
@@ -246,34 +251,89 @@ def plan(
 
 def _latest_slot(schedule: Schedule, after: datetime, end: datetime) -> datetime:
     """The last slot in (after, end], found by looking back from `end` (too many slots to
-    walk from `after`); `after` itself when none is found."""
+    walk from `after`); `after` itself when there is none."""
     if schedule.kind == INTERVAL:
         assert schedule.interval is not None
         return after + ((end - after) // schedule.interval) * schedule.interval
-    for window in LOOKBACK_WINDOWS:
-        start = max(after, end - window)
-        found, slot = None, schedule.next_after(start)
-        for _ in range(MAX_SCANNED_SLOTS):
-            if slot is None or slot > end:
-                break
-            found, slot = slot, schedule.next_after(slot)
-        if found is not None:
-            return found
-    return after
+    if schedule.kind == ONCE:
+        return after
+    slot = _cron_at_or_before(schedule.cron, schedule.timezone, end)
+    return slot if slot is not None and slot > after else after
+
+
+def _is_fixed(expr: str) -> bool:
+    """Debian cron's (and cronsim's) "job at a fixed time": neither the minute nor the
+    hour field starts with `*`."""
+    minute, hour, *_ = expr.split()
+    return not minute.startswith("*") and not hour.startswith("*")
+
+
+def _instants(naive: datetime, tz: zoneinfo.ZoneInfo, fixed: bool) -> list[datetime]:
+    """The UTC instants a matching wall-clock time names, in order: none, one, or two (a
+    time the clocks repeat); a fixed-time job's: its first occurrence, and in a gap
+    the first minute after it."""
+    found = []
+    for fold in (0, 1):
+        utc = naive.replace(tzinfo=tz, fold=fold).astimezone(UTC)
+        if utc.astimezone(tz).replace(tzinfo=None) == naive and utc not in found:
+            found.append(utc)
+    if not fixed:
+        return sorted(found)
+    if found:
+        return [min(found)]
+    later = naive
+    while True:  # a gap is at most a few hours (a day for a date-line move)
+        later += timedelta(minutes=1)
+        utc = later.replace(tzinfo=tz).astimezone(UTC)
+        if utc.astimezone(tz).replace(tzinfo=None) == later:
+            return [utc]
+
+
+def _step_back_near(tz: zoneinfo.ZoneInfo, t: datetime, later: datetime) -> timedelta:
+    """How far the clocks go back between `t` and `later` (MAX_CLOCK_STEP_BACK apart):
+    wall times up to this far before `t`'s come again after it."""
+    back = t.astimezone(tz).utcoffset() - later.astimezone(tz).utcoffset()
+    return max(back, timedelta(0))
 
 
 def _cron_after(expr: str, timezone: str, t: datetime) -> datetime | None:
+    """The first slot after `t`. Wall-clock matches come in order; the instants of each
+    rise with them, except that a repeated time's second instant comes after the
+    next times' first ones: so the walk goes on until a match's first instant is after
+    `t`, keeping the earliest instant after `t` seen."""
     tz = zone(timezone)
-    try:
-        for slot in CronSim(expr, t.astimezone(tz)):
-            utc = slot.astimezone(UTC)
-            # A fixed-time job started inside a fall-back repeat is given the first
-            # occurrence, which is behind `t`: the next one is the answer.
-            if utc > t:
-                return utc
-    except StopIteration:
-        pass
-    return None
+    fixed = _is_fixed(expr)
+    start = t.astimezone(tz).replace(tzinfo=None)
+    if not fixed:
+        start -= _step_back_near(tz, t, t + MAX_CLOCK_STEP_BACK)
+    best = None
+    # cronsim gives the matches strictly after its start: a second earlier includes it.
+    for naive in CronSim(expr, start.replace(microsecond=0) - timedelta(seconds=1)):
+        instants = _instants(naive, tz, fixed)
+        after = [u for u in instants if u > t]
+        if after and (best is None or after[0] < best):
+            best = after[0]
+        if instants and instants[0] > t:
+            break
+    return best
+
+
+def _cron_at_or_before(expr: str, timezone: str, t: datetime) -> datetime | None:
+    """The last slot at or before `t` (within cronsim's 50 years): `_cron_after` walked
+    backwards, from the matches of the latest wall time at or before `t`."""
+    tz = zone(timezone)
+    fixed = _is_fixed(expr)
+    start = t.astimezone(tz).replace(tzinfo=None)
+    start += _step_back_near(tz, t - MAX_CLOCK_STEP_BACK, t)
+    best = None
+    for naive in CronSim(expr, start.replace(microsecond=0) + timedelta(seconds=1), reverse=True):
+        instants = _instants(naive, tz, fixed)
+        before = [u for u in instants if u <= t]
+        if before and (best is None or before[-1] > best):
+            best = before[-1]
+        if instants and instants[-1] <= t:
+            break
+    return best
 
 
 def _check_utc(t: datetime) -> None:

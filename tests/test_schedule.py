@@ -5,16 +5,20 @@ row reads as a user would say it ("02:30 Berlin on the night the clocks go forwa
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from cronsim import CronSim
 
 from chat import schedule
 from chat.schedule import ScheduleError
 
 BERLIN = "Europe/Berlin"
 NEW_YORK = "America/New_York"
+LORD_HOWE = "Australia/Lord_Howe"
+CHATHAM = "Pacific/Chatham"
 
 
 def L(zone: str, *args: int, fold: int = 0) -> datetime:  # noqa: N802 - reads as a time
@@ -104,6 +108,41 @@ NEXT_CASES = [
         L(NEW_YORK, 2026, 11, 1, 0, 30),
         [U(2026, 11, 1, 5), U(2026, 11, 1, 6), U(2026, 11, 1, 7)],
     ),
+    # Clocks that move by 30 minutes (Lord Howe: 02:00 +11 -> 01:30 +10:30 on 5 April,
+    # 02:00 +10:30 -> 02:30 +11 on 4 October): 02:00 after the repeat and 02:30 right
+    # after the gap exist, and run.
+    (
+        LORD_HOWE,
+        "0 */2 * * *",
+        U(2026, 4, 4, 12),
+        [U(2026, 4, 4, 13), U(2026, 4, 4, 15, 30), U(2026, 4, 4, 17, 30)],
+    ),
+    (
+        LORD_HOWE,
+        "30 * * * *",
+        U(2026, 10, 3, 14),
+        [U(2026, 10, 3, 15), U(2026, 10, 3, 15, 30), U(2026, 10, 3, 16, 30)],
+    ),
+    # A zone 45 minutes off the hour (Chatham: 03:45 +13:45 -> 02:45 +12:45 on 5 April):
+    # the repeated 02:45-02:59 runs again.
+    (
+        CHATHAM,
+        "*/5 2 * * *",
+        U(2026, 4, 4, 13, 5),
+        [
+            U(2026, 4, 4, 13, 10),
+            U(2026, 4, 4, 14, 0),
+            U(2026, 4, 4, 14, 5),
+            U(2026, 4, 4, 14, 10),
+            U(2026, 4, 5, 13, 15),
+        ],
+    ),
+    (
+        CHATHAM,
+        "45 * * * *",
+        U(2026, 9, 26, 12),
+        [U(2026, 9, 26, 13), U(2026, 9, 26, 14), U(2026, 9, 26, 15)],
+    ),
     # UTC has no daylight saving time.
     ("UTC", "30 2 * * *", U(2026, 3, 28, 12), [U(2026, 3, 29, 2, 30), U(2026, 3, 30, 2, 30)]),
     # Day-of-month and day-of-week: either (Debian cron's rule when neither is `*`).
@@ -162,6 +201,9 @@ BAD_CASES = [
     ({"kind": "cron", "cron": "0 9 * * *", "timezone": ""}, "Choose a time zone"),
     ({"kind": "interval", "interval_seconds": 59}, "between 60 seconds and 366 days"),
     ({"kind": "interval", "interval_seconds": 0}, "between"),
+    # Past timedelta's range (10**9 days): still the bound's message, not OverflowError.
+    ({"kind": "interval", "interval_seconds": 10**14}, "366 days .31622400 seconds., not 1"),
+    ({"kind": "interval", "interval_seconds": 366 * 86400 + 1}, "between 60 seconds"),
     ({"kind": "interval"}, "Give the interval"),
     ({"kind": "once"}, "Give the time"),
     ({"kind": "weekly"}, "Unknown schedule kind 'weekly'"),
@@ -301,6 +343,98 @@ def test_downtime_past_the_scan_bound_finds_the_latest_slot():
     assert p.run == U(2026, 2, 1)
     assert p.more and p.unrecorded >= schedule.MAX_SCANNED_SLOTS - schedule.MAX_RECORDED_SKIPS
     assert p.next_run_at == U(2026, 2, 1, 0, 1)
+
+
+def test_downtime_past_the_scan_bound_finds_the_latest_slot_of_a_dense_cron():
+    """Every minute of 1-28 February: the latest missed slot is 28 February 23:59, found
+    looking back from now (walking forward from a window's start stopped short)."""
+    dense = cron("* * 1-28 2 *")
+    p = schedule.plan(dense, U(2026, 2, 1), U(2026, 3, 15), catch_up="latest")
+    assert p.more
+    assert p.run == U(2026, 2, 28, 23, 59)
+    assert p.next_run_at == U(2027, 2, 1)
+
+
+def test_catch_up_across_a_half_hour_fall_back():
+    """Lord Howe's repeated half hour: the latest missed two-hourly slot is 02:00 +10:30."""
+    two_hourly = cron("0 */2 * * *", LORD_HOWE)
+    p = schedule.plan(two_hourly, U(2026, 4, 4, 13), U(2026, 4, 4, 16), catch_up="latest")
+    assert p.run == U(2026, 4, 4, 15, 30)
+    assert p.skipped == (U(2026, 4, 4, 13),)
+    assert p.next_run_at == U(2026, 4, 4, 17, 30)
+
+
+SLOT_ZONES = [BERLIN, NEW_YORK, LORD_HOWE, CHATHAM, "America/Santiago", "Asia/Tehran"]
+
+
+def brute_force_slots(expr: str, zone: str, after: datetime, end: datetime) -> list[datetime]:
+    """The definition, minute by minute in real time: a fixed-time job at each matching
+    day and time (its first occurrence, or the first minute after a gap); any other job
+    at each instant whose wall-clock minute matches."""
+    tz = ZoneInfo(zone)
+    spec = CronSim(expr, datetime(2000, 1, 1))
+    minute, hour, *_ = expr.split()
+    out: set[datetime] = set()
+    if minute.startswith("*") or hour.startswith("*"):
+        t = after.replace(second=0) + timedelta(minutes=1)
+        while t <= end:
+            local = t.astimezone(tz)
+            if (
+                local.minute in spec.minutes
+                and local.hour in spec.hours
+                and local.month in spec.months
+                and spec.match_day(local.date())
+            ):
+                out.add(t)
+            t += timedelta(minutes=1)
+        return sorted(out)
+    day = (after - timedelta(days=2)).date()
+    while day <= (end + timedelta(days=2)).date():
+        if day.month in spec.months and spec.match_day(day):
+            for h in sorted(spec.hours):
+                for m in sorted(spec.minutes):
+                    naive = datetime(day.year, day.month, day.day, h, m)
+                    while True:
+                        utc = naive.replace(tzinfo=tz).astimezone(UTC)
+                        if utc.astimezone(tz).replace(tzinfo=None) == naive:
+                            break
+                        naive += timedelta(minutes=1)
+                    if after < utc <= end:
+                        out.add(utc)
+        day += timedelta(days=1)
+    return sorted(out)
+
+
+@functools.cache
+def transitions(zone: str, year: int) -> list[datetime]:
+    tz, t = ZoneInfo(zone), datetime(year, 1, 1, tzinfo=UTC)
+    found, offset = [], t.astimezone(tz).utcoffset()
+    while t.year == year:
+        t += timedelta(minutes=15)
+        if t.astimezone(tz).utcoffset() != offset:
+            found.append(t)
+            offset = t.astimezone(tz).utcoffset()
+    return found
+
+
+@pytest.mark.parametrize("zone", SLOT_ZONES)
+@pytest.mark.parametrize(
+    "expr",
+    ["*/15 * * * *", "0 * * * *", "30 * * * *", "* 2 * * *", "0 */2 * * *", "*/10 0-3 * * *"]
+    + ["30 2 * * *", "0 2 * * *", "15,45 1-3 * * *", "0-59 2 * * *"],
+)
+def test_slots_around_each_clock_change_match_the_brute_force_definition(zone, expr):
+    """Forward (next_after) and backward (the latest slot) against the definition."""
+    spec = cron(expr, zone)
+    for change in transitions(zone, 2026):
+        after, end = change - timedelta(hours=4), change + timedelta(hours=4)
+        expected = brute_force_slots(expr, zone, after, end)
+        got, t = [], after
+        while (t := spec.next_after(t)) is not None and t <= end:
+            got.append(t)
+        assert got == expected, change
+        if expected:
+            assert schedule._latest_slot(spec, after, end) == expected[-1], change
 
 
 def test_interval_catch_up_is_counted_exactly():
