@@ -38,10 +38,15 @@ which follows links as the file tools do (a link `src/h` to `.git/hooks` makes
 must match both, and a path that cannot be followed is unprovable. A redirection of a
 shell command into the workspace is judged as a write_file call on its target (`>`,
 `>>`, `>|`, `&>`, `&>>`, `>&`), a read_file call (`<`) or both (`<>`), by the deny and
-ask rules of those tools that have a path: a deny denies the command, an ask asks, and
-anything else leaves the command's decision as it was. A target rules cannot read (an
-expansion, a pattern, outside the workspace) or a command that may redirect out of
-sight (a substitution, `sh -c`) is asked about when such a rule exists.
+ask rules of those tools that have a path: a deny denies the command, an ask asks. A
+command a specifier rule allows is allowed only if every file it writes that way is one
+a write_file allow rule allows (written and where it leads); otherwise no rule decides
+(None: the tab's approval setting applies). A target rules cannot read (an expansion, a
+pattern, outside the workspace), a command that may redirect out of sight (a
+substitution, `sh -c`) and a target that does not exist yet after a part of the same
+command that may make links (`ln -s .git g; echo x > g/config`: where it leads is made
+by the command itself) are asked about when such a deny or ask rule exists, and never
+allowed.
 
 Rules see what a command says, not what the programs do: `cp`, `tee`, a script or
 `python -c` write files and run commands rules never see. The shell's sandbox is the
@@ -244,6 +249,7 @@ def decide(
     arguments: Mapping[str, Any],
     *,
     resolve: Callable[[str], str] | None = None,
+    exists: Callable[[str], bool] | None = None,
 ) -> Decision | None:
     """What the rules say about calling `name` with `arguments`; None when none decides
     (the user's approval setting applies).
@@ -251,14 +257,17 @@ def decide(
     `resolve` says where a workspace path leads once links are followed, as the file
     tools and the shell would follow them (chat.tools.files.resolve, from the tab's
     working directory); anything it raises makes that path unprovable. Without it,
-    paths are judged as written.
+    paths are judged as written. `exists` says whether a path (from the same folder)
+    exists now: a shell redirection's target that does not may be a link an earlier
+    part of the command makes, so it is unprovable then; without `exists`, every such
+    target after a part that may make links is.
 
     Never raises: a call rules fail to read (a parser's shape they do not know) is
     unprovable, whatever the reason, so it is never allowed and a turn never crashes on it."""
     if not rules:
         return None
     try:
-        return _decide(rules, name, arguments, resolve)
+        return _decide(rules, name, arguments, resolve, exists)
     except Exception as exc:
         logger.exception("rules could not read a %s call", name)
         return _failed(rules, name, exc)
@@ -284,6 +293,7 @@ def _decide(
     name: str,
     arguments: Mapping[str, Any],
     resolve: Callable[[str], str] | None,
+    exists: Callable[[str], bool] | None,
 ) -> Decision | None:
     own = [rule for rule in rules if rule.applies_to(name)]
     if name == SHELL:
@@ -291,9 +301,16 @@ def _decide(
         main = _judge(own, shell.parts, shell.unprovable or shell.runs) if own else None
         if main is not None and main.action == DENY:
             return main
-        side = _judge_redirects(rules, shell, resolve)
+        side = _judge_redirects(rules, shell, resolve, exists)
         if side is not None and (side.action == DENY or main is None or main.action == ALLOW):
             return side
+        if main is not None and main.action == ALLOW and main.rule.spec is not None:
+            # `allow shell(echo *)` is not `echo x > src/main.py`: a file the command
+            # writes must be one write_file rules allow too.
+            writes = _allowed_writes(rules, shell, resolve, exists)
+            if writes is None:
+                return None
+            main = Decision(ALLOW, tuple(dict.fromkeys(main.rules + writes)))
         return main
     if not own:
         return None
@@ -340,7 +357,10 @@ def _judge(rules: Sequence[Rule], parts: Sequence[Subject], unprovable: str) -> 
 
 
 def _judge_redirects(
-    rules: Sequence[Rule], shell: Shell, resolve: Callable[[str], str] | None
+    rules: Sequence[Rule],
+    shell: Shell,
+    resolve: Callable[[str], str] | None,
+    exists: Callable[[str], bool] | None,
 ) -> Decision | None:
     """A shell command's redirections judged by the deny and ask rules of read_file and
     write_file that have a path: DENY or ASK, or None when none of them has a say."""
@@ -354,20 +374,22 @@ def _judge_redirects(
     for tool in ("read_file", "write_file"):
         if shell.hidden:
             checks.append((tool, None, shell.hidden))
-    for op, path, why, folder in shell.redirects:
-        what = f"the redirection {op} {path}" + (f" in {folder}" if folder else "")
-        for tool in REDIRECT_TOOLS[op]:
-            if why:
+    for redirect in shell.redirects:
+        what = redirect.what
+        for tool in REDIRECT_TOOLS[redirect.op]:
+            if redirect.why:
                 # A pattern or a variable may still be judged by what it says as written.
-                written = _path_or_none(path)
+                written = _path_or_none(redirect.path)
                 subject = Subject((written,), label=what) if written else None
-                checks.append((tool, subject, f"{what} {why}"))
+                checks.append((tool, subject, f"{what} {redirect.why}"))
                 continue
-            where = posixpath.join(folder, path) if folder else path
             try:
-                checks.append((tool, _landing(where, resolve, what, what), ""))
+                subject = _landing(redirect.where, resolve, what, what)
             except Unprovable as exc:
                 checks.append((tool, None, str(exc)))
+                continue
+            # Matched as it leads now, and unprovable when an earlier part may change that.
+            checks.append((tool, subject, _made_before(redirect, exists)))
     guard: tuple[Rule, str] | None = None
     for action in (DENY, ASK):
         for rule in path_rules:
@@ -383,6 +405,49 @@ def _judge_redirects(
     if guard is not None:
         return Decision(ASK, (guard[0],), unprovable=guard[1])
     return None
+
+
+def _made_before(redirect: Redirect, exists: Callable[[str], bool] | None) -> str:
+    """Why where `redirect` leads may be made by an earlier part of its command (a link
+    made on the way: `ln -s .git g; echo x > g/config`), or "" when it cannot."""
+    if not redirect.after_links:
+        return ""
+    try:
+        there = exists is not None and exists(redirect.where)
+    except Exception:  # the checker's refusal, whatever its type: not known to exist
+        there = False
+    if there:
+        return ""
+    return (
+        f"the target of {redirect.what} does not exist yet (an earlier command may make it a link)"
+    )
+
+
+def _allowed_writes(
+    rules: Sequence[Rule],
+    shell: Shell,
+    resolve: Callable[[str], str] | None,
+    exists: Callable[[str], bool] | None,
+) -> tuple[Rule, ...] | None:
+    """The write_file allow rules that allow every file the command's redirections
+    write, as a write_file call on it would be allowed; None when one is not."""
+    allows = [rule for rule in rules if rule.action == ALLOW and rule.applies_to("write_file")]
+    chosen: list[Rule] = []
+    for redirect in shell.redirects:
+        if "write_file" not in REDIRECT_TOOLS[redirect.op]:
+            continue
+        if redirect.why or _made_before(redirect, exists):
+            return None
+        try:
+            subject = _landing(redirect.where, resolve, redirect.what, "")
+        except Unprovable:
+            return None
+        for form in subject.every:
+            rule = next((rule for rule in allows if rule.matches(form)), None)
+            if rule is None:
+                return None
+            chosen.append(rule)
+    return tuple(chosen)
 
 
 def _path_subjects(
@@ -412,10 +477,12 @@ def _landing(raw: str, resolve: Callable[[str], str] | None, what: str, label: s
 def natural(name: str, arguments: Mapping[str, Any]) -> str | None:
     """The rule "always allow" offers for a call, or None when no safe one exists: the
     exact command for the shell, the file's folder for write_file (the file itself at
-    the top), the tool's name for the rest. A command or path holding `*` would widen
-    into a wildcard, so it gets none, like a command that is not one simple command, one
-    that runs another (a wrapper, a path to the program: the rule would not allow the
-    command inside) and one that runs what rules cannot read."""
+    the top or inside a folder whose name starts with a dot), the tool's name for the
+    rest. A command or path holding `*` would widen into a wildcard, so it gets none,
+    like a command that is not one simple command, one that runs another (a wrapper, a
+    path to the program: the rule would not allow the command inside), one that
+    redirects to a file (the rule would not allow the write) and one that runs what
+    rules cannot read."""
     try:
         return _natural(name, arguments)
     except Exception:
@@ -426,7 +493,7 @@ def natural(name: str, arguments: Mapping[str, Any]) -> str | None:
 def _natural(name: str, arguments: Mapping[str, Any]) -> str | None:
     if name == SHELL:
         shell = read_shell(arguments.get("command"))
-        if shell.unprovable or shell.runs or len(shell.parts) != 1:
+        if shell.unprovable or shell.runs or shell.redirects or len(shell.parts) != 1:
             return None
         (part,) = shell.parts
         if part.every != (part.text,) or "*" in part.text:
@@ -441,11 +508,40 @@ def _natural(name: str, arguments: Mapping[str, Any]) -> str | None:
         if "*" in path or path == ".":
             return None
         folder = posixpath.dirname(path)
+        if any(name.startswith(".") for name in folder.split("/")):
+            # .git, .github, .venv: a file there is code that runs; one file, not the folder.
+            return f"write_file({path})"
         return f"write_file({folder}/**)" if folder else f"write_file({path})"
     return name
 
 
 # --- shell commands --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Redirect:
+    """A redirection of a shell command to a file, once for each folder it may land in."""
+
+    op: str
+    # The target as written.
+    path: str
+    # Why rules cannot read the target ("" when they can).
+    why: str = ""
+    # The folder a `cd` before it may have moved to ("": where the command started).
+    folder: str = ""
+    # Whether an earlier part of the command may have made links (or moved files), so
+    # that where a target that does not exist yet leads is not known before it runs.
+    after_links: bool = False
+
+    @property
+    def where(self) -> str:
+        return posixpath.join(self.folder, self.path) if self.folder else self.path
+
+    @property
+    def what(self) -> str:
+        return f"the redirection {self.op} {self.path}" + (
+            f" in {self.folder}" if self.folder else ""
+        )
 
 
 @dataclass
@@ -454,9 +550,10 @@ class Shell:
 
     # Its simple commands (Subject.every: as written, then each command it runs).
     parts: list[Subject] = field(default_factory=list)
-    # Its redirections to files: (operator, target as written, why the target cannot be
-    # read or "", the folder a `cd` before it may have moved to or "").
-    redirects: list[tuple[str, str, str, str]] = field(default_factory=list)
+    # Its redirections to files.
+    redirects: list[Redirect] = field(default_factory=list)
+    # Whether a part read so far may make links (any command but MAKES_NO_LINKS).
+    links: bool = False
     # The folders a `cd` may have left the shell in by now ("": where it started); a cd
     # that fails leaves it where it was, so each is kept. None after a cd rules cannot
     # follow.
@@ -557,6 +654,8 @@ def _command(node: Any, shell: Shell, source: str) -> None:
         shell.runs = shell.runs or runs
         shell.hidden = shell.hidden or runs
     shell.parts.append(Subject(every, extra))
+    if runs or not inner or inner[0][0] not in MAKES_NO_LINKS:
+        shell.links = True
     if any("CDPATH" in word for word in written):
         shell.dirs = None
     elif inner and inner[0][0] in CHANGES_DIR:
@@ -610,10 +709,18 @@ def _redirect(node: Any, shell: Shell, source: str) -> None:
         why = problem
     if why or shell.dirs is None:
         why = why or "comes after a change of folder rules cannot follow"
-        shell.redirects.append((node.type, path, why, ""))
+        shell.redirects.append(Redirect(node.type, path, why))
         return
     for folder in shell.dirs:
-        shell.redirects.append((node.type, path, "", folder))
+        shell.redirects.append(Redirect(node.type, path, "", folder, shell.links))
+
+
+# Programs that make no links and move no files (their own redirections are judged on
+# their own): a redirection after them lands where it would land before the command.
+MAKES_NO_LINKS = frozenset(
+    {"cd", "pushd", "popd", "mkdir", "touch", "echo", "printf", "true", "false", ":", "pwd",
+     "ls", "cat", "test", "["}
+)  # fmt: skip
 
 
 # Builtins that change the folder later redirections are relative to (CDPATH and

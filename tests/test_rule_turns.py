@@ -80,7 +80,7 @@ async def test_rules_allow_deny_and_leave_the_rest_to_approval(script, workspace
         await with_rules(
             tab,
             [{"action": "deny", "pattern": "write_file(secret/**)"}],
-            [("allow", "shell(echo *)")],
+            [("allow", "shell(echo *)"), ("allow", "write_file(ran.txt)")],
         )
         async with Watcher(tab.pk) as watcher:
             await submit(tab, "go")
@@ -97,7 +97,8 @@ async def test_rules_allow_deny_and_leave_the_rest_to_approval(script, workspace
     assert rule_chunks(rows) == [
         {
             "kind": "rule",
-            "text": "Allowed by rule `shell(echo *)` (your settings)",
+            "text": "Allowed by rules `shell(echo *)` (your settings) and "
+            "`write_file(ran.txt)` (your settings)",
             "call_id": "s1",
             "action": "allow",
             "pattern": "shell(echo *)",
@@ -202,8 +203,8 @@ async def test_always_allow_adds_the_rule_and_the_next_call_runs_unasked(script,
     """The card's "always allow … in this tab" approves the call and adds its rule to the
     tab; the same command asked again in the next step runs without a question."""
     script(
-        [call("s1", "shell", command="echo one >> one.txt"), Finish(stop_reason="tool_use")],
-        [call("s2", "shell", command="echo  one >> one.txt"), Finish(stop_reason="tool_use")],
+        [call("s1", "shell", command="echo one"), Finish(stop_reason="tool_use")],
+        [call("s2", "shell", command="echo  one"), Finish(stop_reason="tool_use")],
         [call("s3", "shell", command="echo two"), Finish(stop_reason="tool_use")],
         [TextDelta("done"), Finish()],
     )
@@ -217,10 +218,13 @@ async def test_always_allow_adds_the_rule_and_the_next_call_runs_unasked(script,
             await watcher.until(waiting_for("s3"))
             await database_sync_to_async(turns.approve)(tab.pk, "s3", False)
             await watcher.until_idle()
-    assert (workspace / "one.txt").read_text() == "one\none\n"
     await tab.arefresh_from_db()
     assert tab.rules == [{"action": "allow", "pattern": "shell(echo one)"}]
     rows = await chunks(tab.pk)
+    done = results(rows)
+    assert all(done[c]["result"].startswith("one\n") for c in ("s1", "s2"))
+    assert not done["s1"]["is_error"] and not done["s2"]["is_error"]
+    assert done["s3"]["result"] == "Denied by the user."
     assert [(c["call_id"], c["text"]) for c in rule_chunks(rows)] == [
         ("s1", "Rule added for this tab: allow `shell(echo one)`"),
         ("s2", "Allowed by rule `shell(echo one)` (this tab)"),
@@ -303,3 +307,38 @@ async def test_a_command_closing_a_descriptor_runs_in_a_tab_without_rules(script
     assert done["s2"]["is_error"] is False
     assert rule_chunks(rows) == [] and rows[-1].type == "text"
     assert not [r for r in rows if r.type == "error"]
+
+
+@pytest.mark.parametrize("approve_tools", [True, False])
+async def test_a_shell_allow_rule_leaves_a_write_it_does_not_cover_to_the_tab(
+    script, workspace, approve_tools
+):
+    """`allow shell(echo *)` is not `echo hi > main.py`: with no write_file rule allowing
+    main.py no rule decides, so approval on asks and approval off runs it, as for a call
+    without rules; the command without the write is allowed by the rule."""
+    script(
+        [
+            call("s1", "shell", command="echo hi > main.py"),
+            call("s2", "shell", command="echo plain"),
+            Finish(stop_reason="tool_use"),
+        ],
+        [TextDelta("done"), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab(approve_tools=approve_tools)
+        await with_rules(tab, [], [("allow", "shell(echo *)")])
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            if approve_tools:
+                await watcher.until(waiting_for("s1"))
+                await database_sync_to_async(turns.approve)(tab.pk, "s1", False)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    done = results(rows)
+    assert [(c["call_id"], c["action"]) for c in rule_chunks(rows)] == [("s2", "allow")]
+    assert done["s2"]["is_error"] is False
+    if approve_tools:
+        assert done["s1"]["result"] == "Denied by the user."
+        assert not (workspace / "main.py").exists()
+    else:
+        assert (workspace / "main.py").read_text() == "hi\n" and done["s1"]["is_error"] is False

@@ -155,11 +155,14 @@ GIT_NO_RM = ["allow shell(git *)", "allow shell(ls *)", "deny shell(rm *)"]
         (GIT_NO_RM, "   ", ASK),
         (GIT, "$(rm -rf /)", None),
         (GIT, "git status > /etc/passwd", None),
-        # redirections inside the workspace or to nowhere are the command's own business
-        (GIT, "git status > out.txt", ALLOW),
+        # a file the command writes must be one write_file rules allow; /dev/null and a
+        # copy of a descriptor are no file
+        (GIT, "git status > out.txt", None),  # attack: allowed a write no rule allows
+        (GIT, "git diff >& diff.txt", None),  # attack
+        ([*GIT, "allow write_file(out.txt)"], "git status > out.txt", ALLOW),
         (GIT, "git status 2>&1", ALLOW),
         (GIT, "git status 2>/dev/null", ALLOW),
-        (GIT, "git diff >& diff.txt", ALLOW),
+        (GIT, "git status < notes.txt", ALLOW),
         # an assignment before a command is part of it
         (GIT, "LD_PRELOAD=/tmp/x.so git status", None),
         (["deny shell(rm *)"], "FORCE=1 rm -rf /", DENY),
@@ -293,13 +296,19 @@ def test_a_decision_names_its_rules_and_where_they_come_from():
     ("name", "arguments", "expected"),
     [
         ("shell", {"command": "git status"}, "shell(git status)"),
-        ("shell", {"command": "git   status  > out.txt"}, "shell(git status)"),
+        ("shell", {"command": "git   status  2>/dev/null"}, "shell(git status)"),
+        ("shell", {"command": "git status > out.txt"}, None),
+        ("shell", {"command": "sort < names.txt"}, None),
         ("shell", {"command": 'git commit -m "a b"'}, "shell(git commit -m 'a b')"),
         ("shell", {"command": "rm *"}, None),
         ("shell", {"command": "git status && ls"}, None),
         ("shell", {"command": "echo $(date)"}, None),
         ("write_file", {"path": "./src/app/a.py"}, "write_file(src/app/**)"),
         ("write_file", {"path": "a.py"}, "write_file(a.py)"),
+        ("write_file", {"path": ".github/ci.yml"}, "write_file(.github/ci.yml)"),
+        ("write_file", {"path": ".git/hooks/pre-commit"}, "write_file(.git/hooks/pre-commit)"),
+        ("write_file", {"path": "src/.cache/x"}, "write_file(src/.cache/x)"),
+        ("write_file", {"path": "src/.env"}, "write_file(src/**)"),
         ("write_file", {"path": "src/*.py"}, None),
         ("write_file", {"path": "../a.py"}, None),
         ("read_file", {"path": "x"}, "read_file"),
@@ -331,8 +340,22 @@ def resolve(path: str) -> str:
     return "/".join(names)
 
 
+# What exists in that workspace (where it leads): a redirection's target that does not,
+# after a command that may make links, may be a link that command makes.
+EXISTING = {".", "src", "src/a.py", ".git", ".git/hooks", ".git/config", ".env", "notes.txt"}
+
+
+def exists(path: str) -> bool:
+    try:
+        return resolve(path) in EXISTING
+    except ValueError:
+        return False
+
+
 def decided(rule_texts: list[str], name: str, **arguments) -> rules.Decision | None:
-    return rules.decide([rule(t) for t in rule_texts], name, arguments, resolve=resolve)
+    return rules.decide(
+        [rule(t) for t in rule_texts], name, arguments, resolve=resolve, exists=exists
+    )
 
 
 GIT_DIR = ["deny write_file(.git/**)", "allow write_file(**)"]
@@ -559,14 +582,15 @@ REDIRECTS = ["deny write_file(.git/**)", "ask write_file(prod/**)", "deny read_f
         (REDIRECTS, "echo x > out.txt", None),
         (REDIRECTS, "cat < notes.txt", None),
         (REDIRECTS, "echo x 2>&1 > /dev/null", None),
-        (["allow shell(echo *)", *REDIRECTS], "echo x > out.txt", ALLOW),
-        (["allow shell(echo *)", "allow write_file(src/**)"], "echo x > out.txt", ALLOW),
+        (["allow shell(echo *)", *REDIRECTS], "echo x > out.txt", None),  # attack
+        (["allow shell(echo *)", "allow write_file(src/**)"], "echo x > out.txt", None),
+        (["allow shell(echo *)", "allow write_file(src/**)"], "echo x > src/o.txt", ALLOW),
         (["allow write_file(**)"], "echo x > out.txt", None),
         (["deny read_file(.env)"], "echo x > .env", None),
         (["deny write_file(.git/**)"], "cat < .git/config", None),
         # a rule without a path is the file tool's own, not the shell's
         (["deny write_file"], "echo x > out.txt", None),
-        (["ask write_file", "allow shell(echo *)"], "echo x > out.txt", ALLOW),
+        (["ask write_file", "allow shell(echo *)"], "echo x > out.txt", None),
         # a target rules cannot read, when a path rule could have matched it
         (REDIRECTS, "echo x > $OUT", ASK),
         (REDIRECTS, "echo x > .g*/hooks/x", ASK),  # attack
@@ -599,7 +623,12 @@ REDIRECTS = ["deny write_file(.git/**)", "ask write_file(prod/**)", "deny read_f
         (REDIRECTS, "cd src && echo x > a.py", None),
         (REDIRECTS, "echo x > a.txt && cd .git", None),
         (REDIRECTS, "cd .git > out.txt", None),
-        (["allow shell(cd *)", "allow shell(echo *)"], "cd - && echo x > config", ALLOW),
+        (["allow shell(cd *)", "allow shell(echo *)"], "cd - && echo x", ALLOW),
+        (
+            ["allow shell(cd *)", "allow shell(echo *)", "allow write_file"],
+            "cd - && echo x > config",
+            None,
+        ),  # fmt: skip
         (REDIRECTS, "echo 'a > b' 'unterminated", ASK),
         (["allow shell(echo *)"], "echo x > $OUT", None),
         (["deny read_file(.env)"], "echo x > $OUT", None),
@@ -643,7 +672,7 @@ def test_a_redirection_decision_names_the_redirection_and_the_rule():
         ("xargs ls", None),
         ("bash build.sh", "shell(bash build.sh)"),
         ("FOO=1 git status", "shell(FOO=1 git status)"),
-        ("git status > .git/x", "shell(git status)"),
+        ("git status > .git/x", None),
     ],
 )
 def test_always_allow_offers_no_rule_for_a_wrapped_or_hidden_command(command, expected):
@@ -705,3 +734,116 @@ def test_a_call_rules_fail_to_read_is_never_allowed_and_never_raises(
             "attribute 'kind')"
         )
     assert rules.natural("shell", {"command": "git status"}) is None
+
+
+@pytest.mark.parametrize(
+    ("rule_texts", "command", "expected"),
+    [
+        # a shell allow rule does not allow a write that write_file rules would not
+        (["allow shell(echo hi)"], "echo hi > src/main.py", None),  # attack
+        (["allow shell(echo hi)"], "echo hi >> src/main.py", None),  # attack
+        (["allow shell(echo hi)"], "echo hi &> src/main.py", None),  # attack
+        (["allow shell(echo hi)"], "echo hi 2> src/main.py", None),  # attack
+        (["allow shell(cat *)"], "cat <> src/a.py", None),  # attack
+        (["allow shell(echo hi)", "allow write_file(src/**)"], "echo hi > src/main.py", ALLOW),
+        (["allow shell(echo hi)", "allow write_file"], "echo hi > src/main.py", ALLOW),
+        (["allow shell(echo hi)", "allow write_*"], "echo hi > src/main.py", ALLOW),
+        (["allow shell(echo hi)", "allow write_file(src/**)"], "echo hi > docs/a.md", None),
+        (["allow shell(echo hi)", "allow write_file(src/**)"], "echo hi > src/a 2> b", None),
+        (["allow shell(echo hi)", "allow read_file(src/**)"], "echo hi > src/main.py", None),
+        # through a link: the write_file allow must cover where it leads too
+        (["allow shell(echo hi)", "allow write_file(src/**)"], "echo hi > src/h/x", None),  # attack
+        (["allow shell(echo hi)", "allow write_file(src/**)"], "echo hi > up/x", None),
+        (["allow shell(echo *)", "allow write_file"], "echo hi > .g*/x", None),
+        (["allow shell(echo *)", "allow write_file"], "echo hi > ../x", None),
+        # no file: /dev/null, a copy or close of a descriptor; reading is the command's own
+        (["allow shell(echo hi)"], "echo hi > /dev/null 2>&1", ALLOW),
+        (["allow shell(echo hi)"], "echo hi 2>&-", ALLOW),
+        (["allow shell(cat *)"], "cat < src/a.py", ALLOW),
+        # a failed cd leaves the shell where it was: both targets must be allowed
+        (
+            ["allow shell(cd *)", "allow shell(echo *)", "allow write_file(src/**)"],
+            "cd src && echo x > a.py",
+            None,
+        ),  # fmt: skip
+        (
+            ["allow shell(cd *)", "allow shell(echo *)", "allow write_file(**)"],
+            "cd src && echo x > a.py",
+            ALLOW,
+        ),  # fmt: skip
+        # the whole shell allowed is the whole shell
+        (["allow shell"], "echo x > src/main.py", ALLOW),
+        (["allow *"], "echo x > src/main.py", ALLOW),
+        # a deny or ask path rule still decides first
+        (
+            ["allow shell(echo *)", "allow write_file", "deny write_file(.git/**)"],
+            "echo x > .git/config",
+            DENY,
+        ),  # fmt: skip
+    ],
+)
+def test_a_shell_allow_needs_write_file_rules_for_the_files_it_writes(
+    rule_texts, command, expected
+):
+    decision = decided(rule_texts, "shell", command=command)
+    assert (decision.action if decision else None) == expected
+
+
+def test_an_allowed_redirection_names_the_write_file_rule_too():
+    decision = decided(
+        ["allow shell(echo *)", "allow write_file(src/**)"], "shell", command="echo x > src/b"
+    )
+    assert decision.text == (
+        "Allowed by rules `shell(echo *)` (your settings) and `write_file(src/**)` (your settings)"
+    )
+
+
+LINKING = ["allow shell(ln *)", "allow shell(echo *)", "allow shell(cd *)",
+           "allow shell(mkdir *)", "allow shell(git *)", "deny write_file(.git/**)"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rule_texts", "command", "expected"),
+    [
+        # a link made earlier in the same command: the target does not exist yet
+        (LINKING, "ln -s ../.git/hooks src/h3; echo x > src/h3/pre-commit", ASK),  # attack
+        (LINKING, "ln -s ../.git/hooks/pre-commit src/pc && echo x >> src/pc", ASK),  # attack
+        (LINKING, "ln -s .git g2 && cd g2 && echo x > config", ASK),  # attack
+        (LINKING, "ln -s .git g2; cd g2/hooks; echo x > pre-commit", ASK),  # attack
+        (LINKING, "git checkout x && echo x > new.txt", ASK),
+        (["deny read_file(.env)"], "ln -s .env n && cat < n", ASK),  # attack
+        (["ask write_file(.git/**)"], "ln -s .git g && echo x > g/config", ASK),  # attack
+        # a target that exists is judged where it leads now
+        (LINKING, "git checkout x && echo x > src/a.py", None),
+        ([*LINKING, "allow write_file(src/**)"], "git checkout x && echo x > src/a.py", ALLOW),
+        # commands that make no links leave the target provable
+        ([*LINKING, "allow write_file(src/**)"], "mkdir -p src/n && echo x > src/n/a", ALLOW),
+        ([*LINKING, "allow write_file(**)"], "cd src && echo x > new.py", ALLOW),
+        ([*LINKING, "allow write_file(**)"], "echo a > n.txt; echo b >> n.txt", ALLOW),
+        # and an allow does not cover a target an earlier command may make a link
+        (
+            ["allow shell(ln *)", "allow shell(echo *)", "allow write_file(src/**)"],
+            "ln -s ../.git/hooks src/h3; echo x > src/h3/pre-commit",
+            None,
+        ),  # fmt: skip
+        # no deny or ask path rule: nothing to ask about
+        (["allow shell(ln *)", "allow shell(echo *)"], "ln -s a b; echo x > b", None),
+    ],
+)
+def test_a_target_an_earlier_part_may_make_is_unprovable(rule_texts, command, expected):
+    decision = decided(rule_texts, "shell", command=command)
+    assert (decision.action if decision else None) == expected
+
+
+def test_a_made_target_says_why_and_without_exists_every_late_target_is_unprovable():
+    asked = decided(LINKING, "shell", command="ln -s ../.git/hooks src/h3; echo x > src/h3/x")
+    assert asked.text == (
+        "Asked: the target of the redirection > src/h3/x does not exist yet (an earlier "
+        "command may make it a link), which rule `write_file(.git/**)` (your settings) "
+        "cannot check"
+    )
+    listed = [rule(t) for t in [*LINKING, "allow write_file(src/**)"]]
+    command = {"command": "git pull && echo x > src/a.py"}
+    blind = rules.decide(listed, "shell", command, resolve=resolve)
+    assert blind.action == ASK
+    assert rules.decide(listed, "shell", command, resolve=resolve, exists=exists).action == ALLOW
