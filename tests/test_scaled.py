@@ -15,6 +15,7 @@ import signal
 import time
 
 import pytest
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from chat import worker
@@ -184,8 +185,14 @@ async def test_it_runs_a_turn_on_a_worker_and_streams_it_to_both_web_processes(l
     log = live.log(tab)
     assert kinds(log) == ["user/text", "assistant/thinking", "assistant/text"]
     assert log[0]["data"] == {"text": "hello from web A"}
-    frames_a = [without_clock(f) for f in a.frames[synced[0] :]]
-    assert frames_a == [without_clock(f) for f in b.frames[synced[1] :]]
+
+    # The tab's frames; the sidebar's (the user channel, another group) may still be on
+    # their way to one page when the other has settled.
+    def tab_frames(frames: list[str]) -> list[str]:
+        return [without_clock(f) for f in frames if "afterbegin:#tab-list" not in f]
+
+    frames_a = tab_frames(a.frames[synced[0] :])
+    assert frames_a == tab_frames(b.frames[synced[1] :])
     assert any('data-state="running"' in f for f in frames_a)
     assert_page_is_log(a.page, log)
     assert_page_is_log(b.page, log)
@@ -412,3 +419,32 @@ def test_a_socket_timeout_in_the_url_still_wins(monkeypatch, tmp_path):
     url = "redis://127.0.0.1:6379/0?socket_timeout=30"
     read, blocking_pop = layer_timeouts(monkeypatch, tmp_path, url)
     assert read == 30 > blocking_pop
+
+
+async def test_a_tab_waiting_for_approval_reaches_the_users_pages_on_the_other_web_process(
+    live, sockets
+):
+    """The user channel across processes: a turn on a worker process waits for approval,
+    and a page with no socket on that tab (the Wakes page, ws/user/) on web B gets the
+    tab's sidebar entry marked waiting, then idle once web A's approval lets it finish."""
+    tab = live.new_tab("a")
+    port = live.procs["b"].port
+    headers = {"Cookie": live.cookie, "Origin": live.origin("b")}
+    async with connect(f"ws://127.0.0.1:{port}/ws/user/", additional_headers=headers) as user:
+
+        async def entry(state: str) -> str:
+            async with asyncio.timeout(30):
+                while True:
+                    frame = await user.recv()
+                    if f'id="tablink-{tab}"' in frame and f'data-state="{state}"' in frame:
+                        return frame
+
+        a = await sockets(live, tab, "a")
+        await live.asend("a", tab, "run `echo scaled-sidebar`")
+        waiting = await entry("waiting")
+        assert 'data-tool="shell"' in waiting and "wait-mark" in waiting
+        await a.until_page(lambda page: page.approval is not None)
+        status, _ = await live.apost("a", f"/t/{tab}/approve/", {"approve": a.page.approval})
+        assert status == 302
+        await entry("idle")
+        await a.settle()
