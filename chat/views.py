@@ -95,7 +95,8 @@ from chat.models import (
 )
 from chat.providers.registry import PROVIDERS
 from chat.stream import Kind, Role
-from chat.tools import mcp, sandbox
+from chat.tools import files as workspace_files
+from chat.tools import mcp, sandbox, workdir
 from chat.tools.workdir import BadWorkdir
 
 # The row whose lock makes "no user yet, create the owner" one step across processes.
@@ -643,9 +644,17 @@ def _always_allow(request: HttpRequest, tab: Tab, call_id: str, source: str) -> 
     new = rules.parse(rules.ALLOW, pattern, source=source)
     where = "this tab" if source == rules.TAB else "all your tabs"
     note: dict[str, Any] = {"action": rules.ALLOW, "pattern": pattern, "source": source}
+
+    def resolve(path: str) -> str:
+        # The runner's own (chat.agent): decided as the runner decides, an ask rule that
+        # matches where a link leads still decides first, so no rule is added for it.
+        return workspace_files.resolve(
+            workdir.ensure(settings.DISPATCH_WORKSPACE, tab.workdir), path
+        )
+
     with transaction.atomic():
         locked = Tab.objects.select_for_update().get(pk=tab.pk)
-        before = rules.decide(_rules_of(locked), name, arguments)
+        before = rules.decide(_rules_of(locked), name, arguments, resolve=resolve)
         if before is not None and before.action == rules.ALLOW:
             text = f"Approved; no rule added: {before.text} already allows this call"
         elif before is not None:

@@ -215,6 +215,32 @@ def test_always_allow_on_a_command_closing_a_descriptor_adds_its_rule(alice, tab
     assert received(channel)["rule"]["text"] == "Rule added for this tab: allow `shell(echo hi)`"
 
 
+def test_always_allow_adds_nothing_when_an_ask_rule_matches_where_a_link_leads(
+    alice, tab, tmp_path, settings
+):
+    """The approve view decides as the runner does, links followed from the tab's
+    working directory: `src/h` leads to `.git/hooks`, which an ask rule covers, so the
+    folder rule the card offers would never decide and is not added."""
+    settings.DISPATCH_WORKSPACE = tmp_path
+    (tmp_path / "proj" / ".git" / "hooks").mkdir(parents=True)
+    (tmp_path / "proj" / "src").mkdir()
+    (tmp_path / "proj" / "src" / "h").symlink_to("../.git/hooks")
+    tab.workdir = "proj"
+    tab.save(update_fields=["workdir"])
+    PermissionRule.objects.create(user=alice, action="ask", pattern="write_file(.git/**)")
+    with_call(tab, "w", "write_file", path="src/h/pre-commit", content="x")
+    channel = control_channel(tab)
+    assert approve(client_for(alice), tab, "always_tab", "w").status_code == 204
+    tab.refresh_from_db()
+    assert tab.rules == [] and PermissionRule.objects.count() == 1
+    message = received(channel)
+    assert message["approved"] is True
+    assert message["rule"]["text"] == (
+        "Approved once; no rule added: Asked by rule `write_file(.git/**)` (your settings) "
+        "for src/h/pre-commit, a link to .git/hooks/pre-commit would still decide first"
+    )
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
