@@ -59,6 +59,10 @@ NOTIFICATIONS = """
 """
 
 
+# The content of the phone's tab-list button's mark ("none": no mark).
+NAV_MARK = "getComputedStyle(document.querySelector('.nav-open'), '::after').content"
+
+
 def shell_call(call_id: str) -> Any:
     return anthropic_reply(
         [("tool_use", (call_id, "shell", {"command": "echo report"}))], stop_reason="tool_use"
@@ -73,6 +77,11 @@ async def shots(page: Any, name: str) -> None:
     for width in (1280, 375):
         await page.set_viewport_size({"width": width, "height": 700})
         if width < 760:
+            for scheme in ("light", "dark"):
+                await page.emulate_media(color_scheme=scheme)
+                for folder in (ARTIFACTS, SHOTS):
+                    path = folder / f"{name}-{width}-folded-{scheme}.png"
+                    await page.screenshot(path=str(path))
             await page.evaluate("document.getElementById('nav-toggle').checked = true")
         for scheme in ("light", "dark"):
             await page.emulate_media(color_scheme=scheme)
@@ -152,6 +161,10 @@ async def test_a_wakes_new_tab_waiting_for_approval_shows_and_notifies_everywher
         await page.wait_for_function("window.__notify.shown.length === 1")
         assert await notes(page) == [expected]
     await shots(wakes_page, "sidebar-waiting")
+    # On a phone, where the list is folded away, its button carries the mark.
+    await wakes_page.set_viewport_size({"width": 375, "height": 700})
+    assert await wakes_page.evaluate(NAV_MARK) == '""'
+    await wakes_page.set_viewport_size({"width": 1280, "height": 800})
 
     # The waiting tab's own page comes to the front: its next wait notifies nobody.
     await tab_page.goto(f"{server.url}/t/{new}/")
@@ -185,5 +198,7 @@ async def test_a_wakes_new_tab_waiting_for_approval_shows_and_notifies_everywher
     for page in (wakes_page, tab_page):
         await page.wait_for_selector(f"#tablink-{new}[data-state=idle]")
         assert await page.locator(f"#tablink-{new} .wait-mark").count() == 0
+    await wakes_page.set_viewport_size({"width": 375, "height": 700})
+    assert await wakes_page.evaluate(NAV_MARK) == "none"
     live.assert_clean()
     trigger.assert_clean()
