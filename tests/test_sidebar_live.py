@@ -65,6 +65,24 @@ def shell_then_text():
     )
 
 
+class Routed:
+    """Scripted providers by a request's first user message: a parent's and its child's
+    stream at the same time, each from its own script."""
+
+    def __init__(self) -> None:
+        self.by_prompt: dict[str, ScriptedProvider] = {}
+
+    def script(self, prompt: str, *steps) -> None:
+        self.by_prompt[prompt] = ScriptedProvider(list(steps))
+
+    async def provider_for(self, model: str):
+        return self
+
+    async def stream(self, request):
+        async for event in self.by_prompt[request.messages[0].parts[-1].text].stream(request):
+            yield event
+
+
 class UserWatcher:
     """Every message sent to a user's group."""
 
@@ -307,3 +325,33 @@ async def test_a_recovered_turn_tells_the_owners_pages_it_is_over():
         await database_sync_to_async(lease.recover_stale)(everything=True)
         message = await mine.until(lambda m: True)
     assert (message["tab_id"], message["state"]) == (str(tab.pk), sidebar.IDLE)
+
+
+async def test_a_sub_agents_new_tab_and_its_wait_reach_the_owners_group(monkeypatch):
+    routed = Routed()
+    monkeypatch.setattr(agent, "provider_for", routed.provider_for)
+    routed.script(
+        "delegate it",
+        [
+            ToolCallEvent("a1", "agent", {"description": "Look", "prompt": "look around"}),
+            Finish(stop_reason="tool_use"),
+        ],
+        [TextDelta("the child looked"), Finish()],
+    )
+    routed.script("look around", *shell_then_text())
+    parent = await make_tab(approve_tools=True)
+    async with running_worker(), UserWatcher(parent.owner_id) as mine:
+        await submit(parent, "delegate it")
+        waiting = await mine.until(lambda m: m["state"] == "waiting")
+        child = uuid.UUID(waiting["tab_id"])
+        assert child != parent.pk and waiting["approval"]["name"] == "shell"
+        # A page that loads now lists the child, marked, as the live entry was.
+        owner = await owner_of(parent)
+        [listed] = [t for t in await database_sync_to_async(sidebar.tabs)(owner) if t.pk == child]
+        assert sidebar.state(listed) == sidebar.WAITING and listed.parent_call_id == "a1"
+        await database_sync_to_async(turns.approve)(child, "c1", True)
+        await mine.until(lambda m: m["tab_id"] == str(parent.pk) and m["state"] == "idle")
+    assert [m["state"] for m in mine.messages if m["tab_id"] == str(child)][:2] == [
+        "running",
+        "waiting",
+    ]
