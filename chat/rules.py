@@ -25,12 +25,16 @@ asked about. A path argument with `..` or an absolute path is treated the same w
 
 Each simple command is matched as written and as what it runs: the program's name
 without its folder (`/bin/rm` is `rm`), and the command a wrapper runs (`env A=1 rm`,
-`timeout 5 rm`, `sudo rm`: WRAPPERS), with the variables set before it and without
-them. A deny or ask rule matching any of these forms decides; an allow rule must match
-every form but the one without variables (`timeout 60 git fetch` needs `timeout *` and
-`git *`). A program that runs a string or commands it does not name (`eval`,
-`sh -c`, `xargs`, `find -exec`, `source`: HIDING, SHELLS), a wrapper option rules do not
-know and a program's name bash would expand (`/bin/r?`) are unprovable like the rest.
+`timeout 5 rm`, `sudo rm`, `strace rm`, `uv run rm`: WRAPPERS, SUBCOMMANDS), with the
+variables set before it and without them. A deny or ask rule matching any of these forms
+decides; an allow rule must match every form but the one without variables (`timeout 60
+git fetch` needs `timeout *` and `git *`). A program rules do not know may run its
+arguments too: a deny or ask rule that matches a run of a command's arguments starting
+with the rule's program (`rm x` in `mywrap rm x` or `git rm x` for `shell(rm *)`) asks. A program that runs a string or commands it does not name (`eval`,
+`sh -c`, `xargs`, `find -exec`, `source`, `sg`, `git -c alias.x=!cmd`: HIDING, SHELLS),
+a wrapper option rules do not know, a wrapper with no command that runs a shell reading
+its input (`chroot /`) and a program's name bash would expand (`/bin/r?`) are unprovable
+like the rest.
 
 Paths are judged where they lead as well as as written: `decide` is given `resolve`,
 which follows links as the file tools do (a link `src/h` to `.git/hooks` makes
@@ -58,6 +62,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
+import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -143,6 +148,25 @@ class Rule:
             return _shell_glob(self.spec).fullmatch(subject) is not None
         return _path_glob(self.spec).fullmatch(subject) is not None
 
+    def tail(self, part: Subject) -> str:
+        """The run of a simple command's arguments, from a word that names this shell
+        rule's program on, that the rule matches (`rm x` in `strace rm x` for
+        `shell(rm *)`), or "": a program rules do not know may run its arguments."""
+        if self.tool != SHELL or self.spec is None:
+            return ""
+        program = _glob(_program(self.spec), star=".*")
+        tried = 0
+        for i in range(1, len(part.words)):
+            name = posixpath.basename(part.words[i]) or part.words[i]
+            if program.fullmatch(name) is None:
+                continue
+            run = _text([(name, name)] + [(word, word) for word in part.words[i + 1 :]])
+            tried += 1
+            # Each try reads the rest of the command: a bound keeps a long one cheap.
+            if tried > MAX_TAILS or self.matches(run):
+                return run
+        return ""
+
 
 @dataclass(frozen=True)
 class Subject:
@@ -156,6 +180,8 @@ class Subject:
     extra: tuple[str, ...] = ()
     # How a decision names it, when the call's own text would not say (a link, a redirection).
     label: str = ""
+    # A simple command's words as bash makes them, its program's first (Rule.tail).
+    words: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
@@ -327,6 +353,8 @@ def _judge(rules: Sequence[Rule], parts: Sequence[Subject], unprovable: str) -> 
     """Deny, then ask, then allow; `unprovable` (why the call cannot all be read) keeps
     every specifier rule from allowing it and makes a deny or ask rule ask."""
     guard: Rule | None = None
+    # A deny or ask rule's command among a command's arguments: an ask, as unprovable.
+    tail: tuple[Rule, str] | None = None
     for action in (DENY, ASK):
         for rule in rules:
             if rule.action != action:
@@ -336,10 +364,14 @@ def _judge(rules: Sequence[Rule], parts: Sequence[Subject], unprovable: str) -> 
             for part in parts:
                 if any(rule.matches(form) for form in part.every + part.extra):
                     return Decision(action, (rule,), subject=part.label)
+                if tail is None and (run := rule.tail(part)):
+                    tail = (rule, f"the command {part.text} may run {run}")
             if unprovable:
                 guard = guard or rule
     if guard is not None:
         return Decision(ASK, (guard,), unprovable=unprovable)
+    if tail is not None:
+        return Decision(ASK, (tail[0],), unprovable=tail[1])
     allows = [rule for rule in rules if rule.action == ALLOW]
     if whole := next((rule for rule in allows if rule.spec is None), None):
         return Decision(ALLOW, (whole,))
@@ -653,7 +685,7 @@ def _command(node: Any, shell: Shell, source: str) -> None:
     if runs:
         shell.runs = shell.runs or runs
         shell.hidden = shell.hidden or runs
-    shell.parts.append(Subject(every, extra))
+    shell.parts.append(Subject(every, extra, words=tuple(word for word, _ in words[assignments:])))
     if runs or not inner or inner[0][0] not in MAKES_NO_LINKS:
         shell.links = True
     if any("CDPATH" in word for word in written):
@@ -764,10 +796,18 @@ class Wrapper:
     # Options whose value is a command line in one string, or that make it read one.
     hides: str = ""
     long_hides: frozenset[str] = frozenset()
+    # Every long option is one word (`--name` or `--name=value`: firejail).
+    long_any: bool = False
+    # With no command, it runs a shell that reads its commands from its input.
+    empty_reads: bool = False
 
 
 def _longs(*names: str) -> frozenset[str]:
     return frozenset(names)
+
+
+def _split(names: str) -> frozenset[str]:
+    return frozenset(names.split())
 
 
 # The programs rules look through: a deny or ask rule matches the command they run too.
@@ -855,6 +895,162 @@ WRAPPERS = {
     ),
     "busybox": Wrapper(),
     "toybox": Wrapper(),
+    "strace": Wrapper(
+        flags="cCdDfFhiknqrtTvVwxyzZ",
+        valued="abeEIoOpPsSuUX",
+        long_flags=_split(
+            "follow-forks output-separately summary-only summary quiet verbose timestamps "
+            "syscall-times decode-fds no-abbrev absolute-timestamps relative-timestamps "
+            "instruction-pointer stack-trace seccomp-bpf daemonize kill-on-exit "
+            "summary-wall-clock"
+        ),
+        long_valued=_split(
+            "output trace signal status string-limit user env attach trace-path abbrev "
+            "verbose raw read write inject fault"
+        ),
+    ),
+    "ltrace": Wrapper(
+        flags="bcCfhiLrStTV",
+        valued="aADeFlnopsuwx",
+        long_flags=_longs("demangle", "help", "version"),
+        long_valued=_longs("output", "library", "config", "indent", "align"),
+    ),
+    "taskset": Wrapper(flags="acp", long_flags=_longs("all-tasks", "cpu-list", "pid"), operands=1),
+    "chrt": Wrapper(
+        flags="abdefiomprRv",
+        valued="TPD",
+        long_flags=_split(
+            "all-tasks batch deadline ext fifo idle other rr reset-on-fork max pid verbose"
+        ),
+        long_valued=_longs("sched-runtime", "sched-period", "sched-deadline"),
+        operands=1,
+    ),
+    "chroot": Wrapper(
+        long_flags=_longs("skip-chdir"),
+        long_valued=_longs("userspec", "groups"),
+        operands=1,
+        empty_reads=True,
+    ),
+    "unshare": Wrapper(
+        flags="imnpuUCTfrc",
+        valued="RwSG",
+        long_flags=_split(
+            "mount uts ipc net pid user cgroup time fork map-root-user map-current-user "
+            "map-auto mount-proc mount-binfmt kill-child keep-caps"
+        ),
+        long_valued=_split(
+            "propagation setgroups root wd setuid setgid map-user map-group map-users "
+            "map-groups monotonic boottime load-interp"
+        ),
+        empty_reads=True,
+    ),
+    "nsenter": Wrapper(
+        # -r and -w take a folder only when it is attached (-r/x): that is unprovable.
+        flags="amuinpUCTFZrw",
+        valued="tSG",
+        long_flags=_split(
+            "all mount uts ipc net pid user cgroup time root wd no-fork "
+            "preserve-credentials follow-context user-parent env"
+        ),
+        long_valued=_longs("target", "setuid", "setgid", "wdns"),
+        empty_reads=True,
+    ),
+    "fakeroot": Wrapper(
+        flags="uhv",
+        valued="lsib",
+        long_flags=_longs("unknown-is-real", "help", "version"),
+        long_valued=_longs("lib", "faked"),
+        empty_reads=True,
+    ),
+    "firejail": Wrapper(long_any=True, empty_reads=True),
+    "systemd-run": Wrapper(
+        flags="dtPGqr",
+        valued="upEHM",
+        long_flags=_split(
+            "scope user system wait no-block pty pipe collect quiet remain-after-exit "
+            "same-dir no-ask-password send-sighup slice-inherit"
+        ),
+        long_valued=_split(
+            "unit property setenv host machine uid gid nice working-directory description "
+            "slice service-type on-active on-boot on-startup on-unit-active "
+            "on-unit-inactive on-calendar timer-property path-property socket-property"
+        ),
+        hides="S",
+        long_hides=_longs("shell"),
+    ),
+    "pkexec": Wrapper(
+        long_flags=_longs("disable-internal-agent", "keep-cwd"),
+        long_valued=_longs("user"),
+        empty_reads=True,
+    ),
+    "caffeinate": Wrapper(flags="dimsu", valued="tw"),
+    "npx": Wrapper(
+        flags="yq",
+        valued="p",
+        long_flags=_longs("yes", "no", "quiet", "ignore-existing"),
+        long_valued=_longs("package"),
+        hides="c",
+        long_hides=_longs("call"),
+    ),
+    "bunx": Wrapper(valued="p", long_flags=_longs("bun"), long_valued=_longs("package")),
+    "uvx": Wrapper(
+        flags="qv",
+        valued="pw",
+        long_flags=_split("isolated quiet verbose offline no-cache refresh no-project native-tls"),
+        long_valued=_split(
+            "from with with-editable with-requirements python index default-index index-url "
+            "extra-index-url find-links cache-dir directory project config-file"
+        ),
+    ),
+}
+
+# Programs whose subcommand runs the command after its own options (`uv run pytest`):
+# read as wrappers from the subcommand on.
+_PACKAGE_RUN = Wrapper(
+    flags="qvy",
+    valued="p",
+    long_flags=_longs("quiet", "verbose", "yes", "no"),
+    long_valued=_longs("package"),
+    hides="c",
+    long_hides=_longs("call", "shell-mode"),
+)
+SUBCOMMANDS = {
+    ("uv", "run"): Wrapper(
+        flags="qvms",
+        valued="pw",
+        long_flags=_split(
+            "no-project frozen locked isolated no-sync all-extras no-dev dev all-packages "
+            "all-groups active no-env-file quiet verbose offline no-cache exact refresh "
+            "script module gui-script only-dev no-editable native-tls"
+        ),
+        long_valued=_split(
+            "with with-editable with-requirements python project directory package extra "
+            "group only-group no-group env-file index default-index index-url "
+            "extra-index-url find-links config-file cache-dir"
+        ),
+    ),
+    ("npm", "exec"): _PACKAGE_RUN,
+    ("npm", "x"): _PACKAGE_RUN,
+    ("pnpm", "exec"): _PACKAGE_RUN,
+    ("pnpm", "dlx"): _PACKAGE_RUN,
+    ("yarn", "exec"): _PACKAGE_RUN,
+    ("yarn", "dlx"): _PACKAGE_RUN,
+    ("bun", "x"): _PACKAGE_RUN,
+    ("poetry", "run"): Wrapper(),
+    ("pipenv", "run"): Wrapper(),
+    ("pdm", "run"): Wrapper(),
+    ("hatch", "run"): Wrapper(),
+    ("bundle", "exec"): Wrapper(long_flags=_longs("keep-file-descriptors")),
+    ("conda", "run"): Wrapper(
+        valued="np",
+        long_flags=_longs("no-capture-output", "live-stream"),
+        long_valued=_longs("name", "prefix", "cwd"),
+    ),
+    ("pipx", "run"): Wrapper(
+        flags="qv",
+        long_flags=_longs("no-cache", "quiet", "verbose", "path", "pypackages"),
+        long_valued=_longs("spec", "python", "index-url", "pip-args"),
+    ),
 }
 
 # Programs that run a command given as one string, read from their input or from a
@@ -872,6 +1068,8 @@ HIDING = {
     "runuser": "runs a shell that reads its commands",
     "flock": "runs a command rules do not read",
     "script": "runs a shell that reads its commands",
+    "sg": "runs a string as a command",
+    "newgrp": "runs a shell that reads its commands",
 }
 # Shells: `sh -c STRING` runs a string, `sh` alone (or -s, -i) reads the commands it
 # runs from its input; `sh FILE` runs a script, like any program.
@@ -909,14 +1107,20 @@ def _forms(
         inner = [(name, raw), *args]
         every.append(_text(assignments + [(name, name)] + args))
         extra.append(_text([(name, name)] + args))
-        hidden = _hides(name, [arg for arg, _ in args])
-        wrapper = WRAPPERS.get(name)
+        hidden = _hides(name, [arg for arg, _ in args]) or _git_config(name, assignments)
+        wrapper, label = WRAPPERS.get(name), name
+        if wrapper is None and args and (name, args[0][0]) in SUBCOMMANDS:
+            wrapper, label = SUBCOMMANDS[name, args[0][0]], f"{name} {args[0][0]}"
+            args = args[1:]
         if hidden or wrapper is None:
             break
         try:
-            more, words = _unwrap(wrapper, name, args)
+            more, words = _unwrap(wrapper, label, args)
         except Unprovable as exc:
             hidden = str(exc)
+            break
+        if not words and wrapper.empty_reads:
+            hidden = f"the command {label} with no command runs a shell that reads its commands"
             break
         assignments = assignments + more
     else:
@@ -926,10 +1130,46 @@ def _forms(
     return tuple(every), tuple(extra), hidden, inner
 
 
+# git's settings whose value is a command it runs (`alias.x=!cmd`, a pager, an editor, a
+# helper), or that read more settings from a file.
+_GIT_RUNS = re.compile(
+    r"(alias\..*|core\.(pager|editor|sshcommand|fsmonitor|hookspath|askpass|gitproxy)"
+    r"|sequence\.editor|diff\.external|gpg\..*program|pager\..*|include\..*|includeif\..*"
+    r"|.*\.(textconv|command|cmd|helper|program|process|clean|smudge|tool))",
+    re.IGNORECASE | re.S,
+)
+
+
+def _git_runs(setting: str) -> bool:
+    key, _, value = setting.partition("=")
+    if key.lower().startswith("alias."):
+        return value.lstrip().startswith("!")
+    return _GIT_RUNS.fullmatch(key.strip()) is not None
+
+
+def _git_config(name: str, assignments: list[tuple[str, str]]) -> str:
+    """Why git, given these variables, may run a string from its settings, or ""."""
+    if name != "git":
+        return ""
+    for word, _ in assignments:
+        if word.startswith(("GIT_CONFIG", "GIT_EXEC_PATH", "GIT_PAGER", "GIT_EDITOR", "GIT_SSH")):
+            variable = word.split("=", 1)[0]
+            return f"the command git reads settings from {variable}, which may run a string"
+    return ""
+
+
 def _hides(name: str, args: list[str]) -> str:
     """Why the program `name` run with `args` runs what rules cannot read, or ""."""
     if name in HIDING:
         return f"the command {name} {HIDING[name]}"
+    if name == "git":
+        for i, arg in enumerate(args):
+            if arg.startswith("--config-env"):
+                return "the command git --config-env reads a setting that may run a string"
+            if arg == "-c" and i + 1 < len(args) and _git_runs(args[i + 1]):
+                key = args[i + 1].split("=", 1)[0]
+                return f"the command git -c {key} runs a string as a command"
+        return ""
     if name == "find":
         runs = next((arg for arg in args if arg in FIND_RUNS), None)
         return f"the command find {runs} runs a command for each file" if runs else ""
@@ -992,7 +1232,9 @@ def _unwrap(
             key, eq, _ = arg[2:].partition("=")
             if key in wrapper.long_hides:
                 raise Unprovable(f"the command {name} --{key} runs a string as a command")
-            if key in wrapper.long_valued:
+            if wrapper.long_any:
+                i += 1
+            elif key in wrapper.long_valued:
                 i += 1 if eq else 2
             elif key in wrapper.long_flags:
                 i += 1
@@ -1209,6 +1451,20 @@ def _path_spec(pattern: str, spec: str) -> str:
 
 
 # --- globs -----------------------------------------------------------------------------
+
+# The most words naming a deny or ask rule's program that one command's arguments are
+# matched from (Rule.tail); past it, the command is asked about.
+MAX_TAILS = 64
+
+
+@lru_cache(maxsize=1024)
+def _program(spec: str) -> str:
+    """A shell rule's program: the first word of its command, without its folder."""
+    try:
+        first = shlex.split(spec)[0]
+    except (ValueError, IndexError):
+        first = spec.split(" ", 1)[0]
+    return posixpath.basename(first) or first
 
 
 @lru_cache(maxsize=1024)

@@ -511,9 +511,10 @@ SAFE = ["allow shell(git *)", "allow shell(ls *)", "allow shell(timeout *)",
         (NO_RM, "bash ./build.sh", None),
         (NO_RM, "python -c 'print(1)'", None),
         (NO_RM, "find . -name '*.py'", None),
-        # not an rm at all
-        (NO_RM, "git rm x", None),
-        (NO_RM, "echo rm x", None),
+        # rm among the arguments: a program rules do not know may run it (asked, below)
+        (NO_RM, "git rm x", ASK),
+        (NO_RM, "echo rm x", ASK),
+        (NO_RM, "echo remove x", None),
         # allow: the whole command and the one it wraps must both be allowed
         (SAFE, "timeout 60 git fetch", ALLOW),
         (SAFE, "nice -n 5 ls -la", ALLOW),
@@ -847,3 +848,93 @@ def test_a_made_target_says_why_and_without_exists_every_late_target_is_unprovab
     blind = rules.decide(listed, "shell", command, resolve=resolve)
     assert blind.action == ASK
     assert rules.decide(listed, "shell", command, resolve=resolve, exists=exists).action == ALLOW
+
+
+@pytest.mark.parametrize(
+    ("rule_texts", "command", "expected"),
+    [
+        # wrappers rules now read: the command inside is denied
+        (NO_RM, "strace rm x", DENY),  # attack
+        (NO_RM, "strace -f -o log.txt -e trace=file rm x", DENY),  # attack
+        (NO_RM, "ltrace rm x", DENY),  # attack
+        (NO_RM, "taskset 1 rm x", DENY),  # attack
+        (NO_RM, "taskset -c 0,1 rm x", DENY),  # attack
+        (NO_RM, "chrt 1 rm x", DENY),  # attack
+        (NO_RM, "chrt -f 1 rm x", DENY),  # attack
+        (NO_RM, "chroot / rm x", DENY),  # attack
+        (NO_RM, "chroot --userspec=a:b / rm x", DENY),  # attack
+        (NO_RM, "unshare rm x", DENY),  # attack
+        (NO_RM, "unshare -r -n --mount-proc rm x", DENY),  # attack
+        (NO_RM, "nsenter -t 1 -m rm x", DENY),  # attack
+        (NO_RM, "fakeroot rm x", DENY),  # attack
+        (NO_RM, "fakeroot -- rm x", DENY),  # attack
+        (NO_RM, "firejail --quiet --net=none rm x", DENY),  # attack
+        (NO_RM, "systemd-run --user --wait -p A=1 rm x", DENY),  # attack
+        (NO_RM, "pkexec rm x", DENY),  # attack
+        (NO_RM, "pkexec --user root rm x", DENY),  # attack
+        (NO_RM, "caffeinate -i rm x", DENY),  # attack
+        (NO_RM, "npx rm x", DENY),  # attack
+        (NO_RM, "npx --yes -p pkg rm x", DENY),  # attack
+        (NO_RM, "bunx rm x", DENY),  # attack
+        (NO_RM, "uvx rm x", DENY),  # attack
+        (NO_RM, "uv run rm x", DENY),  # attack
+        (NO_RM, "uv run --with pytest -- rm x", DENY),  # attack
+        (NO_RM, "npm exec rm x", DENY),  # attack
+        (NO_RM, "pnpm dlx rm x", DENY),  # attack
+        (NO_RM, "poetry run rm x", DENY),  # attack
+        (NO_RM, "pipenv run rm x", DENY),  # attack
+        (NO_RM, "conda run -n base rm x", DENY),  # attack
+        (NO_RM, "sudo strace -f nice rm x", DENY),  # attack
+        # what they run out of sight
+        (NO_RM, "sg staff rm", ASK),  # attack: sg runs a string
+        (NO_RM, "echo 'rm x' | chroot /", ASK),  # attack
+        (NO_RM, "echo 'rm x' | unshare -r", ASK),  # attack
+        (NO_RM, "echo 'rm x' | fakeroot", ASK),  # attack
+        (NO_RM, "echo 'rm x' | newgrp staff", ASK),  # attack
+        (NO_RM, "systemd-run -S", ASK),  # attack
+        (NO_RM, "npx -c 'rm x'", ASK),  # attack
+        (NO_RM, "uv run --frobnicate rm x", ASK),
+        (NO_RM, "git -c alias.x='!rm x' x", ASK),  # attack
+        (NO_RM, "git -c ALIAS.x='! rm x' x", ASK),  # attack
+        (NO_RM, "git -c core.pager='rm x' log", ASK),  # attack
+        (NO_RM, "git -c core.sshCommand='rm x' fetch", ASK),  # attack
+        (NO_RM, "git --config-env=alias.x=CMD x", ASK),  # attack
+        (NO_RM, "GIT_CONFIG_PARAMETERS=\"'alias.x=!rm x'\" git x", ASK),  # attack
+        (NO_RM, "env GIT_CONFIG_COUNT=1 git x", ASK),  # attack
+        (NO_RM, "git -c alias.st=status st", None),
+        (NO_RM, "git -c user.name=x commit -m y", None),
+        # an unknown program given the denied command: it may run it, so it is asked about
+        (NO_RM, "mywrap rm x", ASK),  # attack
+        (NO_RM, "mywrap -q /bin/rm -rf x", ASK),  # attack
+        (NO_RM, "mywrap --opt rm", ASK),  # attack
+        (NO_RM, "echo farm x", None),
+        (["deny shell(git push *)", "allow shell"], "mywrap git push origin", ASK),  # attack
+        (["deny shell(git push *)", "allow shell"], "mywrap git pull", ALLOW),
+        (["ask shell(git push *)", "allow shell"], "nohup2 git push", ASK),
+        (["deny shell(rm -rf *)", "allow shell"], "mywrap rm -rf x", ASK),  # attack
+        (["deny shell(rm -rf *)", "allow shell"], "mywrap rm x", ALLOW),
+        # allow: the wrapper and what it runs must both be allowed
+        (["allow shell(uv run *)"], "uv run rm x", None),
+        (["allow shell(uv run *)", "allow shell(pytest *)"], "uv run pytest -x", ALLOW),
+        (["allow shell(strace *)"], "strace rm x", None),
+        (["allow shell(git *)"], "git -c alias.x='!rm x' x", None),
+        (["allow shell(git *)"], "git -c user.name=x commit", ALLOW),
+    ],
+)
+def test_more_wrappers_and_a_denied_program_among_the_arguments(rule_texts, command, expected):
+    assert action_of(rule_texts, "shell", command=command) == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        ("sg staff rm", "the command sg runs a string as a command"),
+        ("git -c alias.x='!rm x' x", "the command git -c alias.x runs a string as a command"),
+        ("echo x | chroot /", "the command chroot with no command runs a shell that reads its"),
+        ("uv run --frob rm x", "the option --frob of uv run is not one rules read"),
+        ("mywrap -q /bin/rm -rf x", "the command mywrap -q /bin/rm -rf x may run rm -rf x"),
+    ],
+)
+def test_a_wrapped_or_named_command_says_why_it_is_asked(command, reason):
+    decision = rules.decide([rule("deny shell(rm *)")], "shell", {"command": command})
+    assert decision.action == ASK and decision.unprovable.startswith(reason)
