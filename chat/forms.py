@@ -605,7 +605,17 @@ class WakeForm(forms.Form):
         help_text="minute hour day-of-month month day-of-week, e.g. <code>0 9 * * 1-5</code>",
         widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
     )
-    interval_seconds = forms.IntegerField(label="Every (seconds)", required=False, min_value=1)
+    interval_seconds = forms.IntegerField(
+        label="Every (seconds)",
+        required=False,
+        min_value=int(schedule.MIN_INTERVAL.total_seconds()),
+        max_value=int(schedule.MAX_INTERVAL.total_seconds()),
+        # The schedule's own words, whichever bound the value is past.
+        error_messages={
+            "min_value": f"The interval must be {schedule.INTERVAL_RANGE}.",
+            "max_value": f"The interval must be {schedule.INTERVAL_RANGE}.",
+        },
+    )
     once_at = forms.DateTimeField(
         label="Once at",
         required=False,

@@ -454,6 +454,10 @@ class WakeRun(models.Model):
         Tab, null=True, blank=True, on_delete=models.SET_NULL, related_name="wake_runs"
     )
     queued_id = models.BigIntegerField(null=True, blank=True)
+    # Firings started (the claim's, then each recovery's take): past
+    # chat.wakes.MAX_FIRE_ATTEMPTS the run fails with the last error as its reason.
+    attempts = models.PositiveSmallIntegerField(default=0)
+    # When it was claimed or last taken by a recovery: a pending run this old is stale.
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

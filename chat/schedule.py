@@ -39,6 +39,10 @@ KINDS = (CRON, INTERVAL, ONCE)
 MIN_INTERVAL = timedelta(seconds=60)
 # An interval longer than this is a date typo; a once wake says "that day" better.
 MAX_INTERVAL = timedelta(days=366)
+INTERVAL_RANGE = (
+    f"between {MIN_INTERVAL.total_seconds():g} seconds and {MAX_INTERVAL.days} days "
+    f"({MAX_INTERVAL.total_seconds():.0f} seconds)"
+)
 # A slot this late still runs under catch-up "skip": a worker that restarted, or a busy
 # database, is not downtime the user asked to skip.
 LATE_GRACE = timedelta(minutes=5)
@@ -151,11 +155,7 @@ def parse(
 
 
 def interval_error(seconds: int) -> str:
-    return (
-        f"The interval must be between {MIN_INTERVAL.total_seconds():g} seconds "
-        f"and {MAX_INTERVAL.days} days ({MAX_INTERVAL.total_seconds():.0f} seconds), "
-        f"not {seconds} seconds."
-    )
+    return f"The interval must be {INTERVAL_RANGE}, not {seconds} seconds."
 
 
 def local_to_utc(naive: datetime, timezone: str) -> datetime:

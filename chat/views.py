@@ -1351,20 +1351,19 @@ def wake_action(request: HttpRequest, wake_id: int, action: str) -> HttpResponse
             messages.success(request, f"Deleted the wake “{wake}”.")
         elif action == "run":
             run = wakes.run_now(wake, now)
-            if run.status == WakeRun.Status.FAILED:
-                messages.error(request, f"“{wake}” did not run: {run.reason}")
-            else:
+            if run.status == WakeRun.Status.SUBMITTED:
                 messages.success(request, f"“{wake}” runs now.")
-        elif action in ("enable", "disable", "keep"):
-            if action == "keep":
-                wake.expires_at = None
+            elif run.status == WakeRun.Status.PENDING:
+                messages.error(request, f"“{wake}” did not run yet: {run.reason}")
             else:
-                wake.enabled = action == "enable"
-            if wake.enabled and (action == "enable" or wake.next_run_at is None):
-                wakes.reschedule(wake, now)
-            elif not wake.enabled:
-                wake.next_run_at = None
-            wake.save(update_fields=["enabled", "expires_at", "next_run_at", "updated_at"])
+                messages.error(request, f"“{wake}” did not run: {run.reason}")
+        elif action in ("enable", "disable", "keep"):
+            # Written by conditional updates (chat.wakes): the scheduler may have moved
+            # the wake on since it was read.
+            {"enable": wakes.enable, "disable": wakes.disable, "keep": wakes.keep}[action](
+                wake, now
+            )
+            wake.refresh_from_db()
             messages.success(request, f"“{wake}”: next run {_wake_when(wake)}.")
         else:
             raise Http404

@@ -3,6 +3,7 @@ wakes, and the clock badge of a wake's message in a tab."""
 
 from __future__ import annotations
 
+import sys
 import uuid
 from datetime import timedelta
 
@@ -12,14 +13,15 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from chat import log
-from chat.models import QueuedMessage, Wake, WakeRun
+from chat import log, turns, wakes
+from chat.models import QueuedMessage, RunningTurn, Wake, WakeRun
 from chat.preferences import new_tab
 from chat.stream import Block, Kind, Role
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 User = get_user_model()
+D6 = timedelta(days=6)
 
 
 @pytest.fixture
@@ -78,6 +80,8 @@ def test_it_adds_a_wake_and_lists_it_with_its_next_run_in_its_zone(client, alice
         ({"cron": "0 25 * * *"}, "Invalid cron expression"),
         ({"cron": "0 0 30 2 *"}, "never fires"),
         ({"kind": "interval", "interval_seconds": "10"}, "between 60 seconds"),
+        # Past timedelta's range: the same message, not a server error.
+        ({"kind": "interval", "interval_seconds": str(10**14)}, "between 60 seconds"),
         ({"kind": "once", "once_at": "2001-01-01T09:00"}, "already passed"),
         ({"kind": "once", "once_at": "2030-03-31T02:30"}, "the clocks skip it"),
         ({"kind": "once", "once_at": ""}, "Give the time to run at."),
@@ -141,6 +145,67 @@ def test_run_now_of_a_wake_whose_tab_was_deleted_says_why(client, alice, tab):
     assert "did not run: The wake&#x27;s tab was deleted" in page.content.decode()
     wake.refresh_from_db()
     assert not wake.enabled
+
+
+def test_keep_racing_the_scheduler_does_not_put_back_the_claimed_time(
+    client, alice, tab, monkeypatch
+):
+    """Keep read the wake (next run 09:00); the scheduler claimed 09:00 before Keep
+    wrote. The wake keeps its new next time (Keep used to save the whole row read: the
+    wake was due at 09:00 again, its claim hit the existing run, and it never fired
+    again while the scheduler spun)."""
+    nine = timezone.now().replace(microsecond=0) - timedelta(minutes=1)
+    wake = _wake(alice, tab, next_run_at=nine, created_by="agent", expires_at=nine + D6)
+    real_now = timezone.now
+    raced = []
+
+    def now():
+        # The view asks for the time after its read: the scheduler's pass runs here.
+        if sys._getframe(1).f_code.co_name == "wake_action" and not raced:
+            raced.append(wakes.run_due(nine))
+        return real_now()
+
+    monkeypatch.setattr(timezone, "now", now)
+    client.post(reverse("wake_action", args=[wake.pk, "keep"]))
+    monkeypatch.setattr(timezone, "now", real_now)
+
+    assert [r.status for r in raced[0]] == ["submitted"]
+    wake.refresh_from_db()
+    assert (wake.expires_at, wake.next_run_at) == (None, nine + timedelta(hours=1))
+    assert wakes.run_due(nine + timedelta(seconds=1)) == []
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+
+
+def test_run_now_on_a_busy_tab_of_a_skip_wake_says_it_was_skipped(client, alice, tab):
+    wake = _wake(alice, tab, overlap="skip")
+    RunningTurn.objects.create(
+        tab=tab, turn_id=uuid.uuid4(), worker="w", heartbeat_at=timezone.now()
+    )
+    page = client.post(reverse("wake_action", args=[wake.pk, "run"]), follow=True)
+    text = page.content.decode()
+    assert "did not run: A turn was running in the tab (overlap: skip)." in text
+    assert "runs now" not in text
+    assert WakeRun.objects.get(wake=wake).status == "skipped"
+
+
+def test_a_firing_that_failed_shows_its_error_on_the_wakes_page(client, alice, tab, monkeypatch):
+    """Fault injection at the submit: the run's attempt and then its failure, with the
+    error, are on the page."""
+    wake = _wake(alice, tab, next_run_at=timezone.now() - timedelta(seconds=1))
+
+    def submit(*args, **kwargs):
+        raise RuntimeError("the channel layer is down")
+
+    monkeypatch.setattr(turns, "submit", submit)
+    now = timezone.now()
+    wakes.run_due(now)
+    page = client.get(reverse("wakes")).content.decode()
+    assert "pending" in page
+    assert "Attempt 1 of 3 failed, retrying: RuntimeError: the channel layer is down" in page
+    WakeRun.objects.filter(wake=wake).update(attempts=wakes.MAX_FIRE_ATTEMPTS - 1)
+    wakes.run_due(now + wakes.PENDING_STALE * 2)
+    page = client.get(reverse("wakes")).content.decode()
+    assert "Gave up after 3 attempts: RuntimeError: the channel layer is down" in page
 
 
 def test_another_users_wake_is_neither_shown_nor_touched(client, tab):

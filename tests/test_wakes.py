@@ -192,6 +192,206 @@ def test_recovery_does_not_send_again_what_was_submitted_before_the_crash(owner,
     assert QueuedMessage.objects.filter(tab=tab).count() == 1
 
 
+def test_a_time_that_has_a_run_already_is_moved_past_not_fired_again(owner, tab):
+    """The clock steps back half an hour after 09:00 fired, and the wake is disabled and
+    enabled: its next time is 09:00 again. Reaching it, the claim moves the wake on to
+    10:00 without a second firing, and the scheduler sleeps (it used to roll the move
+    back on the unique run and spin at 0 s, the wake never firing again)."""
+    wake = make_wake(owner, tab)
+    assert [r.status for r in wakes.run_due(NOW)] == ["submitted"]
+    wakes.disable(wake, NOW - timedelta(minutes=30))
+    wakes.enable(wake, NOW - timedelta(minutes=30))
+    wake.refresh_from_db()
+    assert wake.next_run_at == NOW
+
+    assert wakes.run_due(NOW + timedelta(seconds=1)) == []
+
+    wake.refresh_from_db()
+    assert wake.next_run_at == NOW + timedelta(hours=1)
+    assert wakes.seconds_until_due(NOW + timedelta(seconds=1)) == wakes.SLEEP_CAP_SECONDS
+    assert runs(wake) == [(NOW, "submitted")]
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+    [run] = wakes.run_due(NOW + timedelta(hours=1))
+    assert (run.scheduled_for, run.status) == (NOW + timedelta(hours=1), "submitted")
+
+
+@pytest.mark.parametrize("action", ["keep", "enable", "disable"])
+def test_an_action_on_a_stale_read_does_not_put_back_the_claimed_time(owner, tab, action):
+    """The page read the wake (next run 09:00), the scheduler claimed 09:00, then the
+    action wrote: only the fields it changes, so the wake is not due at 09:00 again."""
+    wake = make_wake(owner, tab, created_by="agent", expires_at=NOW + timedelta(days=6))
+    read = Wake.objects.get(pk=wake.pk)
+    assert [r.status for r in wakes.run_due(NOW)] == ["submitted"]
+
+    getattr(wakes, action)(read, NOW + timedelta(seconds=1))
+
+    wake.refresh_from_db()
+    if action == "disable":
+        assert (wake.enabled, wake.next_run_at) == (False, None)
+    else:
+        assert (wake.enabled, wake.next_run_at) == (True, NOW + timedelta(hours=1))
+    assert wake.expires_at == (None if action == "keep" else NOW + timedelta(days=6))
+    assert wakes.run_due(NOW + timedelta(seconds=2)) == []
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+
+
+def test_keep_of_an_expired_wake_starts_it_again_from_now(owner, tab):
+    wake = make_wake(owner, tab, expires_at=NOW + timedelta(minutes=30))
+    wakes.run_due(NOW)
+    wake.refresh_from_db()
+    assert wake.next_run_at is None
+    wakes.keep(wake, NOW + timedelta(hours=2, minutes=10))
+    wake.refresh_from_db()
+    assert (wake.expires_at, wake.next_run_at) == (None, NOW + timedelta(hours=3))
+
+
+def _failing_submit(monkeypatch, tab: Tab) -> None:
+    """Fault injection: submitting into `tab` raises (a database or channel failure)."""
+    real = turns.submit
+
+    def submit(target, text, **kwargs):
+        if target.pk == tab.pk:
+            raise RuntimeError("the channel layer is down")
+        return real(target, text, **kwargs)
+
+    monkeypatch.setattr(turns, "submit", submit)
+
+
+def test_a_firing_that_raises_is_retried_then_failed_with_the_error(owner, tab, monkeypatch):
+    """Each attempt is counted on the run and its error shown; after MAX_FIRE_ATTEMPTS
+    the run fails with the error, and the wake goes on to its next time."""
+    wake = make_wake(owner, tab)
+    _failing_submit(monkeypatch, tab)
+
+    [run] = wakes.run_due(NOW)
+    assert (run.status, run.attempts) == ("pending", 1)
+    assert run.reason == (
+        "Attempt 1 of 3 failed, retrying: RuntimeError: the channel layer is down"
+    )
+    t = NOW
+    for attempt in range(2, wakes.MAX_FIRE_ATTEMPTS + 1):
+        t += wakes.PENDING_STALE + timedelta(seconds=1)
+        [run] = [r for r in wakes.run_due(t) if r.scheduled_for == NOW]
+        assert run.attempts == attempt
+    assert run.status == "failed"
+    assert run.reason == "Gave up after 3 attempts: RuntimeError: the channel layer is down"
+    assert WakeRun.objects.get(wake=wake, scheduled_for=NOW).status == "failed"
+    assert wakes.recover(t + 10 * wakes.PENDING_STALE) == []
+
+
+def test_a_run_whose_firing_kept_stopping_its_worker_fails(owner, tab):
+    """Taken MAX_FIRE_ATTEMPTS times and never finished (each firing killed its worker):
+    the next take records it failed instead of firing it again."""
+    wake = make_wake(owner, tab)
+    wakes.claim(wake.pk, NOW)
+    WakeRun.objects.filter(wake=wake).update(attempts=wakes.MAX_FIRE_ATTEMPTS)
+    [run] = wakes.recover(NOW + wakes.PENDING_STALE * 2)
+    assert run.status == "failed" and run.reason.startswith("Gave up after 3 attempts")
+    assert not QueuedMessage.objects.exists()
+
+
+def test_a_failing_recovered_run_does_not_starve_the_other_wakes(owner, tab, monkeypatch):
+    other = new_tab(owner, "offline/demo")
+    make_wake(owner, tab, name="bad")
+    good = make_wake(
+        owner, other, name="good", kind="interval", cron="", interval_seconds=60, next_run_at=NOW
+    )
+    _failing_submit(monkeypatch, tab)
+    t = NOW
+    for _ in range(5):
+        wakes.run_due(t)
+        t += wakes.PENDING_STALE + timedelta(seconds=1)
+    assert WakeRun.objects.filter(wake=good, status="submitted").count() == 5
+
+
+def test_a_row_broken_by_hand_does_not_stop_the_other_wakes(owner, tab):
+    """An interval past timedelta's range (only SQLite stores it) disables its wake with
+    the reason; the other wake fires in the same pass."""
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL refuses the value itself (integer out of range)")
+    broken = make_wake(owner, tab, name="broken", kind="interval", cron="", interval_seconds=60)
+    Wake.objects.filter(pk=broken.pk).update(interval_seconds=10**14)
+    good = make_wake(owner, new_tab(owner, "offline/demo"), name="good")
+
+    fired = wakes.run_due(NOW)
+
+    assert [(r.wake_id, r.status) for r in fired] == [(good.pk, "submitted")]
+    run = WakeRun.objects.get(wake=broken)
+    assert run.status == "failed" and "between 60 seconds and 366 days" in run.reason
+    assert not Wake.objects.get(pk=broken.pk).enabled
+
+
+def test_each_claim_is_stamped_when_it_happens(owner, tab, monkeypatch):
+    """A pass that began at NOW claims a wake a minute later: its run is stamped then,
+    so another worker's recovery at that moment leaves it to the worker firing it."""
+    make_wake(owner, tab, timezone="UTC")
+    claimed_at = NOW + wakes.PENDING_STALE + timedelta(seconds=1)
+    real = turns.submit
+
+    def submit(target, text, **kwargs):
+        # This worker is about to submit; another worker's recovery runs now.
+        assert wakes.recover(claimed_at) == []
+        return real(target, text, **kwargs)
+
+    monkeypatch.setattr(turns, "submit", submit)
+    [run] = wakes.run_due(NOW, clock=lambda: claimed_at)
+    assert run.status == "submitted" and run.created_at == claimed_at
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+
+
+def test_recovery_skips_the_run_of_a_wake_disabled_since(owner, tab):
+    wake = make_wake(owner, tab)
+    wakes.claim(wake.pk, NOW)  # the worker dies here
+    wakes.disable(wake, NOW + timedelta(seconds=10))
+    [run] = wakes.recover(NOW + wakes.PENDING_STALE * 2)
+    assert (run.status, run.reason) == ("skipped", wakes.WAKE_DISABLED)
+    assert not QueuedMessage.objects.exists()
+
+
+def test_a_deactivated_owners_wakes_are_not_claimed(owner, tab):
+    """Not claimed (so not skipped every time, and caught up by its policy once the
+    owner is active again), not counted as due by the scheduler's sleep, and a run
+    claimed before the deactivation is skipped with the reason."""
+    wake = make_wake(owner, tab)
+    other = make_wake(owner, tab, name="claimed", next_run_at=NOW)
+    wakes.claim(other.pk, NOW)  # claimed; the worker dies
+    get_user_model().objects.filter(pk=owner.pk).update(is_active=False)
+
+    fired = wakes.run_due(NOW + wakes.PENDING_STALE * 2)
+
+    assert [(r.wake_id, r.status, r.reason) for r in fired] == [
+        (other.pk, "skipped", wakes.OWNER_INACTIVE)
+    ]
+    assert not QueuedMessage.objects.exists()
+    assert runs(wake) == []
+    assert wakes.seconds_until_due(NOW) == wakes.SLEEP_CAP_SECONDS
+    get_user_model().objects.filter(pk=owner.pk).update(is_active=True)
+    [run] = wakes.run_due(NOW + wakes.PENDING_STALE * 2)
+    assert (run.wake_id, run.status) == (wake.pk, "submitted")
+
+
+def test_a_tab_deleted_by_a_wipe_while_firing_says_the_wake_moved_to_new_tabs(
+    owner, tab, monkeypatch
+):
+    """The run read the wake (into its tab); a history wipe made it a new-tab wake and
+    deleted the tab before the submit: the run fails, and its reason says what is true
+    of the wake now (it used to say "the wake is disabled")."""
+    wake = make_wake(owner, tab)
+    run = wakes.claim(wake.pk, NOW)
+    real = wakes.origin_of
+
+    def wipe_meanwhile(*args):
+        call_command("wipe_history", "--yes", stdout=io.StringIO())
+        return real(*args)
+
+    monkeypatch.setattr(wakes, "origin_of", wipe_meanwhile)
+    fired = wakes.fire(run, NOW)
+
+    assert (fired.status, fired.reason) == ("failed", wakes.TAB_DELETED_NEW_TAB)
+    wake.refresh_from_db()
+    assert wake.enabled and wake.new_tab
+
+
 # --- overlap, catch-up, deleted tabs ---------------------------------------------------
 
 
@@ -326,6 +526,7 @@ def test_the_command_adds_lists_runs_and_removes(owner, tab):
         (["--cron", "61 9 * * *"], "Invalid cron expression '61 9 \\* \\* \\*'"),
         (["--cron", "0 0 30 2 *"], "never fires"),
         (["--every", "5"], "between 60 seconds"),
+        (["--every", str(10**14)], "between 60 seconds and 366 days"),
         (["--at", "2001-01-01 09:00"], "already passed"),
         (["--at", "tomorrow"], "'tomorrow' is not a time"),
         (["--at", "2030-03-31 02:30", "--timezone", "Europe/Berlin"], "clocks skip it"),
@@ -398,6 +599,7 @@ async def test_a_once_wake_from_the_tool_does_not_expire(tab):
         ({"at": "soon"}, "at must be a local time"),
         ({"at": "2099-01-01T09:00+02:00"}, "without an offset"),
         ({"at": "2001-01-01T09:00"}, "already passed"),
+        ({"interval_seconds": 10**14}, "between 60 seconds and 366 days"),
         ({"every": 5}, "unknown argument 'every'"),
         ({"cron": "0 9 * * *", "target": "other_tab"}, "target must be"),
     ],

@@ -44,7 +44,8 @@ INPUT_SCHEMA = {
         },
         "interval_seconds": {
             "type": "integer",
-            "minimum": 60,
+            "minimum": int(schedule.MIN_INTERVAL.total_seconds()),
+            "maximum": int(schedule.MAX_INTERVAL.total_seconds()),
             "description": "Run every this many seconds, the first time one interval from now.",
         },
         "at": {
