@@ -342,3 +342,44 @@ async def test_a_shell_allow_rule_leaves_a_write_it_does_not_cover_to_the_tab(
         assert not (workspace / "main.py").exists()
     else:
         assert (workspace / "main.py").read_text() == "hi\n" and done["s1"]["is_error"] is False
+
+
+async def test_a_link_made_earlier_in_the_command_is_asked_about(script, workspace):
+    """Approval off, a deny rule on .git: `ln -s` then a redirection through the link it
+    makes was allowed (the link did not exist when the rules followed the path); now the
+    call waits for the user, and denying it leaves .git alone."""
+    (workspace / ".git" / "hooks").mkdir(parents=True)
+    (workspace / "src").mkdir()
+    command = "ln -s ../.git/hooks src/h3; echo evil > src/h3/pre-commit"
+    script(
+        [call("s1", "shell", command=command), Finish(stop_reason="tool_use")],
+        [TextDelta("done"), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab(approve_tools=False)
+        await with_rules(
+            tab,
+            [],
+            [
+                ("allow", "shell(ln *)"),
+                ("allow", "shell(echo *)"),
+                ("deny", "write_file(.git/**)"),
+            ],
+        )
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(waiting_for("s1"))
+            await database_sync_to_async(turns.approve)(tab.pk, "s1", False)
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert [(c["call_id"], c["action"], c["text"]) for c in rule_chunks(rows)] == [
+        (
+            "s1",
+            "ask",
+            "Asked: the target of the redirection > src/h3/pre-commit does not exist yet (an "
+            "earlier command may make it a link), which rule `write_file(.git/**)` (your "
+            "settings) cannot check",
+        )
+    ]
+    assert results(rows)["s1"]["result"] == "Denied by the user."
+    assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
