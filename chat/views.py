@@ -638,8 +638,9 @@ def _always_allow(request: HttpRequest, tab: Tab, call_id: str, source: str) -> 
     pattern = rules.natural(name, arguments) if isinstance(arguments, dict) else None
     if pattern is None:
         raise rules.RuleError(
-            "This call has no rule to always allow (a compound command, a wildcard or a path "
-            "outside the workspace): approve it once, or add a rule in Permission rules."
+            "This call has no rule to always allow (a compound command, a wildcard, a "
+            "redirection to a file or a path outside the workspace): approve it once, or add "
+            "a rule in Permission rules."
         )
     new = rules.parse(rules.ALLOW, pattern, source=source)
     where = "this tab" if source == rules.TAB else "all your tabs"

@@ -246,6 +246,7 @@ def test_always_allow_adds_nothing_when_an_ask_rule_matches_where_a_link_leads(
     [
         (("shell", {"command": "git status && rm -rf /"}), "This call has no rule to always allow"),
         (("shell", {"command": "rm *"}), "This call has no rule to always allow"),
+        (("shell", {"command": "echo hi > src/main.py"}), "a redirection to a file or a path"),
         (("write_file", {"path": "../x"}), "This call has no rule to always allow"),
         (None, "There is no call 'c9' in this tab."),
     ],
