@@ -555,8 +555,17 @@ class TurnRunner:
     async def _refresh_tools(self, tab: Tab) -> None:
         """Freeze the tab's tool set at its first turn; at a later turn's start, take a
         changed one (an MCP server's new tools, an admin's edit) with a config-reload
-        chunk saying what changed. Never within a turn: each change costs the cache."""
-        fresh, problems, failed = await toolset.current(tab.tool_allow, tab.tools)
+        chunk saying what changed. Never within a turn: each change costs the cache.
+        Stop ends the wait for the MCP servers' listings at once."""
+        listing = asyncio.ensure_future(toolset.current(tab.tool_allow, tab.tools))
+        stopped = asyncio.ensure_future(self.cancelled.wait())
+        try:
+            await asyncio.wait({listing, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            listing.cancel()
+        self._check_cancel()
+        fresh, problems, failed = listing.result()
         if not await database_sync_to_async(children.may_nest)(tab):
             fresh = [entry for entry in fresh if entry["name"] != children.AGENT]
         for problem in problems:

@@ -385,6 +385,62 @@ async def test_problems_and_errors_never_show_the_servers_secrets():
     assert called.is_error and "tok-4567" not in called.result
 
 
+async def test_a_server_that_failed_at_a_turn_start_is_not_asked_again_for_a_while(
+    tmp_path, monkeypatch
+):
+    """A turn's start asks a server that failed once again only after FAILED_SECONDS
+    (every turn of every tab would wait for it otherwise), or at once when it is edited;
+    its last known tools are kept meanwhile."""
+    starts = tmp_path / "starts"
+    failing = McpServer(name="failing", transport="stdio", command=sys.executable)
+    failing.args = [str(SERVERS / "bare.py"), "exit"]
+    failing.set_env({"MCP_TEST_STARTS": str(starts)})
+    await failing.asave()
+    known = [mcp.McpToolSpec("mcp__failing__x", "", {"type": "object"}, "failing", "x")]
+    first = await mcp.refresh(known, turn=True)
+    again = await mcp.refresh(known, turn=True)
+    assert starts.read_text() == "started\n"
+    assert first == again
+    assert [spec.name for spec in again.specs] == ["mcp__failing__x"]
+    assert again.failed["failing"].startswith("server failing: not reachable (")
+    assert again.failed["failing"].endswith(
+        "; kept its last known tools, calls to them fail until it answers"
+    )
+    # Edited: asked at once.
+    failing.timeout = 7
+    await failing.asave()
+    await mcp.refresh(known, turn=True)
+    assert starts.read_text() == "started\n" * 2
+    # The while over: asked again.
+    monkeypatch.setattr(mcp, "FAILED_SECONDS", 0.0)
+    await mcp.refresh(known, turn=True)
+    await mcp.refresh(known, turn=True)
+    assert starts.read_text() == "started\n" * 4
+
+
+async def test_a_server_slow_at_a_turn_start_is_left_for_the_turn_and_listed_for_the_next(
+    monkeypatch,
+):
+    """A server that does not list its tools within TURN_LIST_SECONDS is given up for the
+    turn; its listing goes on, and once it answers the next turn takes its tools."""
+    monkeypatch.setattr(mcp, "TURN_LIST_SECONDS", 0.0)
+    await McpServer.objects.acreate(
+        name="slow", transport="stdio", command=sys.executable, args=[TOOLS, "stdio"]
+    )
+    first = await mcp.refresh(turn=True)
+    assert (first.specs, first.failed) == (
+        [],
+        {"slow": "server slow: did not list its tools within 0 s"},
+    )
+    # Still listing: the next turn waits for that listing rather than start another.
+    listing = mcp._pool().listings["slow"]
+    await listing
+    assert "slow" not in mcp._pool().failed
+    second = await mcp.refresh(turn=True)
+    assert "mcp__slow__echo" in [spec.name for spec in second.specs]
+    assert second.failed == {}
+
+
 async def test_a_server_that_is_down_is_a_problem_naming_it():
     await McpServer.objects.acreate(name="down", transport="http", url="http://127.0.0.1:9/mcp")
     found, problems = await mcp.specs()

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from chat.tools import mcp_names
+from chat.tools import mcp_names, toolset
 
 SAFE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -73,3 +73,43 @@ def test_a_hash_collision_past_the_last_step_leaves_one_out(monkeypatch):
     names, problems = mcp_names.assign([("s", "a.b"), ("s", "a:b")])
     assert list(names) == [("s", "a.b")]
     assert problems == ["server s: tool 'a:b' left out, its name meets another's"]
+
+
+@pytest.mark.parametrize(
+    ("allow", "server", "offers"),
+    [
+        ([], "github", True),
+        (["*"], "github", True),
+        (["mcp__*"], "github", True),
+        (["mcp__github__*"], "github", True),
+        (["mcp__github__create_issue"], "github", True),
+        (["mcp__git*"], "github", True),
+        (["mcp__g?thub__*"], "github", True),
+        (["mcp__[fg]ithub__*"], "github", True),
+        (["mcp__[!g]ithub__*"], "github", False),
+        (["mcp__github__*"], "gitlab", False),
+        (["mcp__github"], "github", False),
+        (["read_file", "shell"], "github", False),
+        (["read_file", "*__search"], "github", True),
+        (["mcp__gh__*"], "github", False),
+        # A name with unsafe characters is shortened: its tools start mcp__my_srv__.
+        (["mcp__my_srv__*"], "my srv", True),
+        (["mcp__my srv__*"], "my srv", False),
+        # A long server's tools' names keep only its first characters before their hash.
+        (["mcp__" + "s" * 42 + "*"], "s" * 60, True),
+        (["mcp__" + "s" * 60 + "__*"], "s" * 60, True),
+        (["mcp__" + "s" * 41 + "t*"], "s" * 60, False),
+        # An unclosed [ is a literal, as fnmatch reads it: no safe name has one.
+        (["mcp__[x*"], "[x", False),
+        (["mcp___x*"], "[x", True),
+    ],
+)
+def test_which_servers_an_allow_list_could_take_tools_from(allow, server, offers):
+    """A turn's start asks only the servers whose tools the tab's allow-list could let
+    through: every name of a server's tools, plain or shortened, starts alike."""
+    assert toolset.may_offer(server, allow) is offers
+    if offers:
+        return
+    # Never wrong the other way: no tool of the server, plain or shortened, passes.
+    names, _ = mcp_names.assign([(server, tool) for tool in ("x", "create_issue", "a.b" * 30)])
+    assert not any(toolset.allowed(name, allow) for name in names.values())

@@ -7,8 +7,10 @@ headers. The public interface:
 
 - specs(): every enabled server's tools as provider-safe McpToolSpecs, and problems
   ("server x: not reachable (...)"); never raises for a broken server.
-- refresh(known) -> Listing: the same, a server that cannot be listed keeping its tools
-  in `known` (a tab's frozen list), and which servers failed.
+- refresh(known, wanted=, turn=) -> Listing: the same, a server that cannot be listed
+  keeping its tools in `known` (a tab's frozen list), and which servers failed; for a
+  turn's start, only the servers `wanted`, each waited for TURN_LIST_SECONDS at most, one
+  that failed not asked again for FAILED_SECONDS.
 - call(name, arguments, *, on_output, timeout=None) -> ToolOutcome: one call, an
   `is_error` outcome naming the server for every failure.
 
@@ -100,6 +102,16 @@ CLOSE_GRACE = 10.0
 
 # Kept of a failed server's stderr (and of output that was not MCP) for its message.
 DETAIL_CHARS = 300
+
+# How long a turn's start waits for a server's tools: a server slower than that (hung,
+# restarting) keeps its last known tools for the turn, and the listing goes on in the
+# background (bounded by the server's own timeout) for the next turn. A healthy server's
+# listing is cached per connection, so this is a handshake at most.
+TURN_LIST_SECONDS = 3.0
+# A server whose listing failed or was too slow is not asked again at a turn's start for
+# this long (unless it is edited, or a call reaches it): every turn of every tab would
+# wait for it again.
+FAILED_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,6 +546,10 @@ class _Pool:
         self.retired: list[Connection] = []
         self.locks: dict[str, asyncio.Lock] = {}
         self.sweeper: asyncio.Task[None] | None = None
+        # Servers whose listing at a turn's start failed or was too slow: the config, when
+        # (the loop's clock) and the failure; and listings still running.
+        self.failed: dict[str, tuple[ServerConfig, float, str]] = {}
+        self.listings: dict[str, asyncio.Task[tuple[list[types.Tool], list[str], str]]] = {}
 
     def lock(self, name: str) -> asyncio.Lock:
         return self.locks.setdefault(name, asyncio.Lock())
@@ -596,6 +612,7 @@ async def _connect(config: ServerConfig) -> Connection:
             connection = _new_connection(config)
             await connection.open()
             pool.connections[config.name] = connection
+            pool.failed.pop(config.name, None)
             pool.watch()
         connection.last_used = asyncio.get_running_loop().time()
         return connection
@@ -624,6 +641,8 @@ async def close_all() -> None:
         return
     if pool.sweeper is not None:
         pool.sweeper.cancel()
+    for task in pool.listings.values():
+        task.cancel()
     for connection in [*pool.connections.values(), *pool.retired]:
         await connection.close()
 
@@ -655,17 +674,72 @@ class Listing:
     failed: dict[str, str]
 
 
-async def refresh(known: Iterable[McpToolSpec] = ()) -> Listing:
+async def refresh(
+    known: Iterable[McpToolSpec] = (),
+    wanted: Callable[[str], bool] | None = None,
+    *,
+    turn: bool = False,
+) -> Listing:
     """Every enabled server's tools, a server whose listing fails keeping its tools in
     `known` (a tab's frozen list): a server down for a moment at a turn's start must not
-    change the tab's tools (a cache miss of the whole conversation, tools gone mid-task)."""
+    change the tab's tools (a cache miss of the whole conversation, tools gone mid-task).
+
+    Only the servers whose names `wanted` takes (a tab's allow-list: a server none of its
+    tools could pass is never waited for). With `turn` (a turn's start), each server is
+    waited for TURN_LIST_SECONDS at most, and one that failed or was too slow is not
+    asked again for FAILED_SECONDS: a hung server must not hold up every turn."""
     configs = await enabled_servers()
     await _forget_others({config.name for config in configs})
-    return await _specs(configs, known)
+    if wanted is not None:
+        configs = [config for config in configs if wanted(config.name)]
+    return await _specs(configs, known, _turn_tools if turn else _server_tools)
 
 
-async def _specs(configs: list[ServerConfig], known: Iterable[McpToolSpec] = ()) -> Listing:
-    listed = await asyncio.gather(*(_server_tools(config) for config in configs))
+async def _turn_tools(config: ServerConfig) -> tuple[list[types.Tool], list[str], str]:
+    """_server_tools for a turn's start: bounded, failures remembered (refresh)."""
+    pool = _pool()
+    loop = asyncio.get_running_loop()
+    remembered = pool.failed.get(config.name)
+    if remembered is not None:
+        failed_config, when, failure = remembered
+        if failed_config == config and loop.time() - when < FAILED_SECONDS:
+            return [], [], failure
+        del pool.failed[config.name]
+    task = pool.listings.get(config.name)
+    if task is None:
+        task = asyncio.create_task(_server_tools(config), name=f"mcp list {config.name}")
+        pool.listings[config.name] = task
+
+        def done(task: asyncio.Task[tuple[list[types.Tool], list[str], str]]) -> None:
+            if pool.listings.get(config.name) is task:
+                del pool.listings[config.name]
+            if task.cancelled() or task.exception() is not None:
+                return
+            failure = task.result()[2]
+            if failure:
+                pool.failed[config.name] = (config, loop.time(), failure)
+            elif (pool.failed.get(config.name) or (None,))[0] == config:
+                # Answered after all: the next turn takes its tools.
+                del pool.failed[config.name]
+
+        task.add_done_callback(done)
+    # Shielded: a turn stopped (or past its wait) leaves the listing to finish for the
+    # next turn, within the server's own timeout.
+    finished, _ = await asyncio.wait({task}, timeout=TURN_LIST_SECONDS)
+    if finished:
+        return task.result()
+    failure = f"server {config.name}: did not list its tools within {TURN_LIST_SECONDS:g} s"
+    pool.failed[config.name] = (config, loop.time(), failure)
+    return [], [], failure
+
+
+async def _specs(
+    configs: list[ServerConfig],
+    known: Iterable[McpToolSpec] = (),
+    lister: Callable[[ServerConfig], Awaitable[tuple[list[types.Tool], list[str], str]]]
+    | None = None,
+) -> Listing:
+    listed = await asyncio.gather(*(((lister or _server_tools)(config)) for config in configs))
     problems: list[str] = []
     failed: dict[str, str] = {}
     kept: list[McpToolSpec] = []

@@ -19,7 +19,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from chat.providers.base import ToolSpec
-from chat.tools import mcp
+from chat.tools import mcp, mcp_names
 from chat.tools.registry import TOOLS
 
 Entry = dict[str, Any]
@@ -75,19 +75,85 @@ def freeze(entries: Iterable[Entry], allow: Sequence[str]) -> list[Entry]:
     return [seen[name] for name in sorted(seen)]
 
 
+def may_offer(server: str, allow: Sequence[str]) -> bool:
+    """Whether the allow-list could let any tool of the MCP server `server` through: a
+    pattern that matches some name starting as that server's tools' names all do."""
+    if not allow:
+        return True
+    # Every name of its tools, plain or shortened, starts so (mcp_names: a shortened name
+    # keeps at least this much of the safe joined name before its hash).
+    start = mcp_names.UNSAFE.sub("_", mcp_names.plain(server, ""))
+    start = start[: mcp_names.MAX_NAME - 1 - mcp_names.HASH_DIGITS[-1]]
+    return any(_may_match(_glob(pattern), start) for pattern in allow)
+
+
+def _glob(pattern: str) -> list[str]:
+    """`pattern` as fnmatch reads it: `*`, `?`, a `[…]` class, or one literal character."""
+    tokens: list[str] = []
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "[":
+            j = i + 1
+            if j < len(pattern) and pattern[j] == "!":
+                j += 1
+            if j < len(pattern) and pattern[j] == "]":
+                j += 1
+            end = pattern.find("]", j)
+            if end != -1:
+                tokens.append(pattern[i : end + 1])
+                i = end + 1
+                continue
+        tokens.append(char)
+        i += 1
+    return tokens
+
+
+def _may_match(tokens: list[str], prefix: str) -> bool:
+    """Whether the glob `tokens` matches some string that starts with `prefix`: the
+    pattern positions reachable after reading the prefix (what follows it is free)."""
+
+    def closure(states: set[int]) -> set[int]:
+        # A `*` may match nothing: the position after it is reachable too.
+        todo = list(states)
+        while todo:
+            state = todo.pop()
+            if state < len(tokens) and tokens[state] == "*" and state + 1 not in states:
+                states.add(state + 1)
+                todo.append(state + 1)
+        return states
+
+    states = closure({0})
+    for char in prefix:
+        following: set[int] = set()
+        for state in states:
+            if state == len(tokens):
+                continue
+            token = tokens[state]
+            if token == "*":
+                following.add(state)
+            elif token == "?" or token == char or (len(token) > 1 and fnmatchcase(char, token)):
+                following.add(state + 1)
+        states = closure(following)
+        if not states:
+            return False
+    return True
+
+
 async def current(
     allow: Sequence[str], frozen: Sequence[Entry] | None = None
 ) -> tuple[list[Entry], list[str], list[str]]:
     """The tool set a tab with this allow-list gets now, what went wrong listing it (a
     server down, too many tools: the turn goes on with the rest), and which servers
     could not be listed, each a message. Such a server keeps its tools of `frozen` (the
-    tab's list): only a listing that answered changes them."""
+    tab's list): only a listing that answered changes them. Servers none of whose tools
+    the allow-list could let through are not asked (mcp.refresh)."""
     known = [
         mcp.McpToolSpec(e["name"], e["description"], e["input_schema"], e["server"], e["tool"])
         for e in frozen or ()
         if "server" in e and "tool" in e
     ]
-    listing = await mcp.refresh(known)
+    listing = await mcp.refresh(known, lambda server: may_offer(server, allow), turn=True)
     entries = freeze([*builtin_entries(), *mcp_entries(listing.specs)], allow)
     return entries, listing.problems, list(listing.failed.values())
 

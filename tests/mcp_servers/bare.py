@@ -7,13 +7,18 @@ whose schemas have what providers refuse at their top (oneOf, anyOf, allOf, not,
 enum), and one past the size cap; `bulky`: ten tools past a server's total cap; `garbage`: it
 writes a line that is not JSON-RPC, then nothing; `exit`: it fails at once, saying why
 on stderr; `leak`: the same, quoting its token; `silent`: it reads and never answers
-(a server hanging in its handshake)."""
+(a server hanging in its handshake). With MCP_TEST_STARTS set to a file's path, it
+writes a line there each time it starts."""
 
 import json
 import os
 import socket
 import sys
 
+if os.environ.get("MCP_TEST_STARTS"):
+    # Counts its starts: a line each.
+    with open(os.environ["MCP_TEST_STARTS"], "a") as starts:
+        starts.write("started\n")
 if sys.argv[1:] == ["exit"]:
     sys.stderr.write("bare: cannot start, no configuration\n")
     sys.exit(2)
