@@ -732,7 +732,9 @@ class McpServerAdmin(admin.ModelAdmin):
 
 
 class WakeAdminForm(forms.ModelForm):
-    """The schedule is checked as on the Wakes page; the next run is computed, not typed."""
+    """The schedule is checked as on the Wakes page; the next run is computed, not typed:
+    from now for a new wake or a change of when it runs, and kept otherwise (an edited
+    prompt does not move the next run, and a once wake that fired can still be edited)."""
 
     class Meta:
         model = Wake
@@ -742,15 +744,24 @@ class WakeAdminForm(forms.ModelForm):
         data = super().clean()
         if self.errors:
             return data
+        tab, owner = data.get("tab"), data.get("owner")
+        if tab is not None and owner is not None and tab.owner_id != owner.pk:
+            raise ValidationError({"tab": f"That tab is not {owner}'s: a wake runs as its owner."})
         probe = Wake(**{k: v for k, v in data.items() if k in _WAKE_SCHEDULE_FIELDS})
         try:
-            if data.get("enabled"):
+            if data.get("enabled") and self.restarts_schedule:
                 wakes.reschedule(probe, timezone.now())
             else:
                 wakes.schedule_of(probe)
         except schedule.ScheduleError as exc:
             raise ValidationError(str(exc)) from None
         return data
+
+    @property
+    def restarts_schedule(self) -> bool:
+        return self.instance.pk is None or bool(
+            set(self.changed_data) & {*_WAKE_SCHEDULE_FIELDS, "enabled"}
+        )
 
 
 _WAKE_SCHEDULE_FIELDS = ("kind", "cron", "timezone", "interval_seconds", "once_at", "expires_at")
@@ -774,9 +785,17 @@ class WakeAdmin(admin.ModelAdmin):
     inlines = [WakeRunInline]
 
     def save_model(self, request: HttpRequest, obj: Wake, form: Any, change: bool) -> None:
-        # Any edit starts the schedule again from now: the form checked that it can.
-        wakes.reschedule(obj, timezone.now())
-        super().save_model(request, obj, form, change)
+        # The form checked that the schedule can start again from now.
+        fields = list(form.changed_data)
+        if form.restarts_schedule:
+            wakes.reschedule(obj, timezone.now())
+            fields.append("next_run_at")
+        if change:
+            # Only what the form changed: the scheduler may have moved next_run_at on
+            # since the row was read, and writing the read value back would undo that.
+            obj.save(update_fields=[*fields, "updated_at"])
+        else:
+            obj.save()
         wakes.changed()
 
 

@@ -278,3 +278,65 @@ def test_the_admin_checks_the_schedule_and_computes_the_next_run(alice):
     assert client.get(reverse("admin:chat_wake_changelist")).status_code == 200
     assert client.get(reverse("admin:chat_wake_change", args=[wake.pk])).status_code == 200
     assert client.get(reverse("admin:chat_wakerun_changelist")).status_code == 200
+
+
+def _admin_client() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="x"))
+    return client
+
+
+def test_the_admin_refuses_a_tab_of_another_user(alice, tab):
+    bob = User.objects.create_user("bob", password="x")
+    response = _admin_client().post(
+        reverse("admin:chat_wake_add"), _admin_form(bob, tab=str(tab.pk), new_tab="")
+    )
+    assert response.status_code == 200
+    assert "That tab is not bob&#x27;s: a wake runs as its owner." in response.content.decode()
+    assert not Wake.objects.exists()
+
+
+def test_the_admin_keeps_the_next_run_when_only_the_prompt_changes(alice, tab):
+    """The next run is the scheduler's (here a missed 07:00 it has yet to claim), not
+    restarted from now by an edit of the prompt; a schedule change restarts it."""
+    due = timezone.now().replace(microsecond=0) - timedelta(hours=2)
+    wake = _wake(alice, tab, next_run_at=due)
+    fields = {"tab": str(tab.pk), "new_tab": "", "kind": "interval", "cron": "", "timezone": "UTC"}
+    client = _admin_client()
+    url = reverse("admin:chat_wake_change", args=[wake.pk])
+
+    edit = client.post(url, _admin_form(alice, **fields, interval_seconds="3600", prompt="new"))
+
+    assert edit.status_code == 302, edit.content.decode()
+    wake.refresh_from_db()
+    assert (wake.prompt, wake.next_run_at) == ("new", due)
+    client.post(url, _admin_form(alice, **fields, interval_seconds="7200", prompt="new"))
+    wake.refresh_from_db()
+    assert wake.next_run_at > timezone.now() + timedelta(minutes=119)
+
+
+def test_the_admin_edits_a_once_wake_that_already_fired(alice, tab):
+    """Its time is past: the prompt can be changed and the wake disabled; enabling it
+    again is what "already passed" is for."""
+    past = timezone.now().replace(microsecond=0) - timedelta(days=1)
+    wake = _wake(alice, tab, kind="once", interval_seconds=None, once_at=past, next_run_at=None)
+    client = _admin_client()
+    url = reverse("admin:chat_wake_change", args=[wake.pk])
+    fields = {
+        "tab": str(tab.pk),
+        "new_tab": "",
+        "kind": "once",
+        "cron": "",
+        "timezone": "UTC",
+        "once_at_0": past.strftime("%Y-%m-%d"),
+        "once_at_1": past.strftime("%H:%M:%S"),
+    }
+
+    edited = client.post(url, _admin_form(alice, **fields, prompt="again"))
+    assert edited.status_code == 302, edited.content.decode()
+    disabled = client.post(url, _admin_form(alice, **fields, prompt="again", enabled=""))
+    assert disabled.status_code == 302, disabled.content.decode()
+    wake.refresh_from_db()
+    assert (wake.prompt, wake.enabled, wake.next_run_at) == ("again", False, None)
+    enabled = client.post(url, _admin_form(alice, **fields, prompt="again"))
+    assert enabled.status_code == 200 and "already passed" in enabled.content.decode()
