@@ -7,6 +7,7 @@ and a turn still runs. The forms write these keys (chat.forms).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ AGENTS_FILE = "AGENTS.md"
 # AGENTS.md goes with every request of the tab: past this it is a manual, not
 # instructions, and only its beginning is included (with a note saying so).
 AGENTS_MAX_CHARS = 12_000
+# Control characters taken out of AGENTS.md: all of C0 (but tab and line feed), DEL, C1.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 KEYS = (
     "page_size",
@@ -169,9 +172,20 @@ def agents_instructions(root: Path, workdir: str) -> str:
         found = workdirs.read_text(
             Path(settings.DISPATCH_WORKSPACE), AGENTS_FILE, AGENTS_MAX_CHARS + 1
         )
-    if found is None or not found[0].strip():
+    if found is None:
         return ""
     text, size = found
+    if "\x00" in text:
+        # A binary file, as git and grep tell them: no instructions. PostgreSQL refuses
+        # NUL in text, so kept it would fail the making of every tab.
+        return (
+            f"[{place} in the workspace is not included: it holds NUL bytes, as binary files do.]"
+        )
+    # Other control characters (escape sequences, a form feed, CR) are noise to the
+    # model and can hide text in the prompt view; lines and tabs stay.
+    text = _CONTROL.sub("", text)
+    if not text.strip():
+        return ""
     note = ""
     if len(text) > AGENTS_MAX_CHARS:
         text = text[:AGENTS_MAX_CHARS]

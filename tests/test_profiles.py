@@ -114,6 +114,32 @@ def test_the_working_directorys_agents_md_wins_and_a_long_one_is_cut_with_a_note
     assert other.system_prompt.endswith("AGENTS.md in the workspace\n\nthe workspace's")
 
 
+def test_a_binary_agents_md_is_left_out_with_a_notice_in_the_prompt_view(owner, workspace, client):
+    """NUL bytes make AGENTS.md a binary file: it is not included, the prompt (shown in
+    the tab's system-prompt view) says so instead, and the tab is made. PostgreSQL
+    refuses NUL in text: kept, it failed the making of every tab."""
+    (workspace / "AGENTS.md").write_bytes(b"Be nice.\x00\x01\xff\xfe binary \x00 stuff")
+    tab = new_tab(owner, "offline/demo")
+    notice = "[AGENTS.md in the workspace is not included: it holds NUL bytes, as binary files do.]"
+    assert tab.system_prompt == f"{DEFAULT_SYSTEM_PROMPT}\n\n{notice}"
+    tab.refresh_from_db()
+    assert tab.system_prompt.endswith(notice)
+    client.force_login(owner)
+    page = client.get(reverse("tab", args=[tab.id])).content.decode()
+    assert notice in page
+
+
+def test_control_characters_are_taken_out_of_agents_md(owner, workspace):
+    """Escape sequences, CR, a bell: taken out; line feeds and tabs kept."""
+    (workspace / "AGENTS.md").write_bytes(
+        b"\x1b[31mRed\x1b[0m rules:\r\n\t- one\x07\x0c\n\t- two\x7f\xc2\x9b"
+    )
+    tab = new_tab(owner, "offline/demo")
+    assert tab.system_prompt.endswith(
+        "# Instructions from AGENTS.md in the workspace\n\n[31mRed[0m rules:\n\t- one\n\t- two"
+    )
+
+
 def test_an_agents_md_that_is_a_link_is_not_read(owner, workspace, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("the data dir's secret")
