@@ -30,7 +30,7 @@ from django.utils import timezone
 from chat import blobs, children, context, lease, log, preferences, retry, rules, tools
 from chat import usage as chat_usage
 from chat.history import History
-from chat.models import PermissionRule, QueuedMessage, Tab, UsageRecord
+from chat.models import Chunk, PermissionRule, QueuedMessage, Tab, UsageRecord
 from chat.pacing import Coalescer, Debouncer, check_silence
 from chat.providers import aget_provider
 from chat.providers.base import (
@@ -268,8 +268,17 @@ class TurnRunner:
         # first tool call, again after "always allow" added one.
         self._rules: list[rules.Rule] | None = None
         self._thinking_since: float | None = None
-        # Arguments of this turn's calls, by call id, for running them.
+        # Arguments of this turn's calls, by call id, for running them, and the seq of
+        # each call's chunk (a sub-agent's child is keyed on it: chat.children.child_id).
         self._args: dict[str, dict[str, Any]] = {}
+        self._seqs: dict[str, int] = {}
+        # Calls of this step refused for repeating an `agent` call's id, by that id: their
+        # results go into the log right after its (a result answers the first open call
+        # of its id).
+        self._repeats: dict[str, list[str]] = {}
+        # The heartbeat found the tab deleted: its sub-agents are stopped, not left to
+        # run on for a resumed turn that will never come.
+        self.tab_gone = False
         self._debouncer = Debouncer()
         self._cp_timer: asyncio.TimerHandle | None = None
         self._cp_write: asyncio.Task | None = None
@@ -310,12 +319,17 @@ class TurnRunner:
         self.cwd = ""
         # Every message of this turn came from a wake whose approval policy is "deny".
         self._unattended = False
+        # Why the turn was stopped, when not by the user (chat.children.cancel).
+        self._cancel_why = ""
 
     # --- control (called from the worker consumer) --------------------------
 
-    def cancel(self, *, stopping: bool = False) -> None:
-        """Stop the turn: by the user, or (`stopping`) because this worker shuts down."""
+    def cancel(self, *, stopping: bool = False, why: str = "") -> None:
+        """Stop the turn: by the user, or (`stopping`) because this worker shuts down, or
+        for `why` (a sub-agent's parent stopped it: its log says so, not "by the user")."""
         self.stopping = self.stopping or stopping
+        if why and not self.cancelled.is_set():
+            self._cancel_why = why
         self.cancelled.set()
         self._agents_stop.set()
         if self._producer is not None:
@@ -442,6 +456,7 @@ class TurnRunner:
         self._overflow_tried = False
         self._rules = None
         self._unattended = False
+        self._cancel_why = ""
         self.cancelled.clear()
         self._agents_stop.clear()
         # Auto-approval was asked for the message that started the first turn only.
@@ -1021,12 +1036,18 @@ class TurnRunner:
                 self._agents_stop.set()
                 await asyncio.gather(*agents.values(), return_exceptions=True)
             self.status.children.clear()
+            self._repeats.clear()
 
     async def _run_calls(
         self, config: TurnConfig, agents: dict[str, asyncio.Task[children.Result | None]]
     ) -> None:
+        seen: set[str] = set()
         for call_id, name in list(self.reducer.pending_calls):
             self._check_cancel()
+            if call_id in seen:
+                await self._refuse_repeat(agents, call_id, name)
+                continue
+            seen.add(call_id)
             call = self._args.get(call_id, {})
             if self._tool_names is not None and name not in self._tool_names:
                 why = f"Not run: {name} is not one of this tab's tools."
@@ -1055,7 +1076,8 @@ class TurnRunner:
                 )
             ):
                 if self._unattended:
-                    # A wake's turn whose wake says so: nobody is there to answer.
+                    # A wake's turn whose wake says so (or a sub-agent of one): nobody is
+                    # there to answer.
                     why = "Not approved: unattended wake turn."
                     await self._apply(self.reducer.feed(ToolResultEvent(call_id, name, why, True)))
                     continue
@@ -1075,6 +1097,22 @@ class TurnRunner:
                 continue
             await self._run_tool(call_id, name, call)
 
+    async def _refuse_repeat(
+        self, agents: dict[str, asyncio.Task[children.Result | None]], call_id: str, name: str
+    ) -> None:
+        """A second call of the step with the same id is not run: two results of one id
+        cannot say which call each answers, and an `agent` call's child is the first's.
+        Its refusal goes after the first call's result (now, unless that is an `agent`
+        call still running)."""
+        why = (
+            f"Not run: duplicate call id {call_id!r} in this step (an earlier call has it); "
+            "each call needs its own id."
+        )
+        if call_id in agents:
+            self._repeats.setdefault(call_id, []).append(why)
+            return
+        await self._apply(self.reducer.feed(ToolResultEvent(call_id, name, why, True)))
+
     # --- sub-agents (chat.children) ------------------------------------------------
 
     async def _start_agent(
@@ -1093,14 +1131,19 @@ class TurnRunner:
             event = ToolResultEvent(call_id, children.AGENT, problem, True)
             await self._apply(self.reducer.feed(event))
             return
-        agents[call_id] = asyncio.create_task(self._agent(call_id, call))
+        seq = self._seqs.get(call_id)
+        if seq is None:  # never: every call is sealed, or read back, before it runs
+            raise RuntimeError(f"agent call {call_id!r} is not in the log")
+        agents[call_id] = asyncio.create_task(self._agent(call_id, call, seq))
 
-    async def _agent(self, call_id: str, call: dict[str, Any]) -> children.Result | None:
-        """Run one `agent` call: its child made (or found), followed until its turn ends or
-        a cap stops it; its result. None when this worker stops: the call stays open for
-        the resumed turn, the child running on."""
+    async def _agent(self, call_id: str, call: dict[str, Any], seq: int) -> children.Result | None:
+        """Run one `agent` call (its chunk at `seq`): its child made (or found), followed
+        until its turn ends or a cap stops it; its result. None when this worker stops: the
+        call stays open for the resumed turn, the child running on."""
         try:
-            child, _ = await database_sync_to_async(children.ensure)(self.tab_id, call_id, call)
+            child, _ = await database_sync_to_async(children.ensure)(
+                self.tab_id, call_id, call, call_seq=seq, unattended=self._unattended
+            )
         except ValueError as exc:
             return children.Result(f"Not run: {exc}", True, "", "not-started")
         entry = {
@@ -1118,17 +1161,34 @@ class TurnRunner:
                 entry.update(live)
                 await self._status()
 
+        # The limit runs from the call, not from this wait: a turn resumed after a crash
+        # (or several) gives its child no more time than the first.
+        called = (
+            await Chunk.objects.filter(tab_id=self.tab_id, seq=seq)
+            .values_list("created_at", flat=True)
+            .afirst()
+        )
+        limit = django_settings.DISPATCH_CHILD_TIMEOUT
+        spent = (timezone.now() - called).total_seconds() if called is not None else 0.0
         outcome, why = await children.wait(
             child.pk,
             call_id,
             on_status,
-            timeout=django_settings.DISPATCH_CHILD_TIMEOUT,
+            timeout=max(limit - max(spent, 0.0), 0.0),
+            limit=limit,
             cancelled=self._agents_stop,
         )
         if why == children.STOPPED:
-            if self.stopping:
+            if self.stopping and not self.tab_gone:
                 return None
-            outcome, why = await children.stop(child.pk, call_id, "was stopped with its parent")
+            outcome, why = await children.stop(
+                child.pk,
+                call_id,
+                "was stopped with its parent",
+                "its parent was deleted" if self.tab_gone else children.STOPPED_TEXT,
+            )
+            if self.tab_gone:
+                return None  # no log to answer in
         return children.result(child.pk, child.title, outcome, why=why)
 
     async def _reattach(self) -> None:
@@ -1138,7 +1198,9 @@ class TurnRunner:
         if not open_calls:
             return
         ids = [call_id for call_id, _ in open_calls]
-        self._args.update(await database_sync_to_async(children.call_arguments)(self.tab_id, ids))
+        found = await database_sync_to_async(children.call_arguments)(self.tab_id, ids)
+        for call_id, (seq, arguments) in found.items():
+            self._seqs[call_id], self._args[call_id] = seq, arguments
         self.reducer.pending_calls.extend(open_calls)
 
         async def start(agents: dict[str, asyncio.Task[children.Result | None]]) -> None:
@@ -1157,15 +1219,31 @@ class TurnRunner:
                 call_id = by_task[task]
                 outcome = task.result()
                 self.status.children.pop(call_id, None)
-                if outcome is None:
+                if outcome is None or self.lease_lost:
                     continue  # this worker stops: answered by the interrupt, or resumed
+                if not await database_sync_to_async(lease.holds)(self.tab_id, self.turn_id):
+                    # Recovered meanwhile (before the heartbeat saw it): the tab is another
+                    # runner's, whose resumed turn answers the call.
+                    self.lease_lost = True
+                    self.cancel(stopping=True)
+                    continue
                 ops = self.reducer.feed(
-                    ToolResultEvent(call_id, children.AGENT, outcome.text, outcome.is_error)
+                    ToolResultEvent(
+                        call_id,
+                        children.AGENT,
+                        outcome.text,
+                        outcome.is_error,
+                        bool(outcome.truncated_bytes),
+                        truncated_bytes=outcome.truncated_bytes,
+                    )
                 )
                 if outcome.child_tab:
                     ops[-1].block.data["child_tab"] = outcome.child_tab
                     ops[-1].block.data["child_status"] = outcome.status
                 await self._apply(ops)
+                for why in self._repeats.pop(call_id, []):
+                    event = ToolResultEvent(call_id, children.AGENT, why, True)
+                    await self._apply(self.reducer.feed(event))
                 await self._status()
         self._check_cancel()
 
@@ -1302,7 +1380,11 @@ class TurnRunner:
         if self.stopping:
             # Calls whose children run on stay open: the turn goes on elsewhere for them.
             pending = self.reducer.pending_calls
-            agent_calls = [cid for cid, name in pending if name == children.AGENT]
+            agent_calls = [
+                (cid, self._seqs[cid])
+                for cid, name in pending
+                if name == children.AGENT and cid in self._seqs
+            ]
             waiting = await database_sync_to_async(children.made)(self.tab_id, agent_calls)
             self.reducer.pending_calls = [
                 (cid, name) for cid, name in self.reducer.pending_calls if cid not in waiting
@@ -1315,6 +1397,10 @@ class TurnRunner:
             )
             if waiting:
                 await database_sync_to_async(children.resume_later)(self.tab_id)
+            return
+        if why := self._cancel_why:
+            await self._interrupt(f"Stopped: {why}.")
+            await self._system("cancelled", f"Stopped: {why}.")
             return
         await self._interrupt("Cancelled by the user.")
         await self._system("cancelled", "Stopped by the user.")
@@ -1425,9 +1511,17 @@ class TurnRunner:
             # A checkpoint write in flight must land before the seal clears it.
             with suppress(Exception):
                 await self._cp_write
+        first = False
         if block.type == Kind.TOOL_CALL:
-            self._args[block.data["call_id"]] = block.data["arguments"]
+            call_id = block.data["call_id"]
+            # An id repeated within a step keeps its first call's arguments: the repeat
+            # is refused (_run_calls), never run with them.
+            first = [c for c, _ in self.reducer.pending_calls].count(call_id) <= 1
+            if first:
+                self._args[call_id] = block.data["arguments"]
         await database_sync_to_async(log.append)(self.tab_id, [block], clear_checkpoint=True)
+        if first:
+            self._seqs[block.data["call_id"]] = block.seq
         self.last_seq = block.seq
         self.history.add(block)
         await self.publish({"op": "seal", "block": block.to_dict()})
@@ -1645,6 +1739,7 @@ class TurnRunner:
                 logger.exception("heartbeat of tab %s failed", self.tab_id)
                 continue
             if beat in ("lost", "gone"):
+                self.tab_gone = self.tab_gone or beat == "gone"
                 # Recovered by someone else: another runner may own the tab now.
                 # Or the tab was deleted, the lease with it: no one to tell.
                 if beat == "lost":
@@ -1667,17 +1762,14 @@ class TurnRunner:
 def _message_data(queued: QueuedMessage) -> dict[str, Any]:
     """A queued message's user chunk data: its text, its files and who sent it (a wake,
     a parent agent) when it has them."""
-    data: dict[str, Any] = {"text": queued.text}
-    if queued.attachments:
-        data["attachments"] = queued.attachments
-    if queued.origin:
-        data["origin"] = queued.origin
-    return data
+    return children.message_data(queued)
 
 
 def _deny_wake(data: dict[str, Any]) -> bool:
+    """A message no one is there to approve for: a deny wake's, or the prompt of a
+    sub-agent that such a turn started (chat.children.ensure marks it so)."""
     origin = data.get("origin") or {}
-    return origin.get("kind") == "wake" and origin.get("approval") == "deny"
+    return origin.get("kind") in ("wake", "agent") and origin.get("approval") == "deny"
 
 
 def _reason(exc: ProviderError) -> str:

@@ -1,11 +1,17 @@
 """Sub-agents (DESIGN §15): the `agent` tool's child tabs, made, watched, read and stopped.
 
 A child is a normal tab (`parent_tab`, `parent_call_id`) whose id is
-`uuid5(parent tab id, call id)`: `ensure` finds the child a call made before (a parent
-whose worker died and whose turn was resumed) instead of making a second. Its prompt
+`uuid5(parent tab id, "call id@seq of the call's chunk")`: `ensure` finds the child a call
+made before (a parent whose worker died and whose turn was resumed) instead of making a
+second, and a later call that repeats an id (providers do) makes its own. Its prompt
 goes through the QueuedMessage table like any message, with
 `origin = {kind: agent, parent_tab, call_id}`, so the child runs under its own lease
 on any worker, with its own log, page and admin view.
+
+A child can do no more than its parent: a `profile` argument narrows the parent tab's
+tools and adds its rules to the parent's deny and ask rules, never widens them; a child
+of an unattended (deny) wake turn is unattended too; trees stop at
+DISPATCH_CHILD_MAX_DEPTH.
 
 `wait` follows the child's turn until it ends: the child's tab group on the channel
 layer for its live status (step, approval), and the database every POLL_SECONDS, so a
@@ -29,13 +35,16 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Max
 
-from chat import bus, lease, preferences, resume
+from chat import bus, lease, log, preferences, resume, rules
 from chat import usage as chat_usage
-from chat.models import Chunk, Profile, QueuedMessage, RunningTurn, Tab
-from chat.stream import Kind, Role
-from chat.tools.registry import AGENT, AGENT_SCHEMA, check_arguments
+from chat.models import Chunk, Profile, QueuedMessage, RunningTurn, Tab, UsageRecord
+from chat.stream import Block, Kind, Role
+from chat.tools import shell, toolset
+from chat.tools.registry import AGENT, AGENT_SCHEMA, agent_child_id, check_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +71,10 @@ FAILURES = {
 }
 
 
-def child_id(parent_id: uuid.UUID | str, call_id: str) -> uuid.UUID:
-    """The id of the child an `agent` call of that tab makes: the same on every try."""
-    return uuid.uuid5(uuid.UUID(str(parent_id)), call_id)
+def child_id(parent_id: uuid.UUID | str, call_id: str, call_seq: int) -> uuid.UUID:
+    """The id of the child the `agent` call at `call_seq` of that tab's log makes: the same
+    on every try, another for each call however the provider names them."""
+    return agent_child_id(parent_id, call_id, call_seq)
 
 
 def is_child(tab: Tab) -> bool:
@@ -82,21 +92,28 @@ def may_nest(tab: Tab) -> bool:
     )
 
 
-def call_arguments(tab_id: uuid.UUID, call_ids: list[str]) -> dict[str, Any]:
-    """The arguments of these calls in the tab's log, by call id (the last call of an id)."""
+def call_arguments(tab_id: uuid.UUID, call_ids: list[str]) -> dict[str, tuple[int, Any]]:
+    """The seq and arguments of these calls in the tab's log, by call id (the last call of
+    an id: an open call is in the log's last answer)."""
     rows = Chunk.objects.filter(
         tab_id=tab_id, type=Kind.TOOL_CALL, data__call_id__in=call_ids
     ).order_by("seq")
-    return {row.data["call_id"]: row.data.get("arguments") or {} for row in rows}
+    return {row.data["call_id"]: (row.seq, row.data.get("arguments") or {}) for row in rows}
 
 
-def made(tab_id: uuid.UUID, call_ids: list[str]) -> set[str]:
-    """Which of these calls of the tab made a child."""
-    return set(
-        Tab.objects.filter(parent_tab_id=tab_id, parent_call_id__in=call_ids).values_list(
-            "parent_call_id", flat=True
-        )
-    )
+def made(tab_id: uuid.UUID, calls: list[tuple[str, int]]) -> set[str]:
+    """Which of these calls (call id, seq of its chunk) of the tab made a child."""
+    ids = {child_id(tab_id, call_id, seq): call_id for call_id, seq in calls}
+    return {ids[pk] for pk in Tab.objects.filter(pk__in=ids).values_list("pk", flat=True)}
+
+
+def depth(tab: Tab) -> int:
+    """How many tabs up its tree of sub-agents the tab is (0: not a sub-agent)."""
+    levels, parent = 0, tab.parent_tab_id
+    while parent is not None and levels <= settings.DISPATCH_CHILD_MAX_DEPTH:
+        levels += 1
+        parent = Tab.objects.filter(pk=parent).values_list("parent_tab_id", flat=True).first()
+    return levels
 
 
 def resume_later(tab_id: uuid.UUID) -> None:
@@ -119,21 +136,38 @@ def bad_arguments(arguments: Any) -> str | None:
     return None
 
 
-def ensure(parent_id: uuid.UUID, call_id: str, arguments: dict[str, Any]) -> tuple[Tab, bool]:
-    """The child of this call, made and given its prompt if it does not exist yet, and
-    whether it was made now. Its prompt, model, tools and rules are its profile's (the
-    `profile` argument) or else its parent's; its folder is its parent's. ValueError
-    (for the model) for an unknown profile or a folder that cannot be used."""
+def ensure(
+    parent_id: uuid.UUID,
+    call_id: str,
+    arguments: dict[str, Any],
+    *,
+    call_seq: int,
+    unattended: bool = False,
+) -> tuple[Tab, bool]:
+    """The child of this call (the `agent` call at `call_seq` of the parent's log), made
+    and given its prompt if it does not exist yet, and whether it was made now. Its
+    prompt, model, tools and rules are its profile's (the `profile` argument) within its
+    parent's, or else its parent's; its folder is its parent's. `unattended`: the
+    parent's turn has no one to answer an approval (a deny wake's), nor has the child's.
+    ValueError (for the model) for an unknown profile, one that shares no tool with the
+    parent, a tree too deep or a folder that cannot be used."""
     with transaction.atomic():
         parent = Tab.objects.select_for_update().get(pk=parent_id)
-        pk = child_id(parent_id, call_id)
+        pk = child_id(parent_id, call_id, call_seq)
         existing = Tab.objects.filter(pk=pk).first()
         if existing is not None:
             return existing, False
+        limit = settings.DISPATCH_CHILD_MAX_DEPTH
+        if depth(parent) + 1 > limit:
+            raise ValueError(
+                f"sub-agents nest at most {limit} deep (the limit DISPATCH_CHILD_MAX_DEPTH), "
+                f"and this tab is already {depth(parent)} deep"
+            )
         title = " ".join(arguments["description"].split())[:TITLE_CHARS]
         family = {"id": pk, "parent_tab": parent, "parent_call_id": call_id}
         if name := (arguments.get("profile") or "").strip():
             profile = preferences.profile_named(name)
+            allow = confined(parent, list(profile.tools), name)
             try:
                 child = preferences.new_tab(
                     parent.owner,
@@ -145,6 +179,17 @@ def ensure(parent_id: uuid.UUID, call_id: str, arguments: dict[str, Any]) -> tup
                 )
             except preferences.workdirs.BadWorkdir as exc:
                 raise ValueError(str(exc)) from exc
+            # The parent's deny and ask rules hold for its child too: whatever the
+            # profile allows, the child may not do what its parent could not.
+            inherited = [
+                r
+                for r in parent.rules or []
+                if isinstance(r, dict)
+                and r.get("action") in (rules.DENY, rules.ASK)
+                and r not in child.rules
+            ]
+            child.tool_allow, child.rules = allow, [*child.rules, *inherited]
+            child.save(update_fields=["tool_allow", "rules"])
         else:
             # The parent's own copy (what a branch keeps): its prompt already holds
             # AGENTS.md, and its profile may have changed since it was made.
@@ -160,6 +205,8 @@ def ensure(parent_id: uuid.UUID, call_id: str, arguments: dict[str, Any]) -> tup
                 **family,
             )
         origin = {"kind": "agent", "parent_tab": str(parent_id), "call_id": call_id}
+        if unattended:
+            origin["approval"] = "deny"
         queued = QueuedMessage.objects.create(
             tab=child, text=arguments["prompt"].strip(), origin=origin
         )
@@ -172,6 +219,23 @@ def ensure(parent_id: uuid.UUID, call_id: str, arguments: dict[str, Any]) -> tup
             )
         )
     return child, True
+
+
+def confined(parent: Tab, allow: list[str], name: str) -> list[str]:
+    """The allow-list of a child with a profile whose allow-list is `allow`: at most its
+    parent tab's tools (by name, as the parent has them now). ValueError when they share
+    none: a child with nothing to call would only talk."""
+    if not parent.tool_allow:
+        return allow  # the parent may use every tool: the profile's list holds alone
+    entries = (
+        parent.tools
+        if parent.tools is not None
+        else toolset.freeze(toolset.builtin_entries(), parent.tool_allow)
+    )
+    kept = [e["name"] for e in entries if toolset.allowed(e["name"], allow)]
+    if not [n for n in kept if n != AGENT]:
+        raise ValueError(f"profile “{name}” allows none of this tab's tools")
+    return kept
 
 
 @dataclass
@@ -224,18 +288,24 @@ def read(tab_id: uuid.UUID, call_id: str) -> Outcome:
     else:
         status, error = ending.data["kind"], str(ending.data.get("text") or "")
     totals = chat_usage.turn_totals(tab_id, [start]).get(start, chat_usage.Totals())
-    step = max((c.step for c in turn), default=0)
-    return Outcome("done", title, step, status, final_text(turn), error, totals.as_dict())
+    # A last step that answered nothing left no chunk: its request's usage says it was.
+    asked = UsageRecord.objects.filter(
+        tab_id=tab_id, turn_id=start, kind=UsageRecord.Kind.STEP
+    ).aggregate(last=Max("step"))["last"]
+    step = max([c.step for c in turn] + [asked or 0])
+    return Outcome("done", title, step, status, final_text(turn, step), error, totals.as_dict())
 
 
-def final_text(turn: list[Chunk]) -> str:
-    """Every text block of the turn's last answering step, joined: a model often writes
-    its result in several blocks around its thinking or its last calls. An attempt cut
-    off and retried (a `retry` notice) is left out, as history leaves it out."""
+def final_text(turn: list[Chunk], last_step: int | None = None) -> str:
+    """Every text block of the turn's last step, joined: a model often writes its result in
+    several blocks around its thinking or its last calls. An attempt cut off and retried
+    (a `retry` notice) is left out, as history leaves it out. `last_step`: the turn's
+    last step when known (an empty one has no chunk): "" when it answered nothing, not
+    the step before's preamble to its calls."""
     answered = [c for c in turn if c.role == Role.ASSISTANT]
     if not answered:
         return ""
-    step = answered[-1].step
+    step = answered[-1].step if last_step is None else last_step
     texts: list[str] = []
     for chunk in turn:
         if chunk.step != step:
@@ -255,6 +325,21 @@ class Result:
     is_error: bool
     child_tab: str
     status: str
+    # Bytes of the child's text left out (capped as a shell command's output is).
+    truncated_bytes: int = 0
+
+
+def capped(text: str) -> tuple[str, int]:
+    """The child's text within the shell's output cap (the model's context pays for it):
+    past it, its start and its end with the shell's note of what was dropped between;
+    and how many bytes were."""
+    data = text.encode()
+    if len(data) <= shell.OUTPUT_CAP:
+        return text, 0
+    head = data[: shell.OUTPUT_HEAD].decode(errors="ignore")
+    tail = data[-shell.OUTPUT_TAIL :].decode(errors="ignore")
+    dropped = len(data) - len(head.encode()) - len(tail.encode())
+    return head + shell.DROP_MARKER.format(dropped=dropped) + tail, dropped
 
 
 def result(tab_id: uuid.UUID, title: str, outcome: Outcome, *, why: str = "") -> Result:
@@ -274,7 +359,7 @@ def result(tab_id: uuid.UUID, title: str, outcome: Outcome, *, why: str = "") ->
     else:
         reason = FAILURES.get(status, status).format(steps=outcome.step)
         head, is_error = f"{name} did not finish: {reason}.", True
-    text = outcome.text or ("" if is_error else NO_TEXT)
+    text, dropped = capped(outcome.text or ("" if is_error else NO_TEXT))
     if is_error and text:
         text = f"Its last text:\n\n{text}"
     tail = json.dumps(
@@ -282,15 +367,65 @@ def result(tab_id: uuid.UUID, title: str, outcome: Outcome, *, why: str = "") ->
         sort_keys=True,
     )
     body = "\n\n".join(part for part in (head, text, tail) if part)
-    return Result(body, is_error, str(tab_id), status)
+    return Result(body, is_error, str(tab_id), status, dropped)
 
 
-def cancel(tab_id: uuid.UUID) -> bool:
-    """Stop the child's running turn, as its own Stop button does (turns.cancel)."""
-    if not lease.request_cancel(tab_id):
-        return False
-    bus.group_send(bus.control_group(tab_id), {"type": "turn.cancel", "tab_id": str(tab_id)})
+def cancel(tab_id: uuid.UUID, call_id: str = "", why: str = "") -> bool:
+    """Stop the child's running turn, as its own Stop button does (turns.cancel). A child
+    whose prompt (the one `call_id` sent) no worker took yet is stopped before it starts:
+    under the tab's lock (a worker takes the lease under it), the prompt goes into its log
+    as a turn of its own that ends `cancelled`, so read() says so and nothing runs it.
+    `why`: what that ending says (else that its parent stopped it)."""
+    with transaction.atomic():
+        if not Tab.objects.select_for_update().filter(pk=tab_id).exists():
+            return False
+        if lease.request_cancel(tab_id):
+            message = {"type": "turn.cancel", "tab_id": str(tab_id), "why": why or STOPPED_TEXT}
+            transaction.on_commit(lambda: bus.group_send(bus.control_group(tab_id), message))
+            return True
+        queued = list(QueuedMessage.objects.filter(tab_id=tab_id, origin__call_id=call_id))
+        if not call_id or not queued:
+            return False
+        turn_id = uuid.uuid4()
+        blocks = [
+            Block(uuid.uuid4(), turn_id, 0, Role.USER, Kind.TEXT, message_data(q)) for q in queued
+        ]
+        blocks.append(
+            Block(
+                uuid.uuid4(),
+                turn_id,
+                0,
+                Role.SYSTEM,
+                Kind.SYSTEM,
+                {"kind": "cancelled", "text": f"Stopped before it started: {why or STOPPED_TEXT}."},
+            )
+        )
+        log.append(tab_id, blocks)
+        ids = [q.pk for q in queued]
+        QueuedMessage.objects.filter(pk__in=ids).delete()
+
+        def tell() -> None:
+            for block in blocks:
+                bus.publish(tab_id, {"op": "seal", "block": block.to_dict()})
+            bus.publish(tab_id, {"op": "taken", "ids": ids})
+
+        transaction.on_commit(tell)
     return True
+
+
+# What a child stopped by its parent's Stop says in its own log.
+STOPPED_TEXT = "its parent was stopped"
+
+
+def message_data(queued: QueuedMessage) -> dict[str, Any]:
+    """A queued message's user chunk data (as the turn runner writes it): its text, its
+    files and who sent it."""
+    data: dict[str, Any] = {"text": queued.text}
+    if queued.attachments:
+        data["attachments"] = queued.attachments
+    if queued.origin:
+        data["origin"] = queued.origin
+    return data
 
 
 # `wait`'s word that the parent's turn is stopping.
@@ -306,6 +441,7 @@ async def wait(
     *,
     timeout: float,
     cancelled: asyncio.Event,
+    limit: float | None = None,
 ) -> tuple[Outcome, str]:
     """Follow the child's turn until it ends, `timeout` passes (the child is stopped), or
         `cancelled` is set (STOPPED: the caller decides whether the child stops too); returns what
@@ -349,7 +485,13 @@ async def wait(
             while loop.time() - polled_at < POLL_SECONDS:
                 left = deadline - loop.time()
                 if left <= 0:
-                    return await stop(tab_id, call_id, f"ran out of time ({timeout:g} s)")
+                    seconds = f"{timeout if limit is None else limit:g} s"
+                    return await stop(
+                        tab_id,
+                        call_id,
+                        f"ran out of time ({seconds})",
+                        f"its parent's time limit for it ({seconds}) ran out",
+                    )
                 getting = asyncio.ensure_future(inbox.get())
                 done, _ = await asyncio.wait(
                     {getting, stopping},
@@ -400,10 +542,13 @@ def live_status(status: dict[str, Any]) -> dict[str, Any]:
 CHILD_KEYS = ("tab", "title", "call_id", "state", "step", "approval", "children")
 
 
-async def stop(tab_id: uuid.UUID, call_id: str, why: str) -> tuple[Outcome, str]:
-    """Stop the child (it writes its own `cancelled` chunk) and wait a little for its
-    turn to end, so what it wrote and used is in the result."""
-    await database_sync_to_async(cancel)(tab_id)
+async def stop(
+    tab_id: uuid.UUID, call_id: str, why: str, child_why: str = STOPPED_TEXT
+) -> tuple[Outcome, str]:
+    """Stop the child (it writes its own `cancelled` chunk, saying `child_why`) and wait a
+    little for its turn to end, so what it wrote and used is in the result. `why`: what
+    the parent is told."""
+    await database_sync_to_async(cancel)(tab_id, call_id, child_why)
     loop = asyncio.get_running_loop()
     until = loop.time() + CANCEL_WAIT_SECONDS
     outcome = await database_sync_to_async(read)(tab_id, call_id)

@@ -25,10 +25,11 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from chat import bus, context, log, sidebar
+from chat.history import History
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, UsageRecord
 from chat.providers import registry
 from chat.stream import Block, Kind, Role
-from chat.tools.registry import AGENT
+from chat.tools.registry import AGENT, agent_child_id
 
 logger = logging.getLogger(__name__)
 
@@ -265,9 +266,9 @@ def _recover(running: RunningTurn) -> list[Block]:
         blocks.append(block)
         lost = " The last block was saved up to its last checkpoint (at most a second lost)."
     calls = {
-        row["call_id"]: (row["name"], step)
-        for row, step in (
-            (c.data, c.step)
+        row["call_id"]: (row["name"], step, seq)
+        for row, step, seq in (
+            (c.data, c.step, c.seq)
             for c in Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_CALL)
         )
     }
@@ -279,14 +280,11 @@ def _recover(running: RunningTurn) -> list[Block]:
     answered.update(b.data.get("call_id") for b in blocks if b.type == Kind.TOOL_RESULT)
     # A sub-agent runs on under its own lease: its call stays open, and the turn goes on
     # (a rerun message) to wait for it and take its result (chat.children).
-    waiting = set(
-        Tab.objects.filter(
-            parent_tab_id=tab_id,
-            parent_call_id__in=[c for c, (name, _) in calls.items() if name == AGENT],
-        ).values_list("parent_call_id", flat=True)
-    )
-    for call_id, (name, step) in calls.items():
-        if call_id in answered or call_id in waiting:
+    kids = set(Tab.objects.filter(parent_tab_id=tab_id).values_list("pk", flat=True))
+    for call_id, (name, step, seq) in calls.items():
+        if call_id in answered:
+            continue
+        if name == AGENT and agent_child_id(tab_id, call_id, seq) in kids:
             continue
         blocks.append(
             Block(
@@ -309,6 +307,7 @@ def _recover(running: RunningTurn) -> list[Block]:
             block.data.update(
                 result="Interrupted: the server stopped while this call ran.", is_error=True
             )
+    waiting = open_children(tab_id, kids, blocks)
     blocks.append(
         Block(
             uuid.uuid4(),
@@ -320,15 +319,36 @@ def _recover(running: RunningTurn) -> list[Block]:
                 "kind": "interrupted",
                 "text": "The server stopped in the middle of this turn."
                 + lost
-                + (RESUMING if waiting - answered else ""),
+                + (RESUMING if waiting else ""),
             },
         )
     )
     log.append(tab_id, blocks)
     running.delete()
-    if waiting - answered:
+    if waiting:
         QueuedMessage.objects.create(tab_id=tab_id, rerun=True)
     return blocks
+
+
+def open_children(tab_id: uuid.UUID, kids: set[uuid.UUID], more: list[Block]) -> list[str]:
+    """The call ids of the tab's open `agent` calls (as the resumed turn's runner finds
+    them: History.open_calls) whose child exists, the log read with `more` after it. Not
+    only the dying turn's: a resumed turn's re-attached call is in the turn before it."""
+    if not kids:
+        return []
+    history = History.build(log.context_tail(tab_id))
+    history.extend(more)
+    waiting = []
+    for call_id, name in history.open_calls():
+        seq = (
+            Chunk.objects.filter(tab_id=tab_id, type=Kind.TOOL_CALL, data__call_id=call_id)
+            .order_by("-seq")
+            .values_list("seq", flat=True)
+            .first()
+        )
+        if name == AGENT and seq is not None and agent_child_id(tab_id, call_id, seq) in kids:
+            waiting.append(call_id)
+    return waiting
 
 
 # --- The running turn's own writes (from its runner, on the database thread) --------
@@ -337,6 +357,11 @@ def _recover(running: RunningTurn) -> list[Block]:
 def _mine(tab_id: uuid.UUID, turn_id: uuid.UUID):
     """This turn's lease row: after a recovery the tab's lease may be another's."""
     return RunningTurn.objects.filter(tab_id=tab_id, turn_id=turn_id)
+
+
+def holds(tab_id: uuid.UUID, turn_id: uuid.UUID) -> bool:
+    """Whether this turn still holds the tab's lease (no recovery took it)."""
+    return _mine(tab_id, turn_id).exists()
 
 
 def beat(tab_id: uuid.UUID, turn_id: uuid.UUID) -> str:

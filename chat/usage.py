@@ -56,6 +56,7 @@ from genai_prices import types as price_types
 
 from chat.models import Chunk, Tab, UsageRecord
 from chat.providers.registry import PROVIDERS
+from chat.tools.registry import agent_child_id
 
 logger = logging.getLogger(__name__)
 
@@ -512,38 +513,51 @@ def turn_totals(tab_id: uuid.UUID, turn_ids: Iterable[uuid.UUID]) -> dict[uuid.U
 def _child_turns(
     tab_id: uuid.UUID, turn_ids: set[uuid.UUID]
 ) -> dict[tuple[uuid.UUID, uuid.UUID], uuid.UUID]:
-    """{(child tab, its turn): the parent turn} for the children these turns' `agent`
-    calls made (chat.children): the turn of each child's prompt is the call's work."""
-    calls = dict(
-        Chunk.objects.filter(
-            tab_id=tab_id, turn_id__in=turn_ids, type="tool_call", data__name="agent"
-        ).values_list("data__call_id", "turn_id")
-    )
-    if not calls:
-        return {}
-    kids = dict(
-        Tab.objects.filter(parent_tab_id=tab_id, parent_call_id__in=calls).values_list(
-            "pk", "parent_call_id"
-        )
-    )
-    starts = Chunk.objects.filter(
-        tab_id__in=kids, role="user", data__origin__kind="agent"
-    ).values_list("tab_id", "turn_id", "data__origin__call_id")
-    return {
-        (child, turn): calls[call_id]
-        for child, turn, call_id in starts
-        if turn is not None and kids.get(child) == call_id
-    }
+    """{(descendant tab, its turn): the turn of this tab} for the children these turns'
+    `agent` calls made (chat.children), their children's, and so on down the tree: the turn
+    of each child's prompt is its call's work, and a grandchild's is its parent's."""
+    owned: dict[tuple[uuid.UUID, uuid.UUID], uuid.UUID] = {}
+    # The level's turns (any tab's: turn ids are unique) -> the turn of tab_id they count for.
+    level = {turn: turn for turn in turn_ids}
+    while level:
+        calls = Chunk.objects.filter(
+            turn_id__in=level, type="tool_call", data__name="agent"
+        ).values_list("tab_id", "data__call_id", "seq", "turn_id")
+        kids = {agent_child_id(tab, call_id, seq): level[turn] for tab, call_id, seq, turn in calls}
+        if not kids:
+            break
+        starts = Chunk.objects.filter(
+            tab_id__in=kids, role="user", data__origin__kind="agent"
+        ).values_list("tab_id", "turn_id")
+        level = {}
+        for child, turn in starts:
+            if turn is not None and (child, turn) not in owned:
+                owned[child, turn] = level[turn] = kids[child]
+    return owned
+
+
+def _tree(tab_id: uuid.UUID) -> tuple[uuid.UUID, ...]:
+    """The tab and its sub-agents' tabs, theirs, and so on down (chat.children)."""
+    tabs, level = [tab_id], [tab_id]
+    while level:
+        level = [
+            pk
+            for pk in Tab.objects.filter(parent_tab_id__in=level).values_list("pk", flat=True)
+            if pk not in tabs
+        ]
+        tabs.extend(level)
+    return tuple(tabs)
 
 
 def tab_totals(tab_id: uuid.UUID) -> Totals:
-    """Everything the tab's own turns used, and its sub-agents' tabs (chat.children).
+    """Everything the tab's own turns used, and its sub-agents' tabs (chat.children), theirs
+    and so on down.
 
     Every page of the tab shows them, and a tab of ten thousand turns has as many
     records to sum (tens of milliseconds): the sum is kept per process until the
     tab's records change, which one cheap query on their index tells (their count
     and last id; records are only ever added or deleted, never changed)."""
-    tabs = (tab_id, *Tab.objects.filter(parent_tab_id=tab_id).values_list("pk", flat=True))
+    tabs = _tree(tab_id)
     version = UsageRecord.objects.filter(tab_id__in=tabs).aggregate(n=Count("id"), last=Max("id"))
     if not version["n"]:
         return Totals()

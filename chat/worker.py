@@ -163,7 +163,7 @@ class TurnWorker(AsyncConsumer):
         runner = self._runner(message)
         if runner is None or message.get("turn_id") not in (None, str(runner.turn_id)):
             return
-        runner.cancel()
+        runner.cancel(why=str(message.get("why") or ""))
 
     async def turn_approve(self, message: dict[str, Any]) -> None:
         if runner := self._runner(message):

@@ -394,6 +394,9 @@ DISPATCH_CHILD_TIMEOUT = envfloat("DISPATCH_CHILD_TIMEOUT", 1800.0, minimum=1)
 # Children one parent step runs at once; more `agent` calls in the step are refused.
 # Each is a turn of its own on some worker, with its own requests to the provider.
 DISPATCH_CHILD_CONCURRENCY = envint("DISPATCH_CHILD_CONCURRENCY", 4, minimum=1)
+# How deep a tree of sub-agents may grow where profiles allow nesting (a child is 1 deep,
+# its child 2): each level multiplies the work one message can start, unseen.
+DISPATCH_CHILD_MAX_DEPTH = envint("DISPATCH_CHILD_MAX_DEPTH", 3, minimum=1)
 # Tokens per second the offline demo model streams at (0: as fast as possible).
 DISPATCH_OFFLINE_PACE = envfloat("DISPATCH_OFFLINE_PACE", 40.0, minimum=0)
 # Seconds a stopping server (serve or runworker) lets running turns finish

@@ -94,8 +94,19 @@ async def run_parent(tab, text: str = "go"):
     return watcher
 
 
+async def child_pk(tab_pk, call_id: str) -> uuid.UUID:
+    """The id of the child the tab's last call of that id made (chat.children.child_id)."""
+    seq = (
+        await Chunk.objects.filter(tab_id=tab_pk, type="tool_call", data__call_id=call_id)
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .afirst()
+    )
+    return children.child_id(tab_pk, call_id, seq)
+
+
 async def child_of(tab, call_id: str) -> Tab:
-    return await Tab.objects.aget(pk=children.child_id(tab.pk, call_id))
+    return await Tab.objects.aget(pk=await child_pk(tab.pk, call_id))
 
 
 async def test_the_result_is_every_text_of_the_childs_last_step_and_a_json_tail(tabs):
@@ -377,7 +388,7 @@ async def test_a_childs_approval_shows_in_the_parent_and_is_answered_on_the_chil
                 )
             )
             (entry,) = asking["status"]["children"]
-            child_id = children.child_id(tab.pk, "c1")
+            child_id = await child_pk(tab.pk, "c1")
             assert entry["tab"] == str(child_id) and entry["title"] == "Look around"
             assert entry["state"] == "waiting"
             assert entry["approval"] == {
@@ -408,7 +419,7 @@ async def test_a_child_deleted_while_the_parent_waits_is_an_error(tabs):
                     and [c["state"] for c in m["status"].get("children", [])] == ["running"]
                 )
             )
-            await Tab.objects.filter(pk=children.child_id(tab.pk, "c1")).adelete()
+            await Tab.objects.filter(pk=await child_pk(tab.pk, "c1")).adelete()
             await watcher.until_idle()
     result = result_of(await chunks(tab.pk), "c1")
     assert result.data["is_error"] is True
@@ -437,10 +448,10 @@ async def test_ensure_finds_the_child_a_call_made(tabs):
     tab = await make_tab()
     arguments = {"description": "d", "prompt": "p"}
     ensure = database_sync_to_async(children.ensure)
-    first, made = await ensure(tab.pk, "c1", arguments)
-    again, made_again = await ensure(tab.pk, "c1", arguments)
+    first, made = await ensure(tab.pk, "c1", arguments, call_seq=2)
+    again, made_again = await ensure(tab.pk, "c1", arguments, call_seq=2)
     assert made and not made_again and first.pk == again.pk
-    assert first.pk == uuid.uuid5(tab.pk, "c1")
+    assert first.pk == uuid.uuid5(tab.pk, "c1@2")
     assert await first.queued.acount() == 1
 
 
@@ -575,7 +586,7 @@ async def test_the_result_card_links_to_the_childs_tab(tabs):
     async with running_worker():
         tab = await make_tab()
         await run_parent(tab)
-    child = children.child_id(tab.pk, "c1")
+    child = await child_pk(tab.pk, "c1")
 
     def page() -> str:
         client = Client()
@@ -688,7 +699,7 @@ async def test_a_childs_approval_is_answered_from_the_parent_and_never_by_anothe
             )
             html = render.fragment_status(asking["status"])
             action = re.search(r'class="child-approval"[^>]* hx-post="([^"]+)"', html)[1]
-            child = children.child_id(tab.pk, "c1")
+            child = await child_pk(tab.pk, "c1")
             assert action == f"/t/{child}/approve/"
             assert await database_sync_to_async(post)(intruder, action, approve="w") == 404
             assert (await RunningTurn.objects.aget(tab_id=child)).status == "waiting"
@@ -744,8 +755,8 @@ async def test_a_grandchilds_approval_reaches_the_top_tab_and_is_answered_there(
         async with Watcher(tab.pk) as watcher:
             await submit(tab, "go")
             asking = await watcher.until(asks)
-            middle = children.child_id(tab.pk, "c1")
-            bottom = children.child_id(middle, "g1")
+            middle = await child_pk(tab.pk, "c1")
+            bottom = await child_pk(middle, "g1")
             html = render.fragment_status(asking["status"])
             assert 'Bottom</a> <span class="muted">(under Middle)</span>' in html
             action = f"/t/{bottom}/approve/"
@@ -780,7 +791,9 @@ async def test_a_child_followed_late_shows_its_approval_and_keeps_it_across_poll
     async with running_worker():
         parent = await make_tab(approve_tools=True)
         arguments = {"description": "Write", "prompt": "write it"}
-        child, _ = await database_sync_to_async(children.ensure)(parent.pk, "c1", arguments)
+        child, _ = await database_sync_to_async(children.ensure)(
+            parent.pk, "c1", arguments, call_seq=2
+        )
         async with Watcher(child.pk) as watcher:
             await watcher.until(lambda m: m["op"] == "status" and m["status"].get("approval"))
         stop = asyncio.Event()
@@ -808,7 +821,7 @@ async def test_a_childs_page_links_back_to_its_parent_and_the_sidebar_marks_it(t
     async with running_worker():
         tab = await make_tab()
         await run_parent(tab)
-    child = children.child_id(tab.pk, "c1")
+    child = await child_pk(tab.pk, "c1")
 
     def page() -> str:
         client = Client()
