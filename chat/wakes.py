@@ -7,10 +7,10 @@ value the worker read (a compare-and-set UPDATE: on PostgreSQL the second of two
 concurrent updates waits for the first and then matches nothing; SQLite runs them one
 after the other) and inserts the time's `WakeRun` (unique on wake and time) as
 `pending`. Only then is the prompt submitted (`turns.submit` with the wake as origin,
-kept in the user chunk), and the run marked `submitted`. A crash in between leaves the
-pending run; recovery submits it unless its message is already queued or in the log
-(at least once, never twice for what was seen to arrive: the check and the submit hold
-the tab's lock). A time that has a run already (the clock stepped back, a Run now at the
+kept in the user chunk), in one transaction under the tab's lock with the run marked
+`submitted` by a compare-and-set on its take. A crash in between leaves the pending run;
+recovery takes it (a newer stamp) and submits it unless its message is already queued or
+in the log; a worker whose run was taken from it does not submit it. A time that has a run already (the clock stepped back, a Run now at the
 same instant) is moved past all the same and not fired again: a claim that could not
 move `next_run_at` would leave the wake due for ever.
 
@@ -242,7 +242,8 @@ def _pending(wake: Wake, scheduled_for: datetime, now: datetime) -> WakeRun:
 def fire(run: WakeRun, now: datetime) -> WakeRun:
     """Submit a pending run's prompt to its tab (a new one if the wake says so) and
     record what happened. Safe to call again for the same run: it submits only if the
-    message is neither queued nor in the log."""
+    message is neither queued nor in the log, and only while the run is still the
+    caller's take (pending, with the stamp and attempt count the caller holds)."""
     wake = Wake.objects.select_related("owner", "profile", "tab").get(pk=run.wake_id)
     if not wake.owner.is_active:
         return _finish(run, WakeRun.Status.SKIPPED, now, reason=OWNER_INACTIVE)
@@ -265,23 +266,41 @@ def fire(run: WakeRun, now: datetime) -> WakeRun:
             return _tab_gone(wake, run, now)
     skip = wake.overlap == Wake.Overlap.SKIP and not wake.new_tab
     try:
-        # Under the tab's lock, so that two workers firing the same run (a recovery
-        # that took it from a worker still firing it) submit it once.
+        # One transaction under the tab's lock: the dedup check, the run's completion
+        # (a compare-and-set on the take, before the submit) and the submit. Two
+        # workers firing the same run (a recovery that took it from a worker still
+        # firing it) submit it once, and a crash leaves it pending with no message.
         with transaction.atomic():
             Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
             # First: a recovered run whose message went in is not skipped for its turn.
             queued_id = _already_sent(tab, origin)
             busy = queued_id is None and skip and _busy(tab)
+            status = WakeRun.Status.SKIPPED if busy else WakeRun.Status.SUBMITTED
+            taken = WakeRun.objects.filter(
+                pk=run.pk,
+                status=WakeRun.Status.PENDING,
+                created_at=run.created_at,
+                attempts=run.attempts,
+            ).update(
+                status=status,
+                reason=SKIPPED_BUSY if busy else "",
+                finished_at=now,
+                tab=tab,
+                queued_id=queued_id or None,
+            )
+            if not taken:
+                logger.warning("wake %s: %s was taken by another worker", wake.pk, run)
+                return WakeRun.objects.get(pk=run.pk)
             if queued_id is None and not busy:
                 queued_id = turns.submit(tab, wake.prompt, origin=origin).pk
+                WakeRun.objects.filter(pk=run.pk).update(queued_id=queued_id)
     except Tab.DoesNotExist:
         # Deleted between the read and the submit.
         return _tab_gone(wake, run, now)
     except ValueError as exc:
         return _finish(run, WakeRun.Status.FAILED, now, reason=str(exc), tab=tab)
-    if busy:
-        return _finish(run, WakeRun.Status.SKIPPED, now, reason=SKIPPED_BUSY, tab=tab)
-    return _finish(run, WakeRun.Status.SUBMITTED, now, tab=tab, queued_id=queued_id or None)
+    run.refresh_from_db()
+    return run
 
 
 def _tab_gone(wake: Wake, run: WakeRun, now: datetime) -> WakeRun:

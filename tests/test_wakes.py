@@ -339,6 +339,39 @@ def test_each_claim_is_stamped_when_it_happens(owner, tab, monkeypatch):
     assert QueuedMessage.objects.filter(tab=tab).count() == 1
 
 
+def test_a_recovery_while_the_run_is_submitted_does_not_submit_it_again(owner, tab, monkeypatch):
+    """Another worker, its clock a minute ahead, recovers while this one submits: the
+    run is already marked submitted in the submitting transaction, so it is not taken
+    (both used to submit it)."""
+    make_wake(owner, tab, timezone="UTC")
+    real = turns.submit
+    recovered = []
+
+    def submit(target, text, **kwargs):
+        recovered.extend(wakes.recover(NOW + wakes.PENDING_STALE + timedelta(seconds=1)))
+        return real(target, text, **kwargs)
+
+    monkeypatch.setattr(turns, "submit", submit)
+    [run] = wakes.run_due(NOW)
+    assert run.status == "submitted" and recovered == []
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+
+
+def test_a_worker_whose_run_was_taken_does_not_submit_it(owner, tab):
+    """Another worker's recovery took the run (it thought this one dead) and stopped
+    before submitting: this worker's late firing leaves it to the next recovery."""
+    wake = make_wake(owner, tab)
+    run = wakes.claim(wake.pk, NOW)
+    later = NOW + wakes.PENDING_STALE + timedelta(seconds=1)
+    WakeRun.objects.filter(pk=run.pk).update(created_at=later, attempts=2)  # the take
+
+    assert wakes.fire(run, NOW).status == "pending"
+    assert not QueuedMessage.objects.exists()
+    [recovered] = wakes.recover(later + wakes.PENDING_STALE + timedelta(seconds=1))
+    assert (recovered.status, recovered.attempts) == ("submitted", 3)
+    assert QueuedMessage.objects.filter(tab=tab).count() == 1
+
+
 def test_recovery_skips_the_run_of_a_wake_disabled_since(owner, tab):
     wake = make_wake(owner, tab)
     wakes.claim(wake.pk, NOW)  # the worker dies here
