@@ -304,6 +304,18 @@ def test_a_failing_recovered_run_does_not_starve_the_other_wakes(owner, tab, mon
     assert WakeRun.objects.filter(wake=good, status="submitted").count() == 5
 
 
+def test_a_pass_whose_claim_raised_does_not_spin(owner, tab, monkeypatch):
+    """The wake stays due after a claim that raised (the database, say): the pass sleeps
+    ERROR_RETRY_SECONDS at least rather than "until it is due", which is 0 s."""
+    make_wake(owner, tab, next_run_at=NOW)
+
+    def claim(*args):
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(wakes, "claim", claim)
+    assert wakes._pass() == wakes.ERROR_RETRY_SECONDS
+
+
 def test_a_row_broken_by_hand_does_not_stop_the_other_wakes(owner, tab):
     """An interval past timedelta's range (only SQLite stores it) disables its wake with
     the reason; the other wake fires in the same pass."""
