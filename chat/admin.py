@@ -55,6 +55,7 @@ from chat.models import (
     Wake,
     WakeRun,
 )
+from chat.tools import mcp
 
 # A list row is one line: long enough to recognise a chunk, short enough not
 # to wrap on a laptop screen next to the other columns.
@@ -713,6 +714,21 @@ class McpServerAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: McpServer | None = None) -> bool:
         return request.user.is_active and request.user.is_superuser
 
+    def get_fields(self, request: HttpRequest, obj: McpServer | None = None) -> list[str]:
+        fields = list(super().get_fields(request, obj))
+        if self.has_change_permission(request, obj):
+            return fields
+        # A view-only page shows the URL as the list does: password and query masked.
+        return ["shown_url" if name == "url" else name for name in fields if name != "shown_url"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: McpServer | None = None) -> list[str]:
+        readonly = list(super().get_readonly_fields(request, obj))
+        return readonly if self.has_change_permission(request, obj) else [*readonly, "shown_url"]
+
+    @admin.display(description="URL")
+    def shown_url(self, server: McpServer) -> str:
+        return mcp.shown_url(server.url)
+
     # Shown, masked, where the form's fields are not (a view-only page).
     @admin.display(description="env")
     def env(self, server: McpServer) -> str:
@@ -724,7 +740,10 @@ class McpServerAdmin(admin.ModelAdmin):
 
     @admin.display(description="command or URL")
     def target(self, server: McpServer) -> str:
-        return server.url if server.transport == McpServer.Transport.HTTP else server.command
+        # Its password and query (a ?token=) masked: staff who are not superusers see it.
+        if server.transport == McpServer.Transport.HTTP:
+            return mcp.shown_url(server.url)
+        return server.command
 
     @admin.display(description="env and headers")
     def secrets(self, server: McpServer) -> str:

@@ -30,11 +30,12 @@ variables set before it and without them. A deny or ask rule matching any of the
 decides; an allow rule must match every form but the one without variables (`timeout 60
 git fetch` needs `timeout *` and `git *`). A program rules do not know may run its
 arguments too: a deny or ask rule that matches a run of a command's arguments starting
-with the rule's program (`rm x` in `mywrap rm x` or `git rm x` for `shell(rm *)`) asks. A program that runs a string or commands it does not name (`eval`,
-`sh -c`, `xargs`, `find -exec`, `source`, `sg`, `git -c alias.x=!cmd`: HIDING, SHELLS),
-a wrapper option rules do not know, a wrapper with no command that runs a shell reading
-its input (`chroot /`) and a program's name bash would expand (`/bin/r?`) are unprovable
-like the rest.
+with the rule's program (`rm x` in `mywrap rm x` or `git rm x` for `shell(rm *)`) asks.
+A program that runs a string or commands it does not name (`eval`, `sh -c`, `xargs`,
+`find -exec`, `source`, `sg`, `git -c alias.x=!cmd`: HIDING, SHELLS), a wrapper option
+rules do not know, a wrapper with no command that runs a shell reading its input
+(`chroot /`) and a program's name bash would expand (`/bin/r?`) are unprovable like the
+rest.
 
 Paths are judged where they lead as well as as written: `decide` is given `resolve`,
 which follows links as the file tools do (a link `src/h` to `.git/hooks` makes
@@ -286,7 +287,9 @@ def decide(
     paths are judged as written. `exists` says whether a path (from the same folder)
     exists now: a shell redirection's target that does not may be a link an earlier
     part of the command makes, so it is unprovable then; without `exists`, every such
-    target after a part that may make links is.
+    target after a part that may make links is. That is stricter, and the runner's
+    choice: an earlier part may also replace a path that exists (`rm -rf src; ln -s
+    .git src; echo x > src/config`), which `exists` cannot see.
 
     Never raises: a call rules fail to read (a parser's shape they do not know) is
     unprovable, whatever the reason, so it is never allowed and a turn never crashes on it."""

@@ -1061,7 +1061,11 @@ def settings_view(request: HttpRequest) -> HttpResponse:
             "sandbox": sandbox.state(sandbox.policy_from(settings)),
             "mcp_form": mcp_form,
             "mcp_servers": [
-                (server, masked_pairs({**(server.get_env() or {}), **(server.get_headers() or {})}))
+                (
+                    server,
+                    masked_pairs({**(server.get_env() or {}), **(server.get_headers() or {})}),
+                    mcp.shown_url(server.url),
+                )
                 for server in McpServer.objects.all()
             ],
             "profiles": Profile.objects.all(),

@@ -385,6 +385,28 @@ async def test_problems_and_errors_never_show_the_servers_secrets():
     assert called.is_error and "tok-4567" not in called.result
 
 
+async def test_a_secret_that_the_cut_of_stderr_goes_through_is_not_shown_in_part():
+    """The end of a server's stderr is quoted when it fails: redacted before it is cut,
+    or a token the cut went through would no longer be found, and show its end."""
+    leaky = McpServer(name="leaky", transport="stdio", command=sys.executable)
+    leaky.args = [str(SERVERS / "bare.py"), "leak-long", str(mcp.DETAIL_CHARS)]
+    leaky.set_env({"MCP_TEST_TOKEN": "sekrit-123456"})
+    await leaky.asave()
+    _, problems = await mcp.specs()
+    said = f"bare: token {mcp.REDACTED}{'.' * (mcp.DETAIL_CHARS - 5)}"[-mcp.DETAIL_CHARS :]
+    assert problems == [
+        "server leaky: not reachable (the server closed the connection (it may have exited); "
+        f"its stderr ends: {said})"
+    ]
+
+
+def test_a_servers_url_is_shown_without_its_password_or_query_values():
+    shown = mcp.shown_url("https://me:pw-9876@mcp.example:8443/mcp?token=tok-4567&v=2#part")
+    assert shown == "https://me:•••@mcp.example:8443/mcp?token=•••&v=•••#•••"
+    assert mcp.shown_url("https://mcp.example/mcp") == "https://mcp.example/mcp"
+    assert mcp.shown_url("http://me@mcp.example/mcp?sekrit") == "http://me@mcp.example/mcp?•••"
+
+
 async def test_a_server_that_failed_at_a_turn_start_is_not_asked_again_for_a_while(
     tmp_path, monkeypatch
 ):

@@ -290,3 +290,25 @@ def test_a_server_saved_with_such_a_name_keeps_it_on_an_edit(root):
     assert response.status_code == 302
     row.refresh_from_db()
     assert (row.name, row.command) == ("a__b", "z")
+
+
+def test_staff_who_are_not_superusers_see_a_servers_url_without_its_secrets(staff, root):
+    """A URL may carry a token (?token=) or a password: Settings' list and the admin's
+    list and view-only page mask them; a superuser's form shows the URL whole."""
+    row = McpServer.objects.create(
+        name="web", transport="http", url="https://me:pw-9876@mcp.example/mcp?token=tok-4567"
+    )
+    shown = "https://me:•••@mcp.example/mcp?token=•••"
+    pages = [
+        staff.get(reverse("settings")),
+        staff.get(reverse("admin:chat_mcpserver_changelist")),
+        staff.get(reverse("admin:chat_mcpserver_change", args=[row.pk])),
+        root.get(reverse("settings")),
+    ]
+    for response in pages:
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert shown in html
+        assert "pw-9876" not in html and "tok-4567" not in html
+    form = root.get(reverse("settings") + f"?mcp={row.pk}").content.decode()
+    assert 'value="https://me:pw-9876@mcp.example/mcp?token=tok-4567"' in form

@@ -848,6 +848,9 @@ def test_a_made_target_says_why_and_without_exists_every_late_target_is_unprovab
     blind = rules.decide(listed, "shell", command, resolve=resolve)
     assert blind.action == ASK
     assert rules.decide(listed, "shell", command, resolve=resolve, exists=exists).action == ALLOW
+    # Without exists (the runner's way), a path an earlier part replaces is covered too.
+    swap = {"command": "rm -rf src; ln -s .git src; echo x > src/a.py"}
+    assert rules.decide(listed, "shell", swap, resolve=resolve).action == ASK
 
 
 @pytest.mark.parametrize(

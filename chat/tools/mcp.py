@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 import jsonschema
@@ -180,6 +180,23 @@ REDACTED = "•••"
 MIN_SECRET_CHARS = 4
 
 
+def shown_url(url: str) -> str:
+    """A server's URL as staff who may not see its secrets see it (Settings, the admin's
+    list): its password and its query's values (a ?token=) masked, names kept."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.partition(':')[0]}:{REDACTED}@{host}"
+    query = "&".join(
+        f"{piece.partition('=')[0]}={REDACTED}" if "=" in piece else REDACTED
+        for piece in parts.query.split("&")
+        if piece
+    )
+    fragment = REDACTED if parts.fragment else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+
+
 class Unreachable(Exception):
     """A server that could not be connected to; the message says why, for people."""
 
@@ -296,8 +313,9 @@ class Connection:
             self.tools = None
         elif isinstance(message, Exception):
             # A line on stdout that is not JSON-RPC: kept for the message if the
-            # handshake never completes.
-            self._not_mcp = str(message)[:DETAIL_CHARS]
+            # handshake never completes. Redacted before it is cut: a secret the cut
+            # went through would no longer be found, and show in part.
+            self._not_mcp = self.config.redact(str(message))[:DETAIL_CHARS]
 
     def _detail(self) -> str:
         parts = []
@@ -306,7 +324,7 @@ class Connection:
         if self._stderr is not None and not self._stderr.closed:
             with contextlib.suppress(OSError, ValueError):
                 self._stderr.seek(0)
-                said = self._stderr.read().strip()[-DETAIL_CHARS:]
+                said = self.config.redact(self._stderr.read().strip())[-DETAIL_CHARS:]
                 if said:
                     parts.append(f"its stderr ends: {said}")
         return "".join(f"; {part}" for part in parts)
