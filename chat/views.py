@@ -1368,7 +1368,7 @@ def wake_action(request: HttpRequest, wake_id: int, action: str) -> HttpResponse
             {"enable": wakes.enable, "disable": wakes.disable, "keep": wakes.keep}[action](
                 wake, now
             )
-            wake.refresh_from_db()
+            wake = Wake.objects.filter(pk=wake.pk).first() or wake
             messages.success(request, f"“{wake}”: next run {_wake_when(wake)}.")
         else:
             raise Http404

@@ -10,9 +10,11 @@ after the other) and inserts the time's `WakeRun` (unique on wake and time) as
 kept in the user chunk), in one transaction under the tab's lock with the run marked
 `submitted` by a compare-and-set on its take. A crash in between leaves the pending run;
 recovery takes it (a newer stamp) and submits it unless its message is already queued or
-in the log; a worker whose run was taken from it does not submit it. A time that has a run already (the clock stepped back, a Run now at the
-same instant) is moved past all the same and not fired again: a claim that could not
-move `next_run_at` would leave the wake due for ever.
+in the log; a worker whose run was taken from it does not submit it.
+
+A time that has a run already (the clock stepped back, a Run now at the same instant)
+is moved past all the same and not fired again: a claim that could not move
+`next_run_at` would leave the wake due for ever.
 
 Each wake is claimed and fired on its own: one that raises is logged (a firing counted
 on its run, failed after MAX_FIRE_ATTEMPTS) and the others go on.
@@ -119,8 +121,8 @@ def keep(wake: Wake, now: datetime) -> None:
     ScheduleError (nothing changed) when it would never fire again."""
     with transaction.atomic():
         Wake.objects.filter(pk=wake.pk).update(expires_at=None, updated_at=now)
-        fresh = Wake.objects.select_for_update().get(pk=wake.pk)
-        if fresh.enabled and fresh.next_run_at is None:
+        fresh = Wake.objects.select_for_update().filter(pk=wake.pk).first()
+        if fresh is not None and fresh.enabled and fresh.next_run_at is None:
             first = schedule.first_run(schedule_of(fresh), now)
             Wake.objects.filter(pk=wake.pk, enabled=True, next_run_at__isnull=True).update(
                 next_run_at=first
@@ -434,8 +436,14 @@ def _run_due(now: datetime, clock: Clock | None) -> tuple[list[WakeRun], int]:
             logger.exception("wake %s: its claim failed", wake_id)
             errors += 1
             continue
-        if run is not None:
+        if run is None:
+            continue
+        try:
             fired.append(_fire_counted(run, at))
+        except Exception:
+            # Recording the failure failed too (the database): the run is left pending.
+            logger.exception("wake %s: firing %s failed", wake_id, run)
+            errors += 1
     return fired, errors
 
 
