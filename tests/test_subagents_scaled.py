@@ -8,11 +8,11 @@ import json
 import signal
 import threading
 import time
-import uuid
 
 import pytest
 
 from chat import worker
+from chat.tools.registry import agent_child_id
 from harness.fakeprovider import FakeProviderServer, Recorded, Reply
 from tests.anthropic_wire import MODEL, reply, text, tool_use
 from tests.procs import Cluster, require_services, scratch_database, scratch_redis
@@ -108,8 +108,12 @@ def test_a_parent_whose_worker_is_killed_gets_its_one_childs_result(cluster):
     cluster.wait_ready()
     provider.parent_go.set()
 
-    child = str(uuid.uuid5(uuid.UUID(tab), "call_1"))
     assert provider.child_asked.wait(WAIT)
+    # The child's id is derived from the parent, the call id and the seq of the call's chunk.
+    ((seq,),) = cluster.sql(
+        "SELECT seq FROM chat_chunk WHERE tab_id = %s AND type = 'tool_call'", tab
+    )
+    child = str(agent_child_id(tab, "call_1", seq))
     child_running = until(lambda: cluster.running(child), "the child's turn")
     assert cluster.worker_by_id(child_running["worker"]) == "w2"
     cluster.procs["w1"].kill()
