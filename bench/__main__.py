@@ -62,7 +62,8 @@ def main(argv: list[str]) -> int:
         results[name] = module.run()
         results[name]["bench_seconds"] = round(time.perf_counter() - start, 1)
         print(json.dumps(results[name], indent=2), flush=True)
-    results_path.write_text(json.dumps(results, indent=2) + "\n")
+        # After each section: a later one that fails keeps what ran (rerun it by name).
+        results_path.write_text(json.dumps(results, indent=2) + "\n")
     from bench.report import markdown
 
     (HERE / "results.md").write_text(markdown(results))
