@@ -32,12 +32,9 @@ from pygments.lexers import JsonLexer
 from chat import log, schedule, usage, wakes
 from chat import render as chat_render
 from chat.forms import (
-    ENV_NAME,
-    HEADER_NAME,
+    McpServerForm,
     ProfileForm,
-    check_server_name,
     masked_pairs,
-    parse_pairs,
 )
 from chat.lease import is_stale, turn_usage
 from chat.models import (
@@ -643,7 +640,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 
 class McpServerAdminForm(forms.ModelForm):
-    """env and headers as NAME=value lines, shown masked; a masked line keeps its value."""
+    """env and headers as NAME=value lines, shown masked; a masked line keeps its value.
+    Every check is the Settings form's (McpServerForm: name, timeout bounds, stdio or
+    HTTP fields, an http or https URL, the lines), run on what was posted here."""
 
     env = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
@@ -666,20 +665,41 @@ class McpServerAdminForm(forms.ModelForm):
             self.fields["env"].initial = masked_pairs(self.instance.get_env())
             self.fields["headers"].initial = masked_pairs(self.instance.get_headers())
 
-    def clean_name(self) -> str:
-        name = self.cleaned_data["name"]
-        check_server_name(name, None if self.instance._state.adding else self.instance.name)
-        return name
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        args = data.get("args")
+        listed = isinstance(args, list) and all(isinstance(arg, str) for arg in args)
+        if "args" in data and not listed:
+            self.add_error("args", 'Arguments are a JSON list of strings, e.g. ["-y", "server"].')
 
-    def clean_env(self) -> dict[str, str]:
-        kept = None if self.instance._state.adding else self.instance.get_env()
-        return parse_pairs(self.cleaned_data["env"], kept, what="variable", name_pattern=ENV_NAME)
+        def posted(name: str) -> str:
+            return self.data.get(self.add_prefix(name), "")
 
-    def clean_headers(self) -> dict[str, str]:
-        kept = None if self.instance._state.adding else self.instance.get_headers()
-        return parse_pairs(
-            self.cleaned_data["headers"], kept, what="header", name_pattern=HEADER_NAME
+        settings_form = McpServerForm(
+            {
+                "name": posted("name"),
+                "transport": posted("transport"),
+                "command": posted("command"),
+                "args": "\n".join(args) if listed else "",
+                "env": posted("env"),
+                "url": posted("url"),
+                "headers": posted("headers"),
+                "timeout": posted("timeout"),
+                "enabled": posted("enabled"),
+            },
+            instance=None if self.instance._state.adding else self.instance,
         )
+        if settings_form.is_valid():
+            data["env"] = settings_form.cleaned_data["env"]
+            data["headers"] = settings_form.cleaned_data["headers"]
+            return data
+        for name, errors in settings_form.errors.items():
+            # A field whose own check here failed already says why: one message each.
+            field = name if name in self.fields else None
+            if field is None or not self.has_error(field):
+                for error in errors:
+                    self.add_error(field, error)
+        return data
 
     def save(self, commit: bool = True) -> McpServer:
         server = super().save(commit=False)

@@ -312,3 +312,54 @@ def test_staff_who_are_not_superusers_see_a_servers_url_without_its_secrets(staf
         assert "pw-9876" not in html and "tok-4567" not in html
     form = root.get(reverse("settings") + f"?mcp={row.pk}").content.decode()
     assert 'value="https://me:pw-9876@mcp.example/mcp?token=tok-4567"' in form
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"timeout": "0"}, "timeout", "Ensure this value is greater than or equal to 1.0."),
+        ({"timeout": "99999"}, "timeout", "Ensure this value is less than or equal to 3600.0."),
+        # The Settings form says both (its URL field's check, then the transport's).
+        (
+            {"url": "ftp://example.com/mcp"},
+            "url",
+            ["Enter a valid URL.", "An HTTP server needs its URL."],
+        ),
+        ({"url": "", "headers": ""}, "url", "An HTTP server needs its URL."),
+        ({"command": "npx"}, "command", "A command, arguments and environment are for stdio."),
+        (
+            {"transport": "stdio", "command": "npx"},
+            "url",
+            "A URL and headers are for HTTP servers.",
+        ),
+        (
+            {"transport": "stdio", "url": "", "headers": ""},
+            "command",
+            "A stdio server needs a command.",
+        ),
+        (
+            {"args": '{"a": 1}'},
+            "args",
+            'Arguments are a JSON list of strings, e.g. ["-y", "server"].',
+        ),
+        ({"headers": "no equals sign"}, "headers", None),
+    ],
+)
+def test_the_admin_checks_a_server_as_settings_does(root, fields, field, message):
+    """The admin's form runs the Settings form's checks (one place for them): each bad
+    input is a message at its field, and nothing is saved."""
+    response = root.post(reverse("admin:chat_mcpserver_add"), admin_form(**fields))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == [field]
+    if message is not None:
+        assert errors[field] == (message if isinstance(message, list) else [message])
+    assert not McpServer.objects.exists()
+
+
+def test_the_admin_says_a_name_is_taken_once(root):
+    web_row()
+    response = root.post(reverse("admin:chat_mcpserver_add"), admin_form())
+    errors = response.context["adminform"].form.errors
+    assert errors == {"name": ["There is already a server named web."]}
+    assert McpServer.objects.count() == 1
