@@ -340,13 +340,15 @@ def open_children(tab_id: uuid.UUID, kids: set[uuid.UUID], more: list[Block]) ->
     history.extend(more)
     waiting = []
     for call_id, name in history.open_calls():
+        if name != AGENT:
+            continue
         seq = (
             Chunk.objects.filter(tab_id=tab_id, type=Kind.TOOL_CALL, data__call_id=call_id)
             .order_by("-seq")
             .values_list("seq", flat=True)
             .first()
         )
-        if name == AGENT and seq is not None and agent_child_id(tab_id, call_id, seq) in kids:
+        if seq is not None and agent_child_id(tab_id, call_id, seq) in kids:
             waiting.append(call_id)
     return waiting
 

@@ -65,7 +65,7 @@ class Tab(models.Model):
     # so that parallel tabs do not trample each other.
     workdir = models.CharField(max_length=200, blank=True)
     # A sub-agent's tab: the tab whose `agent` tool call made it, and that call's id.
-    # Its id is uuid5(parent, call id) (chat.children), so a parent that recovers
+    # Its id is uuid5(parent, "call id@seq of the call") (chat.children), so a parent that recovers
     # after a crash finds the child it made instead of spawning a second.
     parent_tab = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"

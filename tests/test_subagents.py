@@ -110,7 +110,7 @@ async def child_of(tab, call_id: str) -> Tab:
 
 
 async def test_the_result_is_every_text_of_the_childs_last_step_and_a_json_tail(tabs):
-    """The child is a tab of the parent's owner, id uuid5(parent, call), its title the
+    """The child is a tab of the parent's owner, id uuid5(parent, call@seq), its title the
     description, its message marked as the parent's; it runs two steps; the parent gets
     both text blocks of the last one (not only the last block), then {child_tab, status,
     usage}; the child has no `agent` tool (no nesting)."""
