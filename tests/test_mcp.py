@@ -400,7 +400,7 @@ async def test_a_secret_that_the_cut_of_stderr_goes_through_is_not_shown_in_part
     ]
 
 
-def test_a_servers_url_is_shown_without_its_password_or_query_values():
+async def test_a_servers_url_is_shown_without_its_password_or_query_values():
     shown = mcp.shown_url("https://me:pw-9876@mcp.example:8443/mcp?token=tok-4567&v=2#part")
     assert shown == "https://me:•••@mcp.example:8443/mcp?token=•••&v=•••#•••"
     assert mcp.shown_url("https://mcp.example/mcp") == "https://mcp.example/mcp"
