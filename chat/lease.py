@@ -336,10 +336,17 @@ def open_children(tab_id: uuid.UUID, kids: set[uuid.UUID], more: list[Block]) ->
     only the dying turn's: a resumed turn's re-attached call is in the turn before it."""
     if not kids:
         return []
-    history = History.build(log.context_tail(tab_id))
-    history.extend(more)
+    try:
+        history = History.build(log.context_tail(tab_id))
+        history.extend(more)
+        open_calls = history.open_calls()
+    except ValueError:
+        # A log no request can be built from fails the resumed turn anyway: the recovery
+        # itself must not fail, or the tab stays stuck running.
+        logger.exception("tab %s: its log does not read as a history", tab_id)
+        return []
     waiting = []
-    for call_id, name in history.open_calls():
+    for call_id, name in open_calls:
         if name != AGENT:
             continue
         seq = (

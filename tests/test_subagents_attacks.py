@@ -6,6 +6,7 @@ re-attaching. Scripted providers at the boundary, as in test_subagents."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -17,6 +18,7 @@ from chat.history import History
 from chat.models import Chunk, PermissionRule, Profile, QueuedMessage, RunningTurn, Tab
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta, Usage
+from chat.stream import Block
 from chat.tools import shell
 from tests import test_subagents as base
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
@@ -517,3 +519,34 @@ async def test_a_child_stopped_with_its_parent_says_so_in_its_own_log(tabs):
             await watcher.until_idle()
     rows = await chunks(await child_pk(tab.pk, "c1"))
     assert rows[-1].data == {"kind": "cancelled", "text": "Stopped: its parent was stopped."}
+
+
+async def test_a_log_that_is_no_history_does_not_stop_the_recovery_of_a_parent(tabs):
+    """Looking for the open agent calls reads the log as a history: a log that does not
+    read as one (a call without a name) still gets its turn closed, with no rerun."""
+
+    def setup():
+        tab = new_tab(Tab.objects.get(pk=tab_pk).owner, "scripted/test")
+        turn = uuid.uuid4()
+        log.append(
+            tab.pk,
+            [
+                Block(uuid.uuid4(), turn, 0, "user", "text", {"text": "go"}),
+                Block(
+                    uuid.uuid4(), turn, 1, "assistant", "tool_call", {"call_id": "c1", "name": ""}
+                ),
+            ],
+        )
+        Tab.objects.create(owner=tab.owner, parent_tab=tab, parent_call_id="c1")
+        RunningTurn.objects.create(
+            tab=tab, turn_id=turn, worker="elsewhere:1:gone", heartbeat_at=timezone.now()
+        )
+        return tab
+
+    tab_pk = (await make_tab()).pk
+    tab = await database_sync_to_async(setup)()
+    assert await database_sync_to_async(lease.recover_stale)(everything=True) == [tab.pk]
+    rows = await chunks(tab.pk)
+    assert rows[-1].data["kind"] == "interrupted" and lease.RESUMING not in rows[-1].data["text"]
+    assert not await RunningTurn.objects.filter(tab_id=tab.pk).aexists()
+    assert not await QueuedMessage.objects.filter(tab_id=tab.pk).aexists()
