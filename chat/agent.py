@@ -276,6 +276,9 @@ class TurnRunner:
         # results go into the log right after its (a result answers the first open call
         # of its id).
         self._repeats: dict[str, list[str]] = {}
+        # The arguments of the later calls of this step that repeat an id (some servers
+        # repeat ids), in order: each runs with its own.
+        self._repeat_args: dict[str, list[dict[str, Any]]] = {}
         # The heartbeat found the tab deleted: its sub-agents are stopped, not left to
         # run on for a resumed turn that will never come.
         self.tab_gone = False
@@ -1037,18 +1040,26 @@ class TurnRunner:
                 await asyncio.gather(*agents.values(), return_exceptions=True)
             self.status.children.clear()
             self._repeats.clear()
+            self._repeat_args.clear()
 
     async def _run_calls(
         self, config: TurnConfig, agents: dict[str, asyncio.Task[children.Result | None]]
     ) -> None:
-        seen: set[str] = set()
+        seen: dict[str, str] = {}
         for call_id, name in list(self.reducer.pending_calls):
             self._check_cancel()
             if call_id in seen:
-                await self._refuse_repeat(agents, call_id, name)
-                continue
-            seen.add(call_id)
-            call = self._args.get(call_id, {})
+                # Another call with the id of one before it in this step: run in its turn
+                # with its own arguments (its result answers it, the earlier one's being
+                # in already), unless either is an `agent` call, whose result comes later.
+                repeats = self._repeat_args.get(call_id)
+                if children.AGENT in (name, seen[call_id]) or not repeats:
+                    await self._refuse_repeat(agents, call_id, name)
+                    continue
+                call = repeats.pop(0)
+            else:
+                seen[call_id] = name
+                call = self._args.get(call_id, {})
             if self._tool_names is not None and name not in self._tool_names:
                 why = f"Not run: {name} is not one of this tab's tools."
                 await self._apply(self.reducer.feed(ToolResultEvent(call_id, name, why, True)))
@@ -1100,10 +1111,10 @@ class TurnRunner:
     async def _refuse_repeat(
         self, agents: dict[str, asyncio.Task[children.Result | None]], call_id: str, name: str
     ) -> None:
-        """A second call of the step with the same id is not run: two results of one id
-        cannot say which call each answers, and an `agent` call's child is the first's.
-        Its refusal goes after the first call's result (now, unless that is an `agent`
-        call still running)."""
+        """A call of the step with the id of an `agent` call before it (or an `agent` call
+        with an earlier call's id) is not run: the agent's result comes after the step's
+        other calls', and a result answers the first open call of its id. Its refusal goes
+        after the first call's result (now, unless that is an `agent` call still running)."""
         why = (
             f"Not run: duplicate call id {call_id!r} in this step (an earlier call has it); "
             "each call needs its own id."
@@ -1519,6 +1530,8 @@ class TurnRunner:
             first = [c for c, _ in self.reducer.pending_calls].count(call_id) <= 1
             if first:
                 self._args[call_id] = block.data["arguments"]
+            else:
+                self._repeat_args.setdefault(call_id, []).append(block.data["arguments"])
         await database_sync_to_async(log.append)(self.tab_id, [block], clear_checkpoint=True)
         if first:
             self._seqs[block.data["call_id"]] = block.seq

@@ -257,6 +257,32 @@ async def test_the_same_call_id_twice_in_one_step_refuses_the_second(tabs):
     ]
 
 
+async def test_other_calls_that_repeat_an_id_in_one_step_each_run_with_their_own_arguments(
+    tabs, workspace
+):
+    """Some servers repeat call ids: two write_file calls of one id each write their own
+    file (not the second's twice), their results in the order of the calls."""
+    tabs.script(
+        "go",
+        [
+            call("w", "write_file", path="one.txt", content="1"),
+            call("w", "write_file", path="two.txt", content="2"),
+            Finish(stop_reason="tool_use"),
+        ],
+        [TextDelta("ok"), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab()
+        await run_parent(tab)
+    assert (workspace / "one.txt").read_text() == "1"
+    assert (workspace / "two.txt").read_text() == "2"
+    rows = await chunks(tab.pk)
+    results = [c.data for c in rows if c.type == "tool_result"]
+    assert [r["is_error"] for r in results] == [False, False]
+    assert "one.txt" in results[0]["result"] and "two.txt" in results[1]["result"]
+    await valid_history(tab.pk)
+
+
 # --- 5. a child stopped before it starts ------------------------------------------------
 
 
