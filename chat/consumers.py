@@ -65,13 +65,10 @@ class UserSocket(AsyncWebsocketConsumer):
             await self.send(text_data="".join(frames))
 
     async def user_tab(self, message: dict[str, Any]) -> None:
-        # Read again rather than trusted: the entry is the one a reload would show,
-        # whatever order the group's messages from several workers arrive in.
-        tab = await database_sync_to_async(sidebar.one)(self.scope["user"], message["tab_id"])
-        if tab is None:
-            return
-        approval = message.get("approval")
-        await self.send(text_data=sidebar.entry(tab, current=self.current, approval=approval))
+        # Rendered once by the worker that announced it (chat.sidebar.with_entries): a
+        # socket does no query of its own, however many pages the user has open.
+        mine = self.current is not None and str(self.current) == message["tab_id"]
+        await self.send(text_data=message["entries"]["current" if mine else "other"])
 
 
 def _json(text_data: str | None) -> dict[str, Any] | None:

@@ -3,12 +3,14 @@
 Each tab in the list has a state: idle, running, or waiting for approval (a
 `RunningTurn` in status `waiting`). A page load reads it from the database
 (`tabs`); afterwards the user's group (`bus.user_group`) carries one `user.tab`
-message per change of a tab's state, sent by whichever worker runs the turn, and
-each of the user's sockets (a tab page's `TabSocket`, any other page's `UserSocket`)
-answers it with the tab's sidebar entry, read again from the database: the entry a
-reload would show. A tab the page's list lacks (a wake's new tab, a sub-agent's
-child) is inserted at the top. A frame per change of state, never per token: the
-worker compares each status it publishes with the last state it announced.
+message per change of a tab's state, sent by whichever worker runs the turn, with
+the tab's sidebar entry read and rendered once by that worker: the entry a reload
+would show. Each of the user's sockets (a tab page's `TabSocket`, any other page's
+`UserSocket`) only forwards it — a socket that read the database itself made every
+change cost a query per open page, and a user with a hundred open tabs a hundred
+times a hundred. A tab the page's list lacks (a wake's new tab, a sub-agent's child)
+is inserted at the top. A frame per change of state, never per token: the worker
+compares each status it publishes with the last state it announced.
 """
 
 from __future__ import annotations
@@ -73,9 +75,26 @@ def message(tab_id: uuid.UUID | str, state: str, approval: dict[str, Any] | None
     return {"type": "user.tab", "tab_id": str(tab_id), "state": state, "approval": ask}
 
 
+def with_entries(owner_id: int, change: dict[str, Any]) -> dict[str, Any] | None:
+    """The change as the user group carries it: with the tab's entry rendered for a page
+    that shows another tab ("other") and for the tab's own page ("current"). None when
+    the tab is gone (deleted meanwhile): nothing to show."""
+    tab = one(owner_id, change["tab_id"])
+    if tab is None:
+        return None
+    approval = change.get("approval")
+    entries = {
+        "other": entry(tab, approval=approval),
+        "current": entry(tab, current=tab.pk, approval=approval),
+    }
+    return {**change, "entries": entries}
+
+
 def announce(owner_id: int, tab_id: uuid.UUID | str, state: str) -> None:
     """From sync code (lease recovery): the tab's state changed."""
-    bus.group_send(bus.user_group(owner_id), message(tab_id, state, None))
+    sent = with_entries(owner_id, message(tab_id, state, None))
+    if sent is not None:
+        bus.group_send(bus.user_group(owner_id), sent)
 
 
 def entry(

@@ -115,7 +115,9 @@ class TurnWorker(AsyncConsumer):
             if message != announced:
                 announced.clear()
                 announced.update(message)
-                await self.channel_layer.group_send(bus.user_group(owner_id), message)
+                sent = await database_sync_to_async(sidebar.with_entries)(owner_id, message)
+                if sent is not None:
+                    await self.channel_layer.group_send(bus.user_group(owner_id), sent)
 
         try:
             await self.channel_layer.group_add(bus.control_group(tab_id), self.channel_name)

@@ -171,12 +171,17 @@ async def test_a_tab_that_waits_for_approval_tells_its_owners_group_once_per_cha
     ):
         await submit(tab, "run it")
         waiting = await mine.until(lambda m: m["state"] == "waiting")
+        entries = waiting.pop("entries")
         assert waiting == {
             "type": "user.tab",
             "tab_id": str(tab.pk),
             "state": "waiting",
             "approval": {"call_id": "c1", "name": "shell"},
         }
+        # Rendered once here for every page: the tab's own page marks it current.
+        assert 'data-state="waiting"' in entries["other"]
+        assert 'data-tool="shell"' in entries["other"]
+        assert "current" not in entries["other"] and 'aria-current="page"' in entries["current"]
         await database_sync_to_async(turns.approve)(tab.pk, "c1", True)
         await mine.until(lambda m: m["state"] == "idle")
         await watcher.until_idle()
@@ -216,6 +221,36 @@ async def test_the_owners_pages_get_the_entry_and_another_users_get_nothing(scri
         await database_sync_to_async(turns.approve)(tab.pk, "c1", True)
         await watcher.until_idle()
     for page in (home, on_tab, theirs):
+        await page.disconnect()
+
+
+async def test_a_change_reads_the_tab_once_however_many_pages_are_open(script, monkeypatch):
+    """The worker renders the entry once; each page only forwards it. When every socket
+    read the tab itself, the bench's hundred open tabs of one user cost 145x a bare
+    consumer's CPU (a query per page per change)."""
+    script([TextDelta("hi"), Finish()])
+    tab = await make_tab()
+    owner = await owner_of(tab)
+    reads: list[str] = []
+    real_one = sidebar.one
+
+    def counted(owner_id, tab_id):
+        reads.append(str(tab_id))
+        return real_one(owner_id, tab_id)
+
+    monkeypatch.setattr(sidebar, "one", counted)
+    pages = [await socket(owner) for _ in range(5)]
+    async with running_worker(), Watcher(tab.pk) as watcher:
+        await submit(tab, "hello")
+        await watcher.until_idle()
+        for page in pages:
+            async with asyncio.timeout(FRAME_TIMEOUT):
+                while 'data-state="idle"' not in (frame := await page.receive_from(FRAME_TIMEOUT)):
+                    pass
+            assert f"tablink-{tab.pk}" in frame
+    # running, then idle: one read each, not one per page.
+    assert reads == [str(tab.pk)] * 2
+    for page in pages:
         await page.disconnect()
 
 
