@@ -41,10 +41,19 @@ from django.db.models import Max
 
 from chat import bus, lease, log, preferences, resume, rules
 from chat import usage as chat_usage
-from chat.models import Chunk, Profile, QueuedMessage, RunningTurn, Tab, UsageRecord
+from chat.models import (
+    Chunk,
+    Profile,
+    QueuedMessage,
+    RunningTurn,
+    Tab,
+    UsageRecord,
+    agent_child_id,
+    agent_children,
+)
 from chat.stream import Block, Kind, Role
 from chat.tools import shell, toolset
-from chat.tools.registry import AGENT, AGENT_SCHEMA, agent_child_id, check_arguments
+from chat.tools.registry import AGENT, AGENT_SCHEMA, check_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +112,7 @@ def call_arguments(tab_id: uuid.UUID, call_ids: list[str]) -> dict[str, tuple[in
 
 def made(tab_id: uuid.UUID, calls: list[tuple[str, int]]) -> set[str]:
     """Which of these calls (call id, seq of its chunk) of the tab made a child."""
-    ids = {child_id(tab_id, call_id, seq): call_id for call_id, seq in calls}
-    return {ids[pk] for pk in Tab.objects.filter(pk__in=ids).values_list("pk", flat=True)}
+    return {call_id for call_id, _ in agent_children(tab_id, calls)}
 
 
 def depth(tab: Tab) -> int:
@@ -153,10 +161,10 @@ def ensure(
     parent, a tree too deep or a folder that cannot be used."""
     with transaction.atomic():
         parent = Tab.objects.select_for_update().get(pk=parent_id)
+        made = agent_children(parent_id, [(call_id, call_seq)]).get((call_id, call_seq))
+        if made is not None:
+            return Tab.objects.get(pk=made), False
         pk = child_id(parent_id, call_id, call_seq)
-        existing = Tab.objects.filter(pk=pk).first()
-        if existing is not None:
-            return existing, False
         limit = settings.DISPATCH_CHILD_MAX_DEPTH
         if depth(parent) + 1 > limit:
             raise ValueError(

@@ -26,10 +26,10 @@ from django.utils import timezone
 
 from chat import bus, context, log, sidebar
 from chat.history import History
-from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, UsageRecord
+from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, UsageRecord, agent_children
 from chat.providers import registry
 from chat.stream import Block, Kind, Role
-from chat.tools.registry import AGENT, agent_child_id
+from chat.tools.registry import AGENT
 
 logger = logging.getLogger(__name__)
 
@@ -280,11 +280,14 @@ def _recover(running: RunningTurn) -> list[Block]:
     answered.update(b.data.get("call_id") for b in blocks if b.type == Kind.TOOL_RESULT)
     # A sub-agent runs on under its own lease: its call stays open, and the turn goes on
     # (a rerun message) to wait for it and take its result (chat.children).
-    kids = set(Tab.objects.filter(parent_tab_id=tab_id).values_list("pk", flat=True))
+    has_children = Tab.objects.filter(parent_tab_id=tab_id).exists()
+    made = agent_children(
+        tab_id, [(call_id, seq) for call_id, (name, _, seq) in calls.items() if name == AGENT]
+    )
     for call_id, (name, step, seq) in calls.items():
         if call_id in answered:
             continue
-        if name == AGENT and agent_child_id(tab_id, call_id, seq) in kids:
+        if name == AGENT and (call_id, seq) in made:
             continue
         blocks.append(
             Block(
@@ -307,7 +310,7 @@ def _recover(running: RunningTurn) -> list[Block]:
             block.data.update(
                 result="Interrupted: the server stopped while this call ran.", is_error=True
             )
-    waiting = open_children(tab_id, kids, blocks)
+    waiting = open_children(tab_id, has_children, blocks)
     blocks.append(
         Block(
             uuid.uuid4(),
@@ -330,11 +333,11 @@ def _recover(running: RunningTurn) -> list[Block]:
     return blocks
 
 
-def open_children(tab_id: uuid.UUID, kids: set[uuid.UUID], more: list[Block]) -> list[str]:
+def open_children(tab_id: uuid.UUID, has_children: bool, more: list[Block]) -> list[str]:
     """The call ids of the tab's open `agent` calls (as the resumed turn's runner finds
     them: History.open_calls) whose child exists, the log read with `more` after it. Not
     only the dying turn's: a resumed turn's re-attached call is in the turn before it."""
-    if not kids:
+    if not has_children:
         return []
     try:
         history = History.build(log.context_tail(tab_id))
@@ -345,7 +348,7 @@ def open_children(tab_id: uuid.UUID, kids: set[uuid.UUID], more: list[Block]) ->
         # itself must not fail, or the tab stays stuck running.
         logger.exception("tab %s: its log does not read as a history", tab_id)
         return []
-    waiting = []
+    calls = []
     for call_id, name in open_calls:
         if name != AGENT:
             continue
@@ -355,9 +358,10 @@ def open_children(tab_id: uuid.UUID, kids: set[uuid.UUID], more: list[Block]) ->
             .values_list("seq", flat=True)
             .first()
         )
-        if seq is not None and agent_child_id(tab_id, call_id, seq) in kids:
-            waiting.append(call_id)
-    return waiting
+        if seq is not None:
+            calls.append((call_id, seq))
+    made = agent_children(tab_id, calls)
+    return [call_id for call_id, seq in calls if (call_id, seq) in made]
 
 
 # --- The running turn's own writes (from its runner, on the database thread) --------

@@ -65,8 +65,8 @@ class Tab(models.Model):
     # so that parallel tabs do not trample each other.
     workdir = models.CharField(max_length=200, blank=True)
     # A sub-agent's tab: the tab whose `agent` tool call made it, and that call's id.
-    # Its id is uuid5(parent, "call id@seq of the call") (chat.children), so a parent that recovers
-    # after a crash finds the child it made instead of spawning a second.
+    # Its id is agent_child_id (below), so a parent that recovers after a crash finds the
+    # child it made instead of spawning a second.
     parent_tab = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
     )
@@ -609,3 +609,42 @@ class ApiToken(models.Model):
             read_only=read_only,
         )
         return row, token
+
+
+def agent_child_id(parent_id: uuid.UUID | str, call_id: str, call_seq: int) -> uuid.UUID:
+    """The id of the child tab the `agent` call at `call_seq` in the parent's log makes:
+    the same on every try (a resumed turn finds it), and another for each call even where
+    a provider repeats call ids (the OpenAI adapter names id-less calls `call_{index}`, so
+    every step can have a `call_0`)."""
+    return uuid.uuid5(uuid.UUID(str(parent_id)), f"{call_id}@{call_seq}")
+
+
+def _legacy_agent_child_id(parent_id: uuid.UUID | str, call_id: str) -> uuid.UUID:
+    # Before calls were keyed on their seq: uuid5(parent, call id).
+    return uuid.uuid5(uuid.UUID(str(parent_id)), call_id)
+
+
+def agent_children(
+    parent_id: uuid.UUID | str, calls: list[tuple[str, int]]
+) -> dict[tuple[str, int], uuid.UUID]:
+    """The child tab each of these `agent` calls (call id, seq of its chunk) of the parent
+    made, for those that made one. A child made before calls were keyed on their seq has
+    the id uuid5(parent, call id), and was made by the first `agent` call of that id in
+    the parent's log (later calls of the same id were wrongly given it): only that call
+    finds it, so a tab that crossed the upgrade keeps its children's results and usage."""
+    made = {agent_child_id(parent_id, call_id, seq): (call_id, seq) for call_id, seq in calls}
+    legacy = {_legacy_agent_child_id(parent_id, call_id): call_id for call_id, _ in calls}
+    found = set(Tab.objects.filter(pk__in=[*made, *legacy]).values_list("pk", flat=True))
+    children = {made[pk]: pk for pk in found if pk in made}
+    old = {legacy[pk]: pk for pk in found if pk in legacy}
+    if old:
+        first: dict[str, int] = {}
+        rows = Chunk.objects.filter(
+            tab_id=parent_id, type="tool_call", data__name="agent", data__call_id__in=list(old)
+        ).values_list("data__call_id", "seq")
+        for call_id, seq in rows:
+            first[call_id] = min(seq, first.get(call_id, seq))
+        for call_id, seq in calls:
+            if call_id in old and (call_id, seq) not in children and first.get(call_id) == seq:
+                children[call_id, seq] = old[call_id]
+    return children

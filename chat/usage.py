@@ -54,9 +54,8 @@ from django.db.models.lookups import GreaterThan, GreaterThanOrEqual
 from genai_prices import data_snapshot
 from genai_prices import types as price_types
 
-from chat.models import Chunk, Tab, UsageRecord
+from chat.models import Chunk, Tab, UsageRecord, agent_children
 from chat.providers.registry import PROVIDERS
-from chat.tools.registry import agent_child_id
 
 logger = logging.getLogger(__name__)
 
@@ -523,7 +522,15 @@ def _child_turns(
         calls = Chunk.objects.filter(
             turn_id__in=level, type="tool_call", data__name="agent"
         ).values_list("tab_id", "data__call_id", "seq", "turn_id")
-        kids = {agent_child_id(tab, call_id, seq): level[turn] for tab, call_id, seq, turn in calls}
+        by_tab: dict[uuid.UUID, list[tuple[str, int, uuid.UUID]]] = {}
+        for tab, call_id, seq, turn in calls:
+            by_tab.setdefault(tab, []).append((call_id, seq, turn))
+        kids = {}
+        for tab, rows in by_tab.items():
+            made = agent_children(tab, [(call_id, seq) for call_id, seq, _ in rows])
+            for call_id, seq, turn in rows:
+                if (child := made.get((call_id, seq))) is not None:
+                    kids[child] = level[turn]
         if not kids:
             break
         starts = Chunk.objects.filter(

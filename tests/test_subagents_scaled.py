@@ -12,7 +12,7 @@ import time
 import pytest
 
 from chat import worker
-from chat.tools.registry import agent_child_id
+from chat.models import agent_child_id
 from harness.fakeprovider import FakeProviderServer, Recorded, Reply
 from tests.anthropic_wire import MODEL, reply, text, tool_use
 from tests.procs import Cluster, require_services, scratch_database, scratch_redis

@@ -128,14 +128,6 @@ AGENT_SCHEMA: Mapping[str, Any] = {
 }
 
 
-def agent_child_id(parent_id: uuid.UUID | str, call_id: str, call_seq: int) -> uuid.UUID:
-    """The id of the child tab the `agent` call at `call_seq` in the parent's log makes:
-    the same on every try (a resumed turn finds it), and another for each call even where
-    a provider repeats call ids (the OpenAI adapter names id-less calls `call_{index}`, so
-    every step can have a `call_0`). Here, low in the layers, so usage can find children."""
-    return uuid.uuid5(uuid.UUID(str(parent_id)), f"{call_id}@{call_seq}")
-
-
 async def _agent(args, place, on_output, timeout, policy) -> ToolOutcome:
     return ToolOutcome(f"{AGENT} runs only in a tab's turn", is_error=True)
 
