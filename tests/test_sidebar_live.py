@@ -254,6 +254,29 @@ async def test_a_change_reads_the_tab_once_however_many_pages_are_open(script, m
         await page.disconnect()
 
 
+async def test_changes_that_come_together_reach_a_page_as_one_frame():
+    """A hundred tabs starting turns at once must not cost each open page a hundred
+    frames: what changes within SIDEBAR_BATCH_SECONDS goes out as one, each tab's latest
+    entry once."""
+    tabs = [await make_tab() for _ in range(3)]
+    owner = await owner_of(tabs[0])
+    for tab in tabs[1:]:
+        tab.owner = owner
+        await tab.asave(update_fields=["owner"])
+    page = await socket(owner)
+    layer = get_channel_layer()
+    for tab, state in [(tabs[0], "running"), (tabs[1], "running"), (tabs[2], "running")] + [
+        (tabs[0], "idle")
+    ]:
+        change = sidebar.message(tab.pk, state, None)
+        sent = await database_sync_to_async(sidebar.with_entries)(owner.pk, change)
+        await layer.group_send(bus.user_group(owner.pk), sent)
+    frame = await page.receive_from(FRAME_TIMEOUT)
+    assert [frame.count(f'id="tablink-{tab.pk}"') for tab in tabs] == [1, 1, 1]
+    assert await page.receive_nothing(consumers.SIDEBAR_BATCH_SECONDS * 2)
+    await page.disconnect()
+
+
 async def test_a_wake_into_a_new_tab_announces_the_tab_and_its_wait(script):
     script(*shell_then_text())
     tab = await make_tab(approve_tools=True)
