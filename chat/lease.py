@@ -38,6 +38,10 @@ HEARTBEAT_SECONDS = 5.0
 # A lease whose heartbeat is older than this belongs to a dead worker: three
 # missed heartbeats, so a busy event loop is not mistaken for a crash.
 LEASE_STALE_SECONDS = 15.0
+# This process's own claimed lease is taken only after this long without a heartbeat: a
+# loaded machine must not lose a live turn, but a runner wedged for minutes must not hold
+# its tab until a restart either.
+OWN_LEASE_STUCK_SECONDS = 300.0
 
 
 def is_stale(running: RunningTurn) -> bool:
@@ -141,7 +145,8 @@ def is_dead(running: RunningTurn) -> bool:
         # loaded that a heartbeat lags 15 s must not have its scan take a live turn.
         # Without a claim, a previous process with the same pid (a restarted container)
         # left it.
-        return _claims[running.tab_id] <= 0
+        stuck = timezone.now() - timedelta(seconds=OWN_LEASE_STUCK_SECONDS)
+        return _claims[running.tab_id] <= 0 or running.heartbeat_at < stuck
     if is_stale(running):
         return True
     if host != HOST_ID or not pid_text.isdigit():

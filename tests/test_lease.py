@@ -99,6 +99,11 @@ async def test_a_claimed_lease_of_this_process_is_alive_however_late_its_heartbe
     lease.claim(tab.pk)
     try:
         assert not lease.is_dead(running)
+        # A runner wedged for minutes does not hold its tab until a restart.
+        running.heartbeat_at = timezone.now() - timezone.timedelta(
+            seconds=lease.OWN_LEASE_STUCK_SECONDS + 1
+        )
+        assert lease.is_dead(running)
     finally:
         lease.unclaim(tab.pk)
     assert lease.is_dead(running)
