@@ -72,7 +72,10 @@ def submit(
         Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
         queued = _enqueue(tab, text, files, origin)
         blobs.mark_sent(tab.pk, files)
-    bus.request_run(tab.pk, auto_approve=auto_approve)
+    # At once when this is the outermost transaction; inside a caller's (a wake's firing),
+    # once that commits: a worker asked before would find no message, and none after a
+    # rollback.
+    transaction.on_commit(lambda: bus.request_run(tab.pk, auto_approve=auto_approve))
     return queued
 
 

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 from channels.db import database_sync_to_async
+from django.db import transaction
 
 from chat import agent, bus, lease, log, render, resume, retry, turns, worker
 from chat.models import (
@@ -964,3 +965,31 @@ async def test_a_crash_message_is_capped(script, workspace):
     prefix = "Internal error in the turn runner: TypeError: "
     assert message.startswith(prefix + "not a provider event: xxx")
     assert len(message) == len(prefix) + agent.CRASH_MESSAGE_CHARS and message.endswith("…")
+
+
+async def test_a_message_queued_inside_a_callers_transaction_asks_for_a_run_once_it_commits(
+    monkeypatch,
+):
+    """A wake fires inside its own transaction: a worker asked before the commit would find
+    no message (and after a rollback there is none to run)."""
+    tab = await make_tab()
+    asked: list[tuple[uuid.UUID, bool]] = []
+    monkeypatch.setattr(
+        bus, "request_run", lambda tab_id, auto_approve=False: asked.append((tab_id, auto_approve))
+    )
+
+    def fire(fail: bool) -> list:
+        try:
+            with transaction.atomic():
+                turns.submit(tab, "from a wake")
+                seen = list(asked)
+                if fail:
+                    raise RuntimeError("the firing failed after the submit")
+        except RuntimeError:
+            pass
+        return seen
+
+    assert await database_sync_to_async(fire)(True) == []
+    assert asked == []
+    assert await database_sync_to_async(fire)(False) == []
+    assert asked == [(tab.pk, False)]
