@@ -597,7 +597,7 @@ async def test_the_result_card_links_to_the_childs_tab(tabs):
     assert f'href="/t/{child}/">Open the sub-agent’s tab</a>' in html
 
 
-def test_the_status_frame_puts_a_childs_approval_in_the_bar_and_its_state_on_its_card():
+async def test_the_status_frame_puts_a_childs_approval_in_the_bar_and_its_state_on_its_card():
     """The parent's status frame: the status line only counts its sub-agents; each one's
     state and step go to its call's card (keyed by the call), and each approval pending
     in the tree (a sub-agent's own sub-agent's too) is a row of the approval bar naming
