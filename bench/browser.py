@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import bench_server, bench_session, bench_tab, cpu_seconds, summary
+from bench.common import IDLE_RE, bench_server, bench_session, bench_tab, cpu_seconds, summary
 from bench.server import DELTAS_MODEL, RAW_RESULTS, small_deltas
 from harness import chromium
 from harness.login import browser_cookie
@@ -128,7 +128,7 @@ async def _app_run(context, base: str, tab_id: str, expected: int) -> dict:
         await page.evaluate(APP_SEND)
         await page.wait_for_function("() => window.__bench.painted !== null")
         await _until(
-            lambda: len(frames) > start and 'data-state="idle"' in str(frames[-1]),
+            lambda: len(frames) > start and any(IDLE_RE.search(str(f)) for f in frames[start:]),
             "the idle status frame",
         )
         bench = await page.evaluate("() => window.__bench")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -17,6 +18,9 @@ from typing import Any
 from harness.servers import Proc
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# A tab page's frame carrying the tab's own idle status: the turn is over. Not any
+# `data-state="idle"`: the page's sidebar entries of other tabs say it too.
+IDLE_RE = re.compile(r'<div id="status"[^>]*data-state="idle"')
 
 
 def setup_django(data_dir: str | None = None) -> str:

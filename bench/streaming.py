@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import websockets
 
-from bench.common import bench_server, bench_session, bench_tab, cpu_seconds
+from bench.common import IDLE_RE, bench_server, bench_session, bench_tab, cpu_seconds
 from bench.server import STAMPED_MODEL
 from harness.login import cookie_header
 
@@ -84,7 +84,7 @@ async def app_run(base: str, port: int, cookie: str, tab_ids: list[str]) -> dict
                         seen.add(stamp)
                         delays.append((now - int(stamp)) / 1e6)
                         count += 1
-                if count and 'data-state="idle"' in frame:
+                if count and IDLE_RE.search(frame):
                     return count
         return count
 
