@@ -104,6 +104,23 @@ class TurnWorker(AsyncConsumer):
         # state, not per status (a status goes out at every step and approval).
         # Another call's approval is a change too: it is worth a notification.
         announced: dict[str, Any] = {}
+        # The latest announcement: each waits for the one before (the pages see the states
+        # in order), and the runner waits for none — a hundred turns starting at once
+        # queued their entry reads on the one database thread ahead of their own writes,
+        # and the bench's p99 token delay went from 0.1 s to 1.8 s.
+        last: list[asyncio.Task[None]] = []
+
+        async def announce(message: dict[str, Any], before: asyncio.Task[None] | None) -> None:
+            if before is not None:
+                await asyncio.wait([before])
+            try:
+                read = database_sync_to_async(sidebar.with_entries, thread_sensitive=False)
+                sent = await read(owner_id, message)
+                if sent is not None:
+                    await self.channel_layer.group_send(bus.user_group(owner_id), sent)
+            except Exception:
+                # The pages catch up at their next (re)connect or load.
+                logger.exception("could not tell the owner's pages of tab %s", tab_id)
 
         async def publish(op: dict[str, Any]) -> None:
             await self.channel_layer.group_send(group, {"type": "tab.op", **op})
@@ -115,9 +132,10 @@ class TurnWorker(AsyncConsumer):
             if message != announced:
                 announced.clear()
                 announced.update(message)
-                sent = await database_sync_to_async(sidebar.with_entries)(owner_id, message)
-                if sent is not None:
-                    await self.channel_layer.group_send(bus.user_group(owner_id), sent)
+                task = asyncio.create_task(announce(dict(message), last[0] if last else None))
+                last[:] = [task]
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
 
         try:
             await self.channel_layer.group_add(bus.control_group(tab_id), self.channel_name)

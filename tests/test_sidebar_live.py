@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -252,6 +253,35 @@ async def test_a_change_reads_the_tab_once_however_many_pages_are_open(script, m
     assert reads == [str(tab.pk)] * 2
     for page in pages:
         await page.disconnect()
+
+
+async def test_a_slow_sidebar_read_holds_up_no_turn_and_the_states_keep_their_order(
+    script, monkeypatch
+):
+    """The runner never waits for its owner's pages: a hundred turns starting at once
+    queued their entry reads ahead of their own writes (the bench's p99 token delay went
+    from 0.1 s to 1.8 s). The announcements still arrive in order once the reads go on."""
+    script([TextDelta("hi"), Finish()])
+    tab = await make_tab()
+    gate = threading.Event()
+    real = sidebar.with_entries
+
+    def slow(owner_id, change):
+        gate.wait(TURN_TIMEOUT)
+        return real(owner_id, change)
+
+    monkeypatch.setattr(sidebar, "with_entries", slow)
+    async with (
+        running_worker(),
+        Watcher(tab.pk) as watcher,
+        UserWatcher(tab.owner_id) as mine,
+    ):
+        await submit(tab, "hello")
+        await watcher.until_idle()  # the turn ended while its first announcement waited
+        assert mine.messages == []
+        gate.set()
+        await mine.until(lambda m: m["state"] == "idle")
+    assert states(mine.messages) == ["running", "idle"]
 
 
 async def test_changes_that_come_together_reach_a_page_as_one_frame():
