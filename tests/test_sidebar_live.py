@@ -284,6 +284,29 @@ async def test_a_slow_sidebar_read_holds_up_no_turn_and_the_states_keep_their_or
     assert states(mine.messages) == ["running", "idle"]
 
 
+async def test_a_users_pages_in_one_process_share_one_subscription():
+    """A change reaches this process once and is handed to each of the user's pages here:
+    a hundred pages of one user each in the group made every change a hundred deliveries
+    (the bench's p99 token delay 2 s). The subscription ends with the last page."""
+    tab = await make_tab()
+    owner = await owner_of(tab)
+    layer = get_channel_layer()
+    group = bus.user_group(owner.pk)
+    pages = [await socket(owner) for _ in range(4)]
+    assert len(layer.groups.get(group, {})) == 1
+    change = sidebar.message(tab.pk, "running", None)
+    await layer.group_send(
+        group, await database_sync_to_async(sidebar.with_entries)(owner.pk, change)
+    )
+    for page in pages:
+        assert f'id="tablink-{tab.pk}"' in await page.receive_from(FRAME_TIMEOUT)
+    for page in pages[:-1]:
+        await page.disconnect()
+    assert len(layer.groups.get(group, {})) == 1
+    await pages[-1].disconnect()
+    assert len(layer.groups.get(group, {})) == 0
+
+
 async def test_changes_that_come_together_reach_a_page_as_one_frame():
     """A hundred tabs starting turns at once must not cost each open page a hundred
     frames: what changes within SIDEBAR_BATCH_SECONDS goes out as one, each tab's latest
