@@ -154,6 +154,16 @@ def parse(
     raise ScheduleError(f"Unknown schedule kind {kind!r}: use cron, interval or once.")
 
 
+def every(seconds: int) -> str:
+    """An interval as people say it: the largest whole unit ("every 2 days", "every hour",
+    "every 90 minutes"), seconds only when nothing larger divides it."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = seconds // size
+            return f"every {unit}" if count == 1 else f"every {count} {unit}s"
+    return f"every {seconds} seconds"
+
+
 def interval_error(seconds: int) -> str:
     return f"The interval must be {INTERVAL_RANGE}, not {seconds} seconds."
 

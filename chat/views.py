@@ -1396,6 +1396,7 @@ def _wakes_page(request: HttpRequest, form: WakeForm, status: int = 200) -> Http
     now = timezone.now()
     for wake in rows:
         wake.when = _wake_when(wake)
+        wake.every = schedule.every(wake.interval_seconds or 0)
         wake.expired = wake.expires_at is not None and wake.expires_at <= now
         wake.recent = list(wake.runs.select_related("tab")[:WAKE_RUNS_SHOWN])
     context = {

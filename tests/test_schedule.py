@@ -490,3 +490,21 @@ def test_once_runs_once():
 def test_day_of_month_or_day_of_week_fires_on_either():
     """`0 0 31 2 1`: no 31 February, but every Monday of February (cron's OR)."""
     assert cron("0 0 31 2 1").next_after(U(2026, 1, 1)) == U(2026, 2, 2)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [
+        (60, "every minute"),
+        (90, "every 90 seconds"),
+        (5400, "every 90 minutes"),
+        (3600, "every hour"),
+        (7200, "every 2 hours"),
+        (86400, "every day"),
+        (90000, "every 25 hours"),
+        (604800, "every 7 days"),
+        (86401, "every 86401 seconds"),
+    ],
+)
+def test_an_interval_is_said_in_its_largest_whole_unit(seconds, said):
+    assert schedule.every(seconds) == said

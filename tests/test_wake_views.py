@@ -117,6 +117,12 @@ def _wake(alice, tab, **fields) -> Wake:
     return Wake.objects.create(**values)
 
 
+def test_an_interval_wake_reads_in_its_unit(client, alice, tab):
+    _wake(alice, tab, interval_seconds=86400)
+    page = client.get(reverse("wakes")).content.decode()
+    assert "every day" in page and "86400" not in page
+
+
 def test_the_actions(client, alice, tab):
     wake = _wake(alice, tab, created_by="agent", expires_at=timezone.now() + timedelta(days=7))
     act = lambda action: client.post(reverse("wake_action", args=[wake.pk, action]))  # noqa: E731
