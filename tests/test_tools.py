@@ -16,7 +16,7 @@ import pytest
 from chat.providers.base import ToolSpec
 from chat.tools import TOOLS, ToolOutcome, needs_approval, run_tool, tool_specs
 from chat.tools.files import MAX_LIST_ENTRIES, READ_DEFAULT_LINES, READ_MAX_BYTES
-from chat.tools.registry import SUPPORTED_KEYWORDS
+from chat.tools.registry import SUPPORTED_KEYWORDS, check_arguments
 from chat.tools.sandbox import Policy
 from chat.tools.shell import OUTPUT_CAP, OUTPUT_HEAD, OUTPUT_TAIL
 
@@ -119,6 +119,24 @@ def test_it_only_uses_schema_keywords_the_checker_understands():
     for tool in TOOLS:
         assert keywords(dict(tool.input_schema)) <= SUPPORTED_KEYWORDS, tool.name
         assert set(tool.input_schema.get("required", ())) <= set(tool.input_schema["properties"])
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (59, "argument 'every' must be at least 60, got 59"),
+        (60, None),
+        (3600, None),
+        (3601, "argument 'every' must be at most 3600, got 3601"),
+    ],
+)
+def test_numbers_are_checked_against_their_bounds(value, problem):
+    """schedule_wake's interval has both bounds; a model's 10**14 must be refused here."""
+    schema = {
+        "type": "object",
+        "properties": {"every": {"type": "integer", "minimum": 60, "maximum": 3600}},
+    }
+    assert check_arguments(schema, {"every": value}) == problem
 
 
 # --- invalid calls ---------------------------------------------------------------

@@ -258,6 +258,7 @@ SUPPORTED_KEYWORDS = frozenset(
         "additionalProperties",
         "description",
         "minimum",
+        "maximum",
         "minLength",
     }
 )
@@ -380,6 +381,8 @@ def check_arguments(schema: Mapping[str, Any], arguments: object) -> str | None:
             return f"argument '{key}' must be {_article(rule['type'])}, not {actual}"
         if "minimum" in rule and value < rule["minimum"]:
             return f"argument '{key}' must be at least {rule['minimum']}, got {value}"
+        if "maximum" in rule and value > rule["maximum"]:
+            return f"argument '{key}' must be at most {rule['maximum']}, got {value}"
         if "minLength" in rule and len(value) < rule["minLength"]:
             return f"argument '{key}' must not be empty"
     return None
