@@ -32,6 +32,7 @@ class Provider:
 
     def __init__(self) -> None:
         self.parent_go = threading.Event()
+        self.parent_asked = threading.Event()
         self.child_go = threading.Event()
         self.child_asked = threading.Event()
 
@@ -46,6 +47,7 @@ class Provider:
             self.child_go.wait(WAIT)
             return reply(text(CHILD_TEXT))
         if not answered:
+            self.parent_asked.set()
             self.parent_go.wait(WAIT)
             return reply(
                 tool_use("call_1", "agent", description="Survey", prompt=CHILD_PROMPT),
@@ -102,6 +104,9 @@ def test_a_parent_whose_worker_is_killed_gets_its_one_childs_result(cluster):
     cluster.send("a", tab, PARENT_PROMPT)
     running = until(lambda: cluster.running(tab), "the parent's turn")
     assert cluster.worker_by_id(running["worker"]) == "w1"
+    # The lease row is written before w1's runner exists: a SIGTERM in between finds no
+    # running turn to wait for (w1 just exits). Its first request means the runner runs.
+    assert provider.parent_asked.wait(WAIT)
     cluster.procs["w1"].proc.send_signal(signal.SIGTERM)
     cluster.procs["w1"].wait_for("stopping: waiting up to")
     cluster.start_worker("w2")
