@@ -240,9 +240,7 @@ def _broadcast_recovered(tab_id: uuid.UUID, blocks: list[Block]) -> None:
     now = status(tab_id)
     bus.publish(tab_id, {"op": "status", "status": now})
     # The dead worker never said so: the owner's sidebars still mark the tab running.
-    owner_id = Tab.objects.filter(pk=tab_id).values_list("owner_id", flat=True).first()
-    if owner_id is not None:
-        sidebar.announce(owner_id, tab_id, sidebar.state_of(now))
+    sidebar.announce(tab_id, sidebar.state_of(now))
 
 
 # What a recovered turn whose sub-agents run on says: it goes on by itself.

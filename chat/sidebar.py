@@ -75,11 +75,17 @@ def message(tab_id: uuid.UUID | str, state: str, approval: dict[str, Any] | None
     return {"type": "user.tab", "tab_id": str(tab_id), "state": state, "approval": ask}
 
 
-def with_entries(owner_id: int, change: dict[str, Any]) -> dict[str, Any] | None:
-    """The change as the user group carries it: with the tab's entry rendered for a page
-    that shows another tab ("other") and for the tab's own page ("current"). None when
-    the tab is gone (deleted meanwhile): nothing to show."""
-    tab = one(owner_id, change["tab_id"])
+def stated(tab_id: uuid.UUID | str) -> Tab | None:
+    """The tab with its sidebar state, whoever owns it (the announcer learns the owner
+    from it); None when it is gone."""
+    return _with_state(Tab.objects.filter(pk=tab_id)).first()
+
+
+def with_entries(change: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """The change as its owner's group carries it, and the owner: with the tab's entry
+    rendered for a page that shows another tab ("other") and for the tab's own page
+    ("current"). None when the tab is gone (deleted meanwhile): nothing to show."""
+    tab = stated(change["tab_id"])
     if tab is None:
         return None
     approval = change.get("approval")
@@ -87,13 +93,14 @@ def with_entries(owner_id: int, change: dict[str, Any]) -> dict[str, Any] | None
         "other": entry(tab, approval=approval),
         "current": entry(tab, current=tab.pk, approval=approval),
     }
-    return {**change, "entries": entries}
+    return tab.owner_id, {**change, "entries": entries}
 
 
-def announce(owner_id: int, tab_id: uuid.UUID | str, state: str) -> None:
+def announce(tab_id: uuid.UUID | str, state: str) -> None:
     """From sync code (lease recovery): the tab's state changed."""
-    sent = with_entries(owner_id, message(tab_id, state, None))
-    if sent is not None:
+    told = with_entries(message(tab_id, state, None))
+    if told is not None:
+        owner_id, sent = told
         bus.group_send(bus.user_group(owner_id), sent)
 
 

@@ -24,7 +24,6 @@ from django.conf import settings
 
 from chat import bus, lease, sidebar, wakes
 from chat.agent import TurnRunner
-from chat.models import Tab
 from chat.providers import aclose_clients
 from chat.tools import mcp
 
@@ -92,14 +91,6 @@ class TurnWorker(AsyncConsumer):
 
     async def _start(self, tab_id: uuid.UUID, turn_id: uuid.UUID, auto_approve: bool) -> bool:
         group = bus.tab_group(tab_id)
-        try:
-            owner_id = (
-                await Tab.objects.filter(pk=tab_id).values_list("owner_id", flat=True).afirst()
-            )
-        except Exception:
-            # The turn runs anyway; the owner's other pages learn of it at their next load.
-            logger.exception("could not read the owner of tab %s", tab_id)
-            owner_id = None
         # The state the owner's pages were last told (chat.sidebar): a frame per change of
         # state, not per status (a status goes out at every step and approval).
         # Another call's approval is a change too: it is worth a notification.
@@ -114,9 +105,11 @@ class TurnWorker(AsyncConsumer):
             if before is not None:
                 await asyncio.wait([before])
             try:
+                # The owner comes with the entry: no read before the runner exists.
                 read = database_sync_to_async(sidebar.with_entries, thread_sensitive=False)
-                sent = await read(owner_id, message)
-                if sent is not None:
+                told = await read(message)
+                if told is not None:
+                    owner_id, sent = told
                     await self.channel_layer.group_send(bus.user_group(owner_id), sent)
             except Exception:
                 # The pages catch up at their next (re)connect or load.
@@ -124,7 +117,7 @@ class TurnWorker(AsyncConsumer):
 
         async def publish(op: dict[str, Any]) -> None:
             await self.channel_layer.group_send(group, {"type": "tab.op", **op})
-            if op.get("op") != "status" or owner_id is None:
+            if op.get("op") != "status":
                 return
             message = sidebar.message(
                 tab_id, sidebar.state_of(op["status"]), op["status"].get("approval")

@@ -233,13 +233,18 @@ async def test_a_change_reads_the_tab_once_however_many_pages_are_open(script, m
     tab = await make_tab()
     owner = await owner_of(tab)
     reads: list[str] = []
-    real_one = sidebar.one
+    real_one, real_stated = sidebar.one, sidebar.stated
 
-    def counted(owner_id, tab_id):
+    def counted_one(owner_id, tab_id):
         reads.append(str(tab_id))
         return real_one(owner_id, tab_id)
 
-    monkeypatch.setattr(sidebar, "one", counted)
+    def counted_stated(tab_id):
+        reads.append(str(tab_id))
+        return real_stated(tab_id)
+
+    monkeypatch.setattr(sidebar, "one", counted_one)
+    monkeypatch.setattr(sidebar, "stated", counted_stated)
     pages = [await socket(owner) for _ in range(5)]
     async with running_worker(), Watcher(tab.pk) as watcher:
         await submit(tab, "hello")
@@ -266,9 +271,9 @@ async def test_a_slow_sidebar_read_holds_up_no_turn_and_the_states_keep_their_or
     gate = threading.Event()
     real = sidebar.with_entries
 
-    def slow(owner_id, change):
+    def slow(change):
         gate.wait(TURN_TIMEOUT)
-        return real(owner_id, change)
+        return real(change)
 
     monkeypatch.setattr(sidebar, "with_entries", slow)
     async with (
@@ -295,9 +300,8 @@ async def test_a_users_pages_in_one_process_share_one_subscription():
     pages = [await socket(owner) for _ in range(4)]
     assert len(layer.groups.get(group, {})) == 1
     change = sidebar.message(tab.pk, "running", None)
-    await layer.group_send(
-        group, await database_sync_to_async(sidebar.with_entries)(owner.pk, change)
-    )
+    _, sent = await database_sync_to_async(sidebar.with_entries)(change)
+    await layer.group_send(group, sent)
     for page in pages:
         assert f'id="tablink-{tab.pk}"' in await page.receive_from(FRAME_TIMEOUT)
     for page in pages[:-1]:
@@ -322,7 +326,7 @@ async def test_changes_that_come_together_reach_a_page_as_one_frame():
         (tabs[0], "idle")
     ]:
         change = sidebar.message(tab.pk, state, None)
-        sent = await database_sync_to_async(sidebar.with_entries)(owner.pk, change)
+        _, sent = await database_sync_to_async(sidebar.with_entries)(change)
         await layer.group_send(bus.user_group(owner.pk), sent)
     frame = await page.receive_from(FRAME_TIMEOUT)
     assert [frame.count(f'id="tablink-{tab.pk}"') for tab in tabs] == [1, 1, 1]
