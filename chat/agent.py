@@ -1666,7 +1666,7 @@ class TurnRunner:
                 return [], []
             # A rerun row (a regenerated branch) starts the turn and adds nothing.
             blocks = [
-                Block(uuid.uuid4(), self.turn_id, 0, Role.USER, Kind.TEXT, _message_data(q))
+                Block(uuid.uuid4(), self.turn_id, 0, Role.USER, Kind.TEXT, q.chunk_data())
                 for q in queued
                 if not q.rerun
             ]
@@ -1770,12 +1770,6 @@ class TurnRunner:
 
     def _beat(self) -> str:
         return lease.beat(self.tab_id, self.turn_id)
-
-
-def _message_data(queued: QueuedMessage) -> dict[str, Any]:
-    """A queued message's user chunk data: its text, its files and who sent it (a wake,
-    a parent agent) when it has them."""
-    return children.message_data(queued)
 
 
 def _deny_wake(data: dict[str, Any]) -> bool:

@@ -396,7 +396,7 @@ def cancel(tab_id: uuid.UUID, call_id: str = "", why: str = "") -> bool:
             return False
         turn_id = uuid.uuid4()
         blocks = [
-            Block(uuid.uuid4(), turn_id, 0, Role.USER, Kind.TEXT, message_data(q)) for q in queued
+            Block(uuid.uuid4(), turn_id, 0, Role.USER, Kind.TEXT, q.chunk_data()) for q in queued
         ]
         blocks.append(
             Block(
@@ -423,17 +423,6 @@ def cancel(tab_id: uuid.UUID, call_id: str = "", why: str = "") -> bool:
 
 # What a child stopped by its parent's Stop says in its own log.
 STOPPED_TEXT = "its parent was stopped"
-
-
-def message_data(queued: QueuedMessage) -> dict[str, Any]:
-    """A queued message's user chunk data (as the turn runner writes it): its text, its
-    files and who sent it."""
-    data: dict[str, Any] = {"text": queued.text}
-    if queued.attachments:
-        data["attachments"] = queued.attachments
-    if queued.origin:
-        data["origin"] = queued.origin
-    return data
 
 
 # `wait`'s word that the parent's turn is stopping.

@@ -204,6 +204,16 @@ class QueuedMessage(models.Model):
     def __str__(self) -> str:
         return f"queued #{self.pk} for {self.tab_id}"
 
+    def chunk_data(self) -> dict[str, Any]:
+        """Its user chunk's data: the text, its files and who sent it (a wake, a parent
+        agent) when it has them."""
+        data: dict[str, Any] = {"text": self.text}
+        if self.attachments:
+            data["attachments"] = self.attachments
+        if self.origin:
+            data["origin"] = self.origin
+        return data
+
     @property
     def label(self) -> str:
         """What the queue on the page shows: the message, or the compaction asked for."""

@@ -56,10 +56,6 @@ def tabs(owner: Any) -> list[Tab]:
     return list(_with_state(Tab.objects.filter(owner=owner)).order_by("-updated_at")[:SIDEBAR_TABS])
 
 
-def one(owner: Any, tab_id: uuid.UUID | str) -> Tab | None:
-    return _with_state(Tab.objects.filter(owner=owner, pk=tab_id)).first()
-
-
 def state(tab: Tab) -> str:
     if getattr(tab, "waiting", False):
         return WAITING

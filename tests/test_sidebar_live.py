@@ -233,17 +233,12 @@ async def test_a_change_reads_the_tab_once_however_many_pages_are_open(script, m
     tab = await make_tab()
     owner = await owner_of(tab)
     reads: list[str] = []
-    real_one, real_stated = sidebar.one, sidebar.stated
-
-    def counted_one(owner_id, tab_id):
-        reads.append(str(tab_id))
-        return real_one(owner_id, tab_id)
+    real_stated = sidebar.stated
 
     def counted_stated(tab_id):
         reads.append(str(tab_id))
         return real_stated(tab_id)
 
-    monkeypatch.setattr(sidebar, "one", counted_one)
     monkeypatch.setattr(sidebar, "stated", counted_stated)
     pages = [await socket(owner) for _ in range(5)]
     async with running_worker(), Watcher(tab.pk) as watcher:
