@@ -241,7 +241,8 @@ class TabAdmin(admin.ModelAdmin):
             return "idle"
         state = f"{running.get_status_display().lower()}, step {running.step}"
         if running.cancel_requested:
-            state += ", cancel requested"
+            why = f" ({running.cancel_why})" if running.cancel_why else ""
+            state += f", cancel requested{why}"
         if is_stale(running):
             state += " (stale lease)"
         return state

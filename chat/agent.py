@@ -1745,7 +1745,7 @@ class TurnRunner:
             try:
                 # The turn id is read on the database thread: a next turn
                 # (release_or_continue) changes it there.
-                beat = await database_sync_to_async(self._beat)()
+                beat, why = await database_sync_to_async(self._beat)()
             except Exception:
                 # A missed beat is survivable (three make the lease stale); a dead
                 # heartbeat task is not noticed by anyone.
@@ -1762,13 +1762,14 @@ class TurnRunner:
                 self.lease_lost = True
                 self.cancel(stopping=True)
             elif beat == "cancel" and not self.cancelled.is_set():
-                # Cancel requested through the database (the control message was lost).
-                self.cancel()
+                # Cancel requested through the database (the control message was lost
+                # or is still on its way).
+                self.cancel(why=why)
 
     def _tab_gone(self) -> bool:
         return not Tab.objects.filter(pk=self.tab_id).exists()
 
-    def _beat(self) -> str:
+    def _beat(self) -> tuple[str, str]:
         return lease.beat(self.tab_id, self.turn_id)
 
 

@@ -387,7 +387,7 @@ def cancel(tab_id: uuid.UUID, call_id: str = "", why: str = "") -> bool:
     with transaction.atomic():
         if not Tab.objects.select_for_update().filter(pk=tab_id).exists():
             return False
-        if lease.request_cancel(tab_id):
+        if lease.request_cancel(tab_id, why=why or STOPPED_TEXT):
             message = {"type": "turn.cancel", "tab_id": str(tab_id), "why": why or STOPPED_TEXT}
             transaction.on_commit(lambda: bus.group_send(bus.control_group(tab_id), message))
             return True

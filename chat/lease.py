@@ -380,13 +380,15 @@ def holds(tab_id: uuid.UUID, turn_id: uuid.UUID) -> bool:
     return _mine(tab_id, turn_id).exists()
 
 
-def beat(tab_id: uuid.UUID, turn_id: uuid.UUID) -> str:
-    """Refresh the heartbeat. "ok"; "cancel" when a Stop is recorded; "lost" when
-    another worker recovered the lease; "gone" when the tab was deleted."""
+def beat(tab_id: uuid.UUID, turn_id: uuid.UUID) -> tuple[str, str]:
+    """Refresh the heartbeat. ("ok", ""); ("cancel", why) when a Stop is recorded (why ""
+    for the user's own); ("lost", "") when another worker recovered the lease; ("gone", "")
+    when the tab was deleted."""
     rows = _mine(tab_id, turn_id)
     if not rows.update(heartbeat_at=timezone.now()):
-        return "lost" if Tab.objects.filter(pk=tab_id).exists() else "gone"
-    return "cancel" if rows.filter(cancel_requested=True).exists() else "ok"
+        return ("lost" if Tab.objects.filter(pk=tab_id).exists() else "gone"), ""
+    stop = rows.filter(cancel_requested=True).values_list("cancel_why", flat=True).first()
+    return ("ok", "") if stop is None else ("cancel", stop)
 
 
 def set_step(tab_id: uuid.UUID, turn_id: uuid.UUID, step: int) -> None:
@@ -414,13 +416,14 @@ def set_waiting(tab_id: uuid.UUID, turn_id: uuid.UUID, waiting: bool) -> None:
     _mine(tab_id, turn_id).update(status=status)
 
 
-def request_cancel(tab_id: uuid.UUID, turn_id: uuid.UUID | None = None) -> bool:
-    """Record a Stop on the tab's lease (of `turn_id` only, when given), for the
-    heartbeat to find if the control message is lost. False when none runs."""
+def request_cancel(tab_id: uuid.UUID, turn_id: uuid.UUID | None = None, why: str = "") -> bool:
+    """Record a Stop on the tab's lease (of `turn_id` only, when given), with `why` when
+    it is not the user's, for the heartbeat to find if the control message is lost or
+    slower. False when none runs."""
     running = RunningTurn.objects.filter(tab_id=tab_id)
     if turn_id is not None:
         running = running.filter(turn_id=turn_id)
-    return bool(running.update(cancel_requested=True))
+    return bool(running.update(cancel_requested=True, cancel_why=why[:200]))
 
 
 def release_or_continue(tab_id: uuid.UUID, turn_id: uuid.UUID) -> uuid.UUID | None:
@@ -432,7 +435,9 @@ def release_or_continue(tab_id: uuid.UUID, turn_id: uuid.UUID) -> uuid.UUID | No
         mine = _mine(tab_id, turn_id)
         if QueuedMessage.objects.filter(tab_id=tab_id).exists():
             new_id = uuid.uuid4()
-            if mine.update(turn_id=new_id, step=0, cancel_requested=False, status="running"):
+            if mine.update(
+                turn_id=new_id, step=0, cancel_requested=False, cancel_why="", status="running"
+            ):
                 return new_id
             return None
         mine.delete()

@@ -152,6 +152,9 @@ class RunningTurn(models.Model):
     open_header = models.JSONField(null=True, blank=True)
     checkpointed_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # Why, when not the user's own Stop (a sub-agent's parent stopped it): the heartbeat
+    # may find the request before the control message that carries the same words.
+    cancel_why = models.CharField(max_length=200, blank=True, default="")
 
     def __str__(self) -> str:
         return f"turn {self.turn_id} on {self.tab_id} ({self.status})"

@@ -164,7 +164,7 @@ async def test_a_heartbeat_right_after_the_lease_passes_to_the_next_turn_finds_i
 
     monkeypatch.setattr(agent, "provider_for", provider_for)
     real = agent.TurnRunner._release_or_continue
-    beats: list[str] = []
+    beats: list[tuple[str, str]] = []
 
     def release_then_beat(runner):
         next_turn = real(runner)
@@ -181,7 +181,7 @@ async def test_a_heartbeat_right_after_the_lease_passes_to_the_next_turn_finds_i
         gate.set()
         await watcher.until_idle()
         await watcher.until_idle()
-    assert beats == ["ok"]
+    assert beats == [("ok", "")]
     rows = await chunks(tab.pk)
     assert [c.data["text"] for c in rows] == ["first", "one", "second", "two"]
     assert not await RunningTurn.objects.aexists()
@@ -272,3 +272,29 @@ async def test_a_stop_that_comes_while_a_turn_joins_its_control_group_still_drai
     assert runner.draining
     await asyncio.gather(*consumer.tasks)
     assert tab_id not in worker.RUNNING and tab_id not in lease._claims
+
+
+@pytest.mark.parametrize(
+    ("why", "text"),
+    [("", "Stopped by the user."), ("its parent was stopped", "Stopped: its parent was stopped.")],
+)
+async def test_a_stop_the_heartbeat_finds_first_keeps_its_reason(monkeypatch, why, text):
+    """The Stop is in the lease row before its control message arrives (here the message
+    is never sent): the heartbeat stops the turn with the same words the message carries —
+    a sub-agent stopped by its parent must not say it was stopped by the user."""
+    monkeypatch.setattr(lease, "HEARTBEAT_SECONDS", 0.05)
+    gate = asyncio.Event()
+    provider = ScriptedProvider([[TextDelta("working"), gate, Finish()]])
+
+    async def provider_for(model: str):
+        return provider
+
+    monkeypatch.setattr(agent, "provider_for", provider_for)
+    tab = await make_tab()
+    async with running_worker(), Watcher(tab.pk) as watcher:
+        await submit(tab, "go")
+        await watcher.until(lambda m: m["op"] in ("open", "delta"))
+        assert await database_sync_to_async(lease.request_cancel)(tab.pk, why=why)
+        await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert rows[-1].data == {"kind": "cancelled", "text": text}
