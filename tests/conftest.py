@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from channels.layers import channel_layers, get_channel_layer
 
+from chat import agent
+from chat.providers.replay import ScriptedProvider
 from harness import chromium
 from harness.fakeprovider import FakeProviderServer
 from harness.servers import Servers
@@ -24,6 +26,26 @@ async def _clean_channel_layer():
     channel_layers.backends.clear()
     await get_channel_layer().flush()
     yield
+
+
+@pytest.fixture
+def script(monkeypatch) -> Callable[..., ScriptedProvider]:
+    """Install a ScriptedProvider (each argument one step's events) as every model's
+    provider, or, for the models `models` names, the provider given there; returns it."""
+
+    def install(
+        *steps: Any, delay: float = 0.0, models: dict[str, Any] | None = None
+    ) -> ScriptedProvider:
+        provider = ScriptedProvider(list(steps), delay=delay)
+        by_model = models or {}
+
+        async def provider_for(model: str):
+            return by_model.get(model, provider)
+
+        monkeypatch.setattr(agent, "provider_for", provider_for)
+        return provider
+
+    return install
 
 
 @pytest.fixture

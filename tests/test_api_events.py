@@ -10,9 +10,8 @@ import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 
-from chat import agent, follow, log
+from chat import follow, log
 from chat.providers.base import Finish, TextDelta
-from chat.providers.replay import ScriptedProvider
 from chat.stream import Block
 from tests.api_helpers import ApiClient
 from tests.engine import chunks, make_tab, running_worker, submit
@@ -21,20 +20,6 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 
 # Far above what any event here takes; a lost event fails the test instead of hanging it.
 EVENT_TIMEOUT = 10.0
-
-
-@pytest.fixture
-def script(monkeypatch):
-    def install(*steps) -> ScriptedProvider:
-        provider = ScriptedProvider(list(steps))
-
-        async def provider_for(model: str):
-            return provider
-
-        monkeypatch.setattr(agent, "provider_for", provider_for)
-        return provider
-
-    return install
 
 
 def parse(frame: str) -> dict | None:

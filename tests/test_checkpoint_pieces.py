@@ -26,7 +26,6 @@ from chat.providers.base import (
     TextDelta,
     ToolCallEvent,
 )
-from chat.providers.replay import ScriptedProvider
 from chat.stream import Block
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
 
@@ -186,18 +185,9 @@ def fast_checkpoints(monkeypatch):
 
 
 @pytest.fixture
-def script(monkeypatch, tmp_path, settings):
+def script(script, tmp_path, settings):
     settings.DISPATCH_WORKSPACE = tmp_path
-
-    def install(*steps, delay: float) -> None:
-        provider = ScriptedProvider(list(steps), delay=delay)
-
-        async def provider_for(model: str):
-            return provider
-
-        monkeypatch.setattr(agent, "provider_for", provider_for)
-
-    return install
+    return script
 
 
 @pytest.fixture

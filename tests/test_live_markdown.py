@@ -14,9 +14,8 @@ from html import escape
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import agent, follow, render
+from chat import follow, render
 from chat.providers.base import Finish, TextDelta
-from chat.providers.replay import ScriptedProvider
 from chat.stream import Block
 from tests.engine import chunks, make_tab, running_worker, submit
 from tests.test_socket import FRAME_TIMEOUT, open_socket
@@ -557,19 +556,9 @@ WORDS = (
 
 
 @pytest.fixture
-def script(monkeypatch):
+def script(script):
     """The turn's provider plays these events (an asyncio.Event holds the stream)."""
-
-    def install(*events) -> ScriptedProvider:
-        provider = ScriptedProvider([list(events)])
-
-        async def provider_for(model: str):
-            return provider
-
-        monkeypatch.setattr(agent, "provider_for", provider_for)
-        return provider
-
-    return install
+    return lambda *events: script(list(events))
 
 
 def chunk_seq(frame: str, chunk_id: str) -> str | None:

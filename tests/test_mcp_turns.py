@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import agent, turns
+from chat import turns
 from chat.models import McpServer, Tab
 from chat.providers.base import Finish, TextDelta
-from chat.providers.replay import ScriptedProvider
 from chat.tools import mcp
 from harness.servers import Proc, clean_env
 from tests.anthropic_wire import MODEL, reply, text, use_anthropic
@@ -115,19 +114,10 @@ def stuck(tmp_path):
 
 
 @pytest.fixture
-def scripted(monkeypatch, tmp_path, settings):
+def scripted(script, tmp_path, settings):
     """The scripted provider answering each turn with the steps given, in a workspace."""
     settings.DISPATCH_WORKSPACE = tmp_path / "workspace"
-
-    def install(*steps) -> None:
-        provider = ScriptedProvider(list(steps))
-
-        async def provider_for(model: str):
-            return provider
-
-        monkeypatch.setattr(agent, "provider_for", provider_for)
-
-    return install
+    return script
 
 
 async def notices_of(tab) -> list[str]:

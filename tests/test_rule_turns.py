@@ -8,10 +8,9 @@ from channels.db import database_sync_to_async
 from django.test import Client
 from django.urls import reverse
 
-from chat import agent, turns
+from chat import turns
 from chat.models import PermissionRule, Tab
 from chat.providers.base import Finish, TextDelta, ToolCallEvent
-from chat.providers.replay import ScriptedProvider
 from tests.engine import Watcher, chunks, make_tab, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -22,20 +21,6 @@ def workspace(tmp_path, settings):
     settings.DISPATCH_WORKSPACE = tmp_path
     (tmp_path / "notes.txt").write_text("hello from notes\n")
     return tmp_path
-
-
-@pytest.fixture
-def script(monkeypatch):
-    def install(*steps) -> ScriptedProvider:
-        provider = ScriptedProvider(list(steps))
-
-        async def provider_for(model: str):
-            return provider
-
-        monkeypatch.setattr(agent, "provider_for", provider_for)
-        return provider
-
-    return install
 
 
 def call(call_id: str, name: str, **arguments) -> ToolCallEvent:

@@ -39,20 +39,6 @@ FRAME_TIMEOUT = 10
 NOTHING_SECONDS = 0.3
 
 
-@pytest.fixture
-def script(monkeypatch):
-    def install(*steps) -> ScriptedProvider:
-        provider = ScriptedProvider(list(steps))
-
-        async def provider_for(model: str):
-            return provider
-
-        monkeypatch.setattr(agent, "provider_for", provider_for)
-        return provider
-
-    return install
-
-
 @pytest.fixture(autouse=True)
 def workspace(tmp_path, settings):
     settings.DISPATCH_WORKSPACE = tmp_path

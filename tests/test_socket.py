@@ -15,10 +15,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from chat import agent, bus, consumers, follow, log, render
+from chat import bus, consumers, follow, log, render
 from chat.models import RunningTurn, set_setting
 from chat.providers.base import Finish, TextDelta
-from chat.providers.replay import ScriptedProvider
 from chat.stream import Block
 from dispatch.asgi import router
 from harness.login import cookie_header, session_for
@@ -64,20 +63,6 @@ async def open_socket(tab_id, user):
     connected, _ = await communicator.connect()
     assert connected
     return communicator
-
-
-@pytest.fixture
-def script(monkeypatch):
-    def install(*steps, delay: float = 0.0) -> ScriptedProvider:
-        provider = ScriptedProvider(list(steps), delay=delay)
-
-        async def provider_for(model: str):
-            return provider
-
-        monkeypatch.setattr(agent, "provider_for", provider_for)
-        return provider
-
-    return install
 
 
 async def test_it_refuses_an_anonymous_socket():

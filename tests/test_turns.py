@@ -42,23 +42,6 @@ def workspace(tmp_path, settings):
     return tmp_path
 
 
-@pytest.fixture
-def script(monkeypatch):
-    """Install a ScriptedProvider for every model; returns a function taking the steps."""
-
-    def install(*steps, delay: float = 0.0, models: dict | None = None) -> ScriptedProvider:
-        provider = ScriptedProvider(list(steps), delay=delay)
-        by_model = models or {}
-
-        async def provider_for(model: str):
-            return by_model.get(model, provider)
-
-        monkeypatch.setattr(agent, "provider_for", provider_for)
-        return provider
-
-    return install
-
-
 def think(text: str, signature: str) -> list:
     return [ReasoningDelta(text), ReasoningEnd(signature=signature)]
 

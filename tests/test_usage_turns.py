@@ -6,28 +6,13 @@ from __future__ import annotations
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import agent, render, usage
+from chat import render, usage
 from chat.providers.base import Finish, TextDelta, Usage
-from chat.providers.replay import ScriptedProvider
 from tests.engine import Watcher, make_tab, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 SONNET = "anthropic/claude-sonnet-4-5"
-
-
-@pytest.fixture
-def script(monkeypatch):
-    def install(*steps) -> ScriptedProvider:
-        provider = ScriptedProvider(list(steps))
-
-        async def provider_for(model: str):
-            return provider
-
-        monkeypatch.setattr(agent, "provider_for", provider_for)
-        return provider
-
-    return install
 
 
 async def run_one(tab, text: str) -> dict:

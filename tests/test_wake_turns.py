@@ -9,10 +9,9 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from chat import agent, bus, turns
+from chat import bus, turns
 from chat.models import PermissionRule, Wake, WakeRun
 from chat.providers.base import Finish, TextDelta, ToolCallEvent
-from chat.providers.replay import ScriptedProvider
 from tests.engine import Watcher, chunks, make_tab, running_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -22,20 +21,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 def workspace(tmp_path, settings):
     settings.DISPATCH_WORKSPACE = tmp_path
     return tmp_path
-
-
-@pytest.fixture
-def script(monkeypatch):
-    def install(*steps) -> ScriptedProvider:
-        provider = ScriptedProvider(list(steps))
-
-        async def provider_for(model: str):
-            return provider
-
-        monkeypatch.setattr(agent, "provider_for", provider_for)
-        return provider
-
-    return install
 
 
 def call(call_id: str, name: str, **arguments) -> ToolCallEvent:
