@@ -378,23 +378,32 @@ def result(tab_id: uuid.UUID, title: str, outcome: Outcome, *, why: str = "") ->
     return Result(body, is_error, str(tab_id), status, dropped)
 
 
-def cancel(tab_id: uuid.UUID, call_id: str = "", why: str = "") -> bool:
-    """Stop the child's running turn, as its own Stop button does (turns.cancel). A child
-    whose prompt (the one `call_id` sent) no worker took yet is stopped before it starts:
-    under the tab's lock (a worker takes the lease under it), the prompt goes into its log
-    as a turn of its own that ends `cancelled`, so read() says so and nothing runs it.
-    `why`: what that ending says (else that its parent stopped it)."""
+def cancel(tab_id: uuid.UUID, call_id: str | None = None, why: str = "") -> bool:
+    """Stop the child's running turn, as its own Stop button does. `why`: what its log says
+    stopped it (its parent's Stop, a cap); "" for its user's own Stop (turns.cancel, when
+    no turn runs). A child whose prompt (the one `call_id` sent; for its user, any) no
+    worker took yet is stopped before it starts: under the tab's lock (a worker takes the
+    lease under it), the prompt goes into its log as a turn of its own that ends
+    `cancelled`, so read() says so and nothing runs it."""
     with transaction.atomic():
         if not Tab.objects.select_for_update().filter(pk=tab_id).exists():
             return False
-        if lease.request_cancel(tab_id, why=why or STOPPED_TEXT):
-            message = {"type": "turn.cancel", "tab_id": str(tab_id), "why": why or STOPPED_TEXT}
+        if lease.request_cancel(tab_id, why=why):
+            message = {"type": "turn.cancel", "tab_id": str(tab_id), "why": why}
             transaction.on_commit(lambda: bus.group_send(bus.control_group(tab_id), message))
             return True
-        queued = list(QueuedMessage.objects.filter(tab_id=tab_id, origin__call_id=call_id))
-        if not call_id or not queued:
+        waiting = QueuedMessage.objects.filter(tab_id=tab_id, origin__kind="agent")
+        if call_id is not None:
+            waiting = waiting.filter(origin__call_id=call_id)
+        queued = list(waiting)
+        if not queued:
             return False
         turn_id = uuid.uuid4()
+        text = (
+            f"Stopped before it started: {why}."
+            if why
+            else "Stopped by the user before it started."
+        )
         blocks = [
             Block(uuid.uuid4(), turn_id, 0, Role.USER, Kind.TEXT, q.chunk_data()) for q in queued
         ]
@@ -405,7 +414,7 @@ def cancel(tab_id: uuid.UUID, call_id: str = "", why: str = "") -> bool:
                 0,
                 Role.SYSTEM,
                 Kind.SYSTEM,
-                {"kind": "cancelled", "text": f"Stopped before it started: {why or STOPPED_TEXT}."},
+                {"kind": "cancelled", "text": text},
             )
         )
         log.append(tab_id, blocks)

@@ -24,7 +24,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from chat import blobs, bus, cuts, lease, log, resume
+from chat import blobs, bus, children, cuts, lease, log, resume
 from chat.cuts import CutError
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block, Kind, Role
@@ -175,7 +175,9 @@ def cancel(tab_id: uuid.UUID, turn_id: uuid.UUID | None = None) -> bool:
     a Stop that lands as one turn ends must not stop the next one.
     """
     if not lease.request_cancel(tab_id, turn_id):
-        return False
+        # A sub-agent's tab whose prompt no worker took yet (its parent's other children
+        # hold the workers): its Stop stops it before it starts, as its parent's would.
+        return turn_id is None and children.cancel(tab_id)
     message = {"type": "turn.cancel", "tab_id": str(tab_id)}
     if turn_id is not None:
         message["turn_id"] = str(turn_id)

@@ -313,6 +313,29 @@ async def test_a_child_stopped_before_a_worker_took_its_prompt_never_runs(tabs):
     assert result.is_error and "ran out of time (1 s)" in result.text
 
 
+
+async def test_the_users_stop_on_a_child_no_worker_took_yet_stops_it(tabs):
+    """The child's own Stop button while its prompt waits for a worker: it is stopped
+    before it starts (its log says by whom) and its parent reads `cancelled`; a Stop on a
+    tab with nothing running or waiting still does nothing."""
+    tabs.script("late task", [TextDelta("I ran anyway"), Finish()])
+    tab = await make_tab()
+    child, _ = await database_sync_to_async(children.ensure)(
+        tab.pk, "c1", {"description": "d", "prompt": "late task"}, call_seq=2
+    )
+    assert await database_sync_to_async(turns.cancel)(child.pk)
+    outcome = await database_sync_to_async(children.read)(child.pk, "c1")
+    assert outcome.done and outcome.status == "cancelled"
+    assert not await QueuedMessage.objects.filter(tab_id=child.pk).aexists()
+    rows = await chunks(child.pk)
+    assert kinds(rows) == ["user/text", "system/system"]
+    assert rows[1].data == {"kind": "cancelled", "text": "Stopped by the user before it started."}
+    assert not await database_sync_to_async(turns.cancel)(child.pk)
+    assert not await database_sync_to_async(turns.cancel)(tab.pk)
+    async with running_worker():
+        await asyncio.sleep(0.3)  # a worker now finds nothing of it to run
+    assert kinds(await chunks(child.pk)) == ["user/text", "system/system"]
+
 # --- 6, 7. trees of children ----------------------------------------------------------
 
 
