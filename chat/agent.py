@@ -375,6 +375,8 @@ class TurnRunner:
                         break  # the tab is someone else's now: release nothing
                     await self._publish_idle()
                     next_turn = await database_sync_to_async(self._release_or_continue)()
+                except log.LeaseLost:
+                    break  # the tab is someone else's now (_append): release nothing
                 except Exception as exc:
                     # Outside the steps (building the history, loading the
                     # settings) or closing the turn failed: the turn still ends
@@ -505,6 +507,8 @@ class TurnRunner:
             await self._reload_if_changed()
         except TurnCancelled:
             await self._finish_cancel()
+        except log.LeaseLost:
+            raise  # not a crash: another runner has the tab (run() stops this one)
         except Exception as exc:  # a bug must not leave the tab stuck "running"
             await self._end_with_crash(exc)
 
@@ -942,7 +946,7 @@ class TurnRunner:
         """Append compaction/elide chunks and build the history again from the log
         (they change what earlier chunks send)."""
         await self._flush_deltas()
-        await database_sync_to_async(log.append)(self.tab_id, blocks)
+        await self._append(blocks)
         for block in blocks:
             self.last_seq = block.seq
             await self.publish({"op": "seal", "block": block.to_dict()})
@@ -1232,12 +1236,6 @@ class TurnRunner:
                 self.status.children.pop(call_id, None)
                 if outcome is None or self.lease_lost:
                     continue  # this worker stops: answered by the interrupt, or resumed
-                if not await database_sync_to_async(lease.holds)(self.tab_id, self.turn_id):
-                    # Recovered meanwhile (before the heartbeat saw it): the tab is another
-                    # runner's, whose resumed turn answers the call.
-                    self.lease_lost = True
-                    self.cancel(stopping=True)
-                    continue
                 ops = self.reducer.feed(
                     ToolResultEvent(
                         call_id,
@@ -1464,7 +1462,7 @@ class TurnRunner:
             # A checkpoint write in flight must land before the append clears it.
             with suppress(Exception):
                 await self._cp_write
-        await database_sync_to_async(log.append)(self.tab_id, blocks, clear_checkpoint=True)
+        await self._append(blocks, clear_checkpoint=True)
         self._crash_logged = True
         self._shown = None
         for block in blocks:
@@ -1532,7 +1530,7 @@ class TurnRunner:
                 self._args[call_id] = block.data["arguments"]
             else:
                 self._repeat_args.setdefault(call_id, []).append(block.data["arguments"])
-        await database_sync_to_async(log.append)(self.tab_id, [block], clear_checkpoint=True)
+        await self._append([block], clear_checkpoint=True)
         if first:
             self._seqs[block.data["call_id"]] = block.seq
         self.last_seq = block.seq
@@ -1641,7 +1639,11 @@ class TurnRunner:
 
     async def _take_queued(self) -> bool:
         """Move waiting user messages into the log, in order. True if there were any."""
-        blocks, ids = await database_sync_to_async(self._take_queued_sync)()
+        try:
+            blocks, ids = await database_sync_to_async(self._take_queued_sync)()
+        except log.LeaseLost:
+            self._lose_lease()
+            raise
         if ids:
             # A message from someone present (not a deny wake) makes the turn attended.
             denied = bool(blocks) and all(_deny_wake(b.data) for b in blocks)
@@ -1670,7 +1672,7 @@ class TurnRunner:
                 for q in queued
                 if not q.rerun
             ]
-            log.append(self.tab_id, blocks)
+            log.append(self.tab_id, blocks, turn_id=self.turn_id)
             QueuedMessage.objects.filter(pk__in=[q.pk for q in queued]).delete()
         refs = [ref for q in queued for ref in q.attachments]
         if refs:
@@ -1751,20 +1753,38 @@ class TurnRunner:
                 # heartbeat task is not noticed by anyone.
                 logger.exception("heartbeat of tab %s failed", self.tab_id)
                 continue
-            if beat in ("lost", "gone"):
-                self.tab_gone = self.tab_gone or beat == "gone"
-                # Recovered by someone else: another runner may own the tab now.
-                # Or the tab was deleted, the lease with it: no one to tell.
-                if beat == "lost":
-                    logger.error("lease of tab %s was lost; stopping this runner", self.tab_id)
-                else:
-                    logger.info("tab %s was deleted; stopping its runner", self.tab_id)
+            if beat == "lost":
+                self._lose_lease()
+            elif beat == "gone":
+                # The tab was deleted, the lease with it: no one to tell.
+                logger.info("tab %s was deleted; stopping its runner", self.tab_id)
+                self.tab_gone = True
                 self.lease_lost = True
                 self.cancel(stopping=True)
             elif beat == "cancel" and not self.cancelled.is_set():
                 # Cancel requested through the database (the control message was lost
                 # or is still on its way).
                 self.cancel(why=why)
+
+    def _lose_lease(self) -> None:
+        """Another worker recovered the tab (its runner looked dead): this one stops and
+        writes nothing more; sub-agents run on for the turn the recovery resumes."""
+        if not self.lease_lost:
+            logger.error("lease of tab %s was lost; stopping this runner", self.tab_id)
+        self.lease_lost = True
+        self.cancel(stopping=True)
+
+    async def _append(self, blocks: list[Block], *, clear_checkpoint: bool = False) -> None:
+        """Into the log, only while this turn holds the tab's lease: a recovery since the
+        last heartbeat (a stalled process) closed the turn, and its log is not this
+        runner's to add to any more."""
+        try:
+            await database_sync_to_async(log.append)(
+                self.tab_id, blocks, clear_checkpoint=clear_checkpoint, turn_id=self.turn_id
+            )
+        except log.LeaseLost:
+            self._lose_lease()
+            raise
 
     def _tab_gone(self) -> bool:
         return not Tab.objects.filter(pk=self.tab_id).exists()

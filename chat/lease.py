@@ -375,11 +375,6 @@ def _mine(tab_id: uuid.UUID, turn_id: uuid.UUID):
     return RunningTurn.objects.filter(tab_id=tab_id, turn_id=turn_id)
 
 
-def holds(tab_id: uuid.UUID, turn_id: uuid.UUID) -> bool:
-    """Whether this turn still holds the tab's lease (no recovery took it)."""
-    return _mine(tab_id, turn_id).exists()
-
-
 def beat(tab_id: uuid.UUID, turn_id: uuid.UUID) -> tuple[str, str]:
     """Refresh the heartbeat. ("ok", ""); ("cancel", why) when a Stop is recorded (why ""
     for the user's own); ("lost", "") when another worker recovered the lease; ("gone", "")

@@ -24,13 +24,24 @@ from chat.models import CheckpointPiece, Chunk, ChunkType, RunningTurn, Tab
 from chat.stream import Block, body_key
 
 
+class LeaseLost(Exception):
+    """The turn writing no longer holds the tab's lease: another worker recovered it."""
+
+
 def append(
-    tab_id: uuid.UUID, blocks: Sequence[Block], *, clear_checkpoint: bool = False
+    tab_id: uuid.UUID,
+    blocks: Sequence[Block],
+    *,
+    clear_checkpoint: bool = False,
+    turn_id: uuid.UUID | None = None,
 ) -> list[Chunk]:
     """Append sealed blocks in order, and index them; sets each block's seq. One transaction.
 
-    `clear_checkpoint` drops the running turn's checkpoint in the same
-    transaction, so sealing the open block is one write, not two.
+    `turn_id`: the running turn writing, which must still hold the tab's lease (else
+    LeaseLost, and nothing is written). Checked under the tab lock that recovery takes
+    too, so a runner whose lease was taken since its last heartbeat cannot add to the
+    log its recovery closed. `clear_checkpoint` drops that turn's checkpoint in the
+    same transaction, so sealing the open block is one write, not two.
     """
     if not blocks:
         return []
@@ -41,6 +52,11 @@ def append(
             .values_list("last_seq", flat=True)
             .get()
         )
+        running = RunningTurn.objects.filter(tab_id=tab_id)
+        if turn_id is not None:
+            running = running.filter(turn_id=turn_id)
+            if not running.exists():
+                raise LeaseLost(f"turn {turn_id} no longer holds the lease of tab {tab_id}")
         rows = []
         for n, block in enumerate(blocks, start=last + 1):
             block.seq = n
@@ -62,7 +78,7 @@ def append(
             last_seq=F("last_seq") + len(rows), updated_at=timezone.now()
         )
         if clear_checkpoint:
-            RunningTurn.objects.filter(tab_id=tab_id).update(open_header=None, checkpointed_at=None)
+            running.update(open_header=None, checkpointed_at=None)
             CheckpointPiece.objects.filter(running_id=tab_id).delete()
     return rows
 

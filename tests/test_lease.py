@@ -298,3 +298,37 @@ async def test_a_stop_the_heartbeat_finds_first_keeps_its_reason(monkeypatch, wh
         await watcher.until_idle()
     rows = await chunks(tab.pk)
     assert rows[-1].data == {"kind": "cancelled", "text": text}
+
+
+async def test_a_runner_whose_lease_was_taken_since_its_heartbeat_writes_nothing_more(monkeypatch):
+    """A stalled runner (its heartbeat far off) is recovered by another worker, then
+    wakes and seals its block: the seal is refused under the tab lock, so the log ends
+    with the recovery's notice, the runner stops, and the lease stays the recovery's
+    business (here: released, nothing left to run)."""
+    monkeypatch.setattr(lease, "HEARTBEAT_SECONDS", 3600)
+    gate = asyncio.Event()
+    provider = ScriptedProvider([[TextDelta("one"), gate, TextDelta(" two"), Finish()]])
+
+    async def provider_for(model: str):
+        return provider
+
+    monkeypatch.setattr(agent, "provider_for", provider_for)
+    tab = await make_tab()
+    async with running_worker(), Watcher(tab.pk) as watcher:
+        await submit(tab, "go")
+        await watcher.until(lambda m: m["op"] in ("open", "delta"))
+        runner = worker.RUNNING[tab.pk]
+        await RunningTurn.objects.filter(tab_id=tab.pk).aupdate(
+            worker="elsewhere:1:gone", heartbeat_at=timezone.now() - timezone.timedelta(minutes=5)
+        )
+        assert await database_sync_to_async(lease.recover_stale)() == [tab.pk]
+        recovered = kinds(await chunks(tab.pk))
+        gate.set()
+        while tab.pk in worker.RUNNING:
+            await asyncio.sleep(0.05)
+    assert runner.lease_lost
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == recovered
+    assert recovered[-1] == "system/system" and rows[-1].data["kind"] == "interrupted"
+    assert not any("two" in str(row.data.get("text", "")) for row in rows)
+    assert not await RunningTurn.objects.filter(tab_id=tab.pk).aexists()

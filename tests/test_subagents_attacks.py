@@ -313,7 +313,6 @@ async def test_a_child_stopped_before_a_worker_took_its_prompt_never_runs(tabs):
     assert result.is_error and "ran out of time (1 s)" in result.text
 
 
-
 async def test_the_users_stop_on_a_child_no_worker_took_yet_stops_it(tabs):
     """The child's own Stop button while its prompt waits for a worker: it is stopped
     before it starts (its log says by whom) and its parent reads `cancelled`; a Stop on a
@@ -335,6 +334,7 @@ async def test_the_users_stop_on_a_child_no_worker_took_yet_stops_it(tabs):
     async with running_worker():
         await asyncio.sleep(0.3)  # a worker now finds nothing of it to run
     assert kinds(await chunks(child.pk)) == ["user/text", "system/system"]
+
 
 # --- 6, 7. trees of children ----------------------------------------------------------
 
