@@ -436,12 +436,18 @@ class TurnRunner:
             # `manage.py send` sees its message taken and the error after it).
             try:
                 await self._take_queued()
+            except log.LeaseLost:
+                return  # recovered meanwhile: the recovery closed the turn
             except Exception:
                 logger.exception("could not take the messages of crashed turn %s", self.turn_id)
         try:
             await self._end_with_crash(exc)
+        except log.LeaseLost:
+            return
         except Exception:
             logger.exception("could not record the crash of turn %s", self.turn_id)
+        if self.lease_lost:
+            return  # found so above (a deleted tab): no idle to say, no lease to release
         self._discard_deltas()
         try:
             await self._publish_idle()
@@ -1107,6 +1113,10 @@ class TurnRunner:
                         )
                     )
                     continue
+            # A recovery since the last heartbeat may have answered this call already
+            # ("not run to completion"): then it is not run. (A stall from here to the
+            # tool's start is still possible; the result's append is refused then.)
+            await self._fence()
             if name == children.AGENT:
                 await self._start_agent(agents, call_id, call)
                 continue
@@ -1157,8 +1167,16 @@ class TurnRunner:
         call stays open for the resumed turn, the child running on."""
         try:
             child, _ = await database_sync_to_async(children.ensure)(
-                self.tab_id, call_id, call, call_seq=seq, unattended=self._unattended
+                self.tab_id,
+                call_id,
+                call,
+                call_seq=seq,
+                unattended=self._unattended,
+                turn_id=self.turn_id,
             )
+        except log.LeaseLost as exc:
+            self._lose_lease(exc)
+            return None
         except ValueError as exc:
             return children.Result(f"Not run: {exc}", True, "", "not-started")
         entry = {
@@ -1641,8 +1659,8 @@ class TurnRunner:
         """Move waiting user messages into the log, in order. True if there were any."""
         try:
             blocks, ids = await database_sync_to_async(self._take_queued_sync)()
-        except log.LeaseLost:
-            self._lose_lease()
+        except log.LeaseLost as exc:
+            self._lose_lease(exc)
             raise
         if ids:
             # A message from someone present (not a deny wake) makes the turn attended.
@@ -1672,6 +1690,9 @@ class TurnRunner:
                 for q in queued
                 if not q.rerun
             ]
+            # Rerun rows alone append nothing: the fence is still what lets this turn
+            # take them (a second recovery's rerun is the next runner's).
+            log.fence(self.tab_id, self.turn_id)
             log.append(self.tab_id, blocks, turn_id=self.turn_id)
             QueuedMessage.objects.filter(pk__in=[q.pk for q in queued]).delete()
         refs = [ref for q in queued for ref in q.attachments]
@@ -1690,6 +1711,7 @@ class TurnRunner:
             first = QueuedMessage.objects.select_for_update().filter(tab_id=self.tab_id).first()
             if first is None or not first.compact:
                 return None
+            log.fence(self.tab_id, self.turn_id)
             taken = (first.pk, first.compact_through, first.text)
             first.delete()
             return taken
@@ -1697,7 +1719,11 @@ class TurnRunner:
     async def _take_compaction(self) -> tuple[int | None, str] | None:
         """A compaction asked for (`/compact`, "summarise up to here") at the head of
         the queue: taken, as (through seq or None for everything, instructions)."""
-        taken = await database_sync_to_async(self._take_compaction_sync)()
+        try:
+            taken = await database_sync_to_async(self._take_compaction_sync)()
+        except log.LeaseLost as exc:
+            self._lose_lease(exc)
+            raise
         if taken is None:
             return None
         pk, through, instructions = taken
@@ -1753,26 +1779,39 @@ class TurnRunner:
                 # heartbeat task is not noticed by anyone.
                 logger.exception("heartbeat of tab %s failed", self.tab_id)
                 continue
-            if beat == "lost":
-                self._lose_lease()
-            elif beat == "gone":
-                # The tab was deleted, the lease with it: no one to tell.
-                logger.info("tab %s was deleted; stopping its runner", self.tab_id)
-                self.tab_gone = True
-                self.lease_lost = True
-                self.cancel(stopping=True)
+            if beat in ("lost", "gone"):
+                self._lose_lease(gone=beat == "gone")
             elif beat == "cancel" and not self.cancelled.is_set():
                 # Cancel requested through the database (the control message was lost
                 # or is still on its way).
                 self.cancel(why=why)
 
-    def _lose_lease(self) -> None:
+    def _lose_lease(self, lost: log.LeaseLost | None = None, *, gone: bool = False) -> None:
         """Another worker recovered the tab (its runner looked dead): this one stops and
-        writes nothing more; sub-agents run on for the turn the recovery resumes."""
-        if not self.lease_lost:
+        writes nothing more; sub-agents run on for the turn the recovery resumes. Or the
+        tab was deleted, the lease with it: no one to tell, and its sub-agents stop."""
+        gone = gone or (lost is not None and lost.gone)
+        if self.lease_lost:
+            pass
+        elif gone:
+            logger.info("tab %s was deleted; stopping its runner", self.tab_id)
+        else:
             logger.error("lease of tab %s was lost; stopping this runner", self.tab_id)
+        self.tab_gone = self.tab_gone or gone
         self.lease_lost = True
         self.cancel(stopping=True)
+
+    async def _fence(self) -> None:
+        """LeaseLost (and this runner stops) unless this turn still holds the tab's lease."""
+        try:
+            await database_sync_to_async(self._fence_sync)()
+        except log.LeaseLost as exc:
+            self._lose_lease(exc)
+            raise
+
+    def _fence_sync(self) -> None:
+        with transaction.atomic():
+            log.fence(self.tab_id, self.turn_id)
 
     async def _append(self, blocks: list[Block], *, clear_checkpoint: bool = False) -> None:
         """Into the log, only while this turn holds the tab's lease: a recovery since the
@@ -1782,8 +1821,8 @@ class TurnRunner:
             await database_sync_to_async(log.append)(
                 self.tab_id, blocks, clear_checkpoint=clear_checkpoint, turn_id=self.turn_id
             )
-        except log.LeaseLost:
-            self._lose_lease()
+        except log.LeaseLost as exc:
+            self._lose_lease(exc)
             raise
 
     def _tab_gone(self) -> bool:

@@ -151,6 +151,7 @@ def ensure(
     *,
     call_seq: int,
     unattended: bool = False,
+    turn_id: uuid.UUID | None = None,
 ) -> tuple[Tab, bool]:
     """The child of this call (the `agent` call at `call_seq` of the parent's log), made
     and given its prompt if it does not exist yet, and whether it was made now. Its
@@ -160,6 +161,10 @@ def ensure(
     ValueError (for the model) for an unknown profile, one that shares no tool with the
     parent, a tree too deep or a folder that cannot be used."""
     with transaction.atomic():
+        if turn_id is not None:
+            # The parent's turn (its runner stalled past its heartbeat) may have been
+            # recovered, its call answered: no child for a call no one waits for.
+            log.fence(parent_id, turn_id)
         parent = Tab.objects.select_for_update().get(pk=parent_id)
         made = agent_children(parent_id, [(call_id, call_seq)]).get((call_id, call_seq))
         if made is not None:

@@ -418,7 +418,10 @@ def request_cancel(tab_id: uuid.UUID, turn_id: uuid.UUID | None = None, why: str
     running = RunningTurn.objects.filter(tab_id=tab_id)
     if turn_id is not None:
         running = running.filter(turn_id=turn_id)
-    return bool(running.update(cancel_requested=True, cancel_why=why[:200]))
+    # The first Stop's reason stands, as in the runner (TurnRunner.cancel).
+    if running.filter(cancel_requested=False).update(cancel_requested=True, cancel_why=why[:200]):
+        return True
+    return running.exists()
 
 
 def release_or_continue(tab_id: uuid.UUID, turn_id: uuid.UUID) -> uuid.UUID | None:

@@ -25,7 +25,24 @@ from chat.stream import Block, body_key
 
 
 class LeaseLost(Exception):
-    """The turn writing no longer holds the tab's lease: another worker recovered it."""
+    """The turn writing no longer holds the tab's lease: another worker recovered it, or
+    (`gone`) the tab was deleted."""
+
+    def __init__(self, tab_id: uuid.UUID, turn_id: uuid.UUID, *, gone: bool = False) -> None:
+        what = "was deleted" if gone else f"is no longer held by turn {turn_id}"
+        super().__init__(f"tab {tab_id} {what}")
+        self.gone = gone
+
+
+def fence(tab_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+    """Inside the caller's transaction: take the tab lock (which recovery takes too) and
+    raise LeaseLost unless `turn_id` still holds the tab's lease. What a runner does to
+    the tab's rows while it holds the lock is then its own to do: a runner stalled past
+    its heartbeat, whose turn a recovery closed meanwhile, changes nothing."""
+    if Tab.objects.select_for_update().filter(pk=tab_id).values_list("pk").first() is None:
+        raise LeaseLost(tab_id, turn_id, gone=True)
+    if not RunningTurn.objects.filter(tab_id=tab_id, turn_id=turn_id).exists():
+        raise LeaseLost(tab_id, turn_id)
 
 
 def append(
@@ -37,15 +54,17 @@ def append(
 ) -> list[Chunk]:
     """Append sealed blocks in order, and index them; sets each block's seq. One transaction.
 
-    `turn_id`: the running turn writing, which must still hold the tab's lease (else
-    LeaseLost, and nothing is written). Checked under the tab lock that recovery takes
-    too, so a runner whose lease was taken since its last heartbeat cannot add to the
-    log its recovery closed. `clear_checkpoint` drops that turn's checkpoint in the
-    same transaction, so sealing the open block is one write, not two.
+    `turn_id`: the running turn writing, which must still hold the tab's lease (`fence`:
+    else LeaseLost, and nothing is written), so a runner whose lease was taken since its
+    last heartbeat cannot add to the log its recovery closed. `clear_checkpoint` drops
+    that turn's checkpoint in the same transaction, so sealing the open block is one
+    write, not two.
     """
     if not blocks:
         return []
     with transaction.atomic():
+        if turn_id is not None:
+            fence(tab_id, turn_id)
         last = (
             Tab.objects.select_for_update()
             .filter(pk=tab_id)
@@ -55,8 +74,6 @@ def append(
         running = RunningTurn.objects.filter(tab_id=tab_id)
         if turn_id is not None:
             running = running.filter(turn_id=turn_id)
-            if not running.exists():
-                raise LeaseLost(f"turn {turn_id} no longer holds the lease of tab {tab_id}")
         rows = []
         for n, block in enumerate(blocks, start=last + 1):
             block.seq = n

@@ -332,3 +332,16 @@ async def test_a_runner_whose_lease_was_taken_since_its_heartbeat_writes_nothing
     assert recovered[-1] == "system/system" and rows[-1].data["kind"] == "interrupted"
     assert not any("two" in str(row.data.get("text", "")) for row in rows)
     assert not await RunningTurn.objects.filter(tab_id=tab.pk).aexists()
+
+
+async def test_the_first_stop_recorded_keeps_its_reason():
+    """A user's Stop, then a parent's: the heartbeat reports the first, as the runner keeps
+    the first (TurnRunner.cancel); a Stop with no turn running records nothing."""
+    tab = await make_tab()
+    assert not await database_sync_to_async(lease.request_cancel)(tab.pk, why="late")
+    await database_sync_to_async(lease_row)(tab, "w:1:x")
+    assert await database_sync_to_async(lease.request_cancel)(tab.pk)
+    assert await database_sync_to_async(lease.request_cancel)(tab.pk, why="its parent was stopped")
+    row = await RunningTurn.objects.aget(tab_id=tab.pk)
+    assert (row.cancel_requested, row.cancel_why) == (True, "")
+    assert await database_sync_to_async(lease.beat)(tab.pk, row.turn_id) == ("cancel", "")
