@@ -34,15 +34,26 @@ class LeaseLost(Exception):
         self.gone = gone
 
 
-def fence(tab_id: uuid.UUID, turn_id: uuid.UUID) -> None:
+def fence(tab_id: uuid.UUID, turn_id: uuid.UUID) -> int:
     """Inside the caller's transaction: take the tab lock (which recovery takes too) and
     raise LeaseLost unless `turn_id` still holds the tab's lease. What a runner does to
     the tab's rows while it holds the lock is then its own to do: a runner stalled past
-    its heartbeat, whose turn a recovery closed meanwhile, changes nothing."""
-    if Tab.objects.select_for_update().filter(pk=tab_id).values_list("pk").first() is None:
-        raise LeaseLost(tab_id, turn_id, gone=True)
+    its heartbeat, whose turn a recovery closed meanwhile, changes nothing. Returns the
+    tab's last seq, read under the lock."""
+    try:
+        last = _lock(tab_id)
+    except Tab.DoesNotExist:
+        raise LeaseLost(tab_id, turn_id, gone=True) from None
     if not RunningTurn.objects.filter(tab_id=tab_id, turn_id=turn_id).exists():
         raise LeaseLost(tab_id, turn_id)
+    return last
+
+
+def _lock(tab_id: uuid.UUID) -> int:
+    """The tab row's lock, for the rest of the transaction; its last seq."""
+    return (
+        Tab.objects.select_for_update().filter(pk=tab_id).values_list("last_seq", flat=True).get()
+    )
 
 
 def append(
@@ -63,14 +74,7 @@ def append(
     if not blocks:
         return []
     with transaction.atomic():
-        if turn_id is not None:
-            fence(tab_id, turn_id)
-        last = (
-            Tab.objects.select_for_update()
-            .filter(pk=tab_id)
-            .values_list("last_seq", flat=True)
-            .get()
-        )
+        last = _lock(tab_id) if turn_id is None else fence(tab_id, turn_id)
         running = RunningTurn.objects.filter(tab_id=tab_id)
         if turn_id is not None:
             running = running.filter(turn_id=turn_id)
