@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 
 from chat import log, render
-from chat.models import Chunk, RunningTurn, Setting, Tab
+from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, Tab
 from chat.stream import Block
 from harness.fakeprovider import Pause, Reply
 from harness.login import browser_cookie
@@ -173,10 +173,14 @@ async def until(
 
 
 async def turn_ended(tab_id: uuid.UUID) -> None:
-    """No turn runs on the tab any more (its lease is released)."""
+    """No turn runs on the tab any more (its lease is released), and no message waits for
+    one: a message just sent (or a wake's, just fired) is queued before a worker takes it."""
+
+    def idle_sync() -> bool:
+        return not running(tab_id) and not QueuedMessage.objects.filter(tab_id=tab_id).exists()
 
     async def idle() -> bool:
-        return not await sync_to_async(running)(tab_id)
+        return await sync_to_async(idle_sync)()
 
     await until(idle, "the turn to end")
 
