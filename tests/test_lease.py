@@ -278,18 +278,13 @@ async def test_a_stop_that_comes_while_a_turn_joins_its_control_group_still_drai
     ("why", "text"),
     [("", "Stopped by the user."), ("its parent was stopped", "Stopped: its parent was stopped.")],
 )
-async def test_a_stop_the_heartbeat_finds_first_keeps_its_reason(monkeypatch, why, text):
+async def test_a_stop_the_heartbeat_finds_first_keeps_its_reason(script, monkeypatch, why, text):
     """The Stop is in the lease row before its control message arrives (here the message
     is never sent): the heartbeat stops the turn with the same words the message carries —
     a sub-agent stopped by its parent must not say it was stopped by the user."""
     monkeypatch.setattr(lease, "HEARTBEAT_SECONDS", 0.05)
     gate = asyncio.Event()
-    provider = ScriptedProvider([[TextDelta("working"), gate, Finish()]])
-
-    async def provider_for(model: str):
-        return provider
-
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    script([TextDelta("working"), gate, Finish()])
     tab = await make_tab()
     async with running_worker(), Watcher(tab.pk) as watcher:
         await submit(tab, "go")
@@ -300,19 +295,16 @@ async def test_a_stop_the_heartbeat_finds_first_keeps_its_reason(monkeypatch, wh
     assert rows[-1].data == {"kind": "cancelled", "text": text}
 
 
-async def test_a_runner_whose_lease_was_taken_since_its_heartbeat_writes_nothing_more(monkeypatch):
+async def test_a_runner_whose_lease_was_taken_since_its_heartbeat_writes_nothing_more(
+    script, monkeypatch
+):
     """A stalled runner (its heartbeat far off) is recovered by another worker, then
     wakes and seals its block: the seal is refused under the tab lock, so the log ends
     with the recovery's notice, the runner stops, and the lease stays the recovery's
     business (here: released, nothing left to run)."""
     monkeypatch.setattr(lease, "HEARTBEAT_SECONDS", 3600)
     gate = asyncio.Event()
-    provider = ScriptedProvider([[TextDelta("one"), gate, TextDelta(" two"), Finish()]])
-
-    async def provider_for(model: str):
-        return provider
-
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    script([TextDelta("one"), gate, TextDelta(" two"), Finish()])
     tab = await make_tab()
     async with running_worker(), Watcher(tab.pk) as watcher:
         await submit(tab, "go")
