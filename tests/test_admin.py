@@ -12,7 +12,7 @@ from django.test import override_settings
 from django.urls import path, reverse
 from django.utils.http import urlencode
 
-from chat import log, turns
+from chat import lease, log, turns
 from chat.admin import CHUNK_COUNT_CAP, HIGHLIGHT_MAX_CHARS, payload_preview
 from chat.models import ApiKey, Chunk, Setting, Tab
 from chat.stream import Block
@@ -76,6 +76,19 @@ def test_it_marks_a_tab_whose_lease_is_stale(client, history):
 
     assert "(stale lease)" in _row_of(html, "History tab 1")
     assert "(stale lease)" not in _row_of(html, "History tab 0")
+
+
+def test_it_says_why_a_stop_was_asked_when_not_by_the_user(client, history):
+    """A Stop recorded on the lease shows, with its reason when a sub-agent's parent asked."""
+    opsdata.start_turn(history[0])
+    opsdata.start_turn(history[1])
+    lease.request_cancel(history[0].pk)
+    lease.request_cancel(history[1].pk, why="its parent was stopped")
+
+    html = client.get(reverse("admin:chat_tab_changelist")).content.decode()
+
+    assert "running, step 2, cancel requested<" in _row_of(html, "History tab 0")
+    assert "cancel requested (its parent was stopped)" in _row_of(html, "History tab 1")
 
 
 def test_it_searches_tabs_by_title(client, history):
