@@ -14,8 +14,8 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from itertools import takewhile
@@ -1657,11 +1657,8 @@ class TurnRunner:
 
     async def _take_queued(self) -> bool:
         """Move waiting user messages into the log, in order. True if there were any."""
-        try:
+        with self._stopping_on_lease_lost():
             blocks, ids = await database_sync_to_async(self._take_queued_sync)()
-        except log.LeaseLost as exc:
-            self._lose_lease(exc)
-            raise
         if ids:
             # A message from someone present (not a deny wake) makes the turn attended.
             denied = bool(blocks) and all(_deny_wake(b.data) for b in blocks)
@@ -1691,9 +1688,10 @@ class TurnRunner:
                 if not q.rerun
             ]
             # Rerun rows alone append nothing: the fence is still what lets this turn
-            # take them (a second recovery's rerun is the next runner's).
+            # take them (a second recovery's rerun is the next runner's), and it holds
+            # for the append in this transaction.
             log.fence(self.tab_id, self.turn_id)
-            log.append(self.tab_id, blocks, turn_id=self.turn_id)
+            log.append(self.tab_id, blocks)
             QueuedMessage.objects.filter(pk__in=[q.pk for q in queued]).delete()
         refs = [ref for q in queued for ref in q.attachments]
         if refs:
@@ -1719,11 +1717,8 @@ class TurnRunner:
     async def _take_compaction(self) -> tuple[int | None, str] | None:
         """A compaction asked for (`/compact`, "summarise up to here") at the head of
         the queue: taken, as (through seq or None for everything, instructions)."""
-        try:
+        with self._stopping_on_lease_lost():
             taken = await database_sync_to_async(self._take_compaction_sync)()
-        except log.LeaseLost as exc:
-            self._lose_lease(exc)
-            raise
         if taken is None:
             return None
         pk, through, instructions = taken
@@ -1791,23 +1786,27 @@ class TurnRunner:
         writes nothing more; sub-agents run on for the turn the recovery resumes. Or the
         tab was deleted, the lease with it: no one to tell, and its sub-agents stop."""
         gone = gone or (lost is not None and lost.gone)
-        if self.lease_lost:
-            pass
-        elif gone:
+        if not self.lease_lost and gone:
             logger.info("tab %s was deleted; stopping its runner", self.tab_id)
-        else:
+        elif not self.lease_lost:
             logger.error("lease of tab %s was lost; stopping this runner", self.tab_id)
         self.tab_gone = self.tab_gone or gone
         self.lease_lost = True
         self.cancel(stopping=True)
 
-    async def _fence(self) -> None:
-        """LeaseLost (and this runner stops) unless this turn still holds the tab's lease."""
+    @contextmanager
+    def _stopping_on_lease_lost(self) -> Iterator[None]:
+        """Around a fenced database call: LeaseLost stops this runner, then goes on up."""
         try:
-            await database_sync_to_async(self._fence_sync)()
+            yield
         except log.LeaseLost as exc:
             self._lose_lease(exc)
             raise
+
+    async def _fence(self) -> None:
+        """LeaseLost (and this runner stops) unless this turn still holds the tab's lease."""
+        with self._stopping_on_lease_lost():
+            await database_sync_to_async(self._fence_sync)()
 
     def _fence_sync(self) -> None:
         with transaction.atomic():
@@ -1817,13 +1816,10 @@ class TurnRunner:
         """Into the log, only while this turn holds the tab's lease: a recovery since the
         last heartbeat (a stalled process) closed the turn, and its log is not this
         runner's to add to any more."""
-        try:
+        with self._stopping_on_lease_lost():
             await database_sync_to_async(log.append)(
                 self.tab_id, blocks, clear_checkpoint=clear_checkpoint, turn_id=self.turn_id
             )
-        except log.LeaseLost as exc:
-            self._lose_lease(exc)
-            raise
 
     def _tab_gone(self) -> bool:
         return not Tab.objects.filter(pk=self.tab_id).exists()
