@@ -22,6 +22,8 @@ import os
 import stat
 from pathlib import Path
 
+from django.conf import settings
+
 from chat.tools.base import ToolError
 from chat.tools.files import ensure_workspace
 
@@ -31,6 +33,12 @@ MAX_WORKDIR_CHARS = 200
 MAX_WORKDIR_DEPTH = 8
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def user_workspace(owner_id: int) -> Path:
+    """The workspace of the user with this id: every tab of theirs works in it (or in a
+    folder of it), and no other user's tools ever see it."""
+    return Path(settings.DISPATCH_WORKSPACE) / "users" / str(int(owner_id))
 
 
 class BadWorkdir(ValueError):
