@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import path, reverse
 from django.utils import timezone
+from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
 from chat import (
@@ -91,6 +93,50 @@ def error(
     return JsonResponse(
         {"error": {"code": code, "message": message}}, status=status, headers=headers
     )
+
+
+# --- Errors outside the API's views --------------------------------------------------------
+# Django's handler400/403/404/500 (dispatch/urls.py): what no view answered (no route, a
+# body past Django's limits, an exception) is JSON under /api/ and Django's page elsewhere.
+
+API_PREFIX = "/api/"
+_TAB_SEGMENT = re.compile(r"^/api/v1/tabs/(?P<segment>[^/]+)")
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path_info.startswith(API_PREFIX)
+
+
+def handler400(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return error(400, "bad_request", f"The request was refused: {exception}")
+    return defaults.bad_request(request, exception)
+
+
+def handler403(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return error(403, "forbidden", "You may not do that.")
+    return defaults.permission_denied(request, exception)
+
+
+def handler404(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if not _is_api(request):
+        return defaults.page_not_found(request, exception)
+    found = _TAB_SEGMENT.match(request.path_info)
+    if found and found["segment"] != "import":
+        try:
+            uuid.UUID(found["segment"])
+        except ValueError:
+            return error(404, "not_found", f"{found['segment']!r} is not a tab id (a UUID).")
+    return error(
+        404, "not_found", f"No API route {request.path_info!r} (see openapi.yaml for the routes)."
+    )
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    if _is_api(request):
+        return error(500, "server_error", "The server failed on this request; it is logged.")
+    return defaults.server_error(request)
 
 
 class _CsrfCheck(CsrfViewMiddleware):
