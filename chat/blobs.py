@@ -480,10 +480,13 @@ def _thumb_path(sha256: str) -> Path:
 def _write(path: Path, data: bytes) -> None:
     """`data` at `path`, whole or not at all: written to a temporary name beside it,
     flushed, then renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # The owner's only, as the data dir is (settings.DATA_DIR_MODE): uploads are private.
+    for folder in (root(), path.parent.parent, path.parent):
+        folder.mkdir(mode=settings.DATA_DIR_MODE, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, settings.DATA_FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -13,6 +13,7 @@ answer.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -163,10 +164,41 @@ def schema_problem() -> str | None:
     )
 
 
+def loose_modes() -> list[str]:
+    """One line per path of the data dir that others than its owner may read: the dir
+    itself, the secret key, a SQLite database and its -wal/-shm, the blobs. A fresh data
+    dir is made the owner's only (settings.py); an older one may not be."""
+    data = Path(settings.DATA_DIR)
+    paths = [data, data / "secret_key", data / "blobs"]
+    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        db = str(settings.DATABASES["default"]["NAME"])
+        paths += [Path(db), Path(db + "-wal"), Path(db + "-shm")]
+    lines = []
+    for path in paths:
+        try:
+            mode = path.stat().st_mode & 0o777
+        except OSError:
+            continue
+        if mode & 0o077:
+            fix = "chmod -R go-rwx" if path.is_dir() else f"chmod {settings.DATA_FILE_MODE:o}"
+            lines.append(
+                f"{path} is mode {mode:o}: other local users can read it; run `{fix} {path}`."
+            )
+    return lines
+
+
+@functools.cache
+def _warn_loose_modes() -> None:
+    # Once per process: serve checks, then imports dispatch.asgi, which checks again.
+    for line in loose_modes():
+        logger.warning("%s", line)
+
+
 def check(*, services: bool = True) -> None:
     """Exit with one line per problem when the configuration (or a service) is not usable."""
     if problems := configuration_problems():
         exit_with("\n".join(f"Configuration error: {p}" for p in problems), EXIT_CONFIGURATION)
+    _warn_loose_modes()
     if not services:
         return
     if problems := service_problems():

@@ -7,6 +7,7 @@ being silently ignored.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from datetime import timedelta
@@ -97,8 +98,12 @@ def _default_data_dir() -> Path:
 
 
 DATA_DIR = Path(envstr("DISPATCH_DATA_DIR") or _default_data_dir()).expanduser()
+# The owner's only: it holds every chat, the sessions and the keys (chat.startup warns
+# when an existing one is looser).
+DATA_DIR_MODE = 0o700
+DATA_FILE_MODE = 0o600
 try:
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATA_DIR.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
 except OSError as exc:
     raise ImproperlyConfigured(f"DISPATCH_DATA_DIR {DATA_DIR} cannot be created: {exc}") from exc
 
@@ -115,7 +120,7 @@ def _secret_key() -> str:
     key = secrets.token_urlsafe(50)
     # O_EXCL: two processes starting at once must not each write their own key.
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, DATA_FILE_MODE)
     except FileExistsError:
         return path.read_text().strip()
     with os.fdopen(fd, "w") as f:
@@ -211,6 +216,21 @@ except ValueError as exc:
     raise ImproperlyConfigured(
         f"DATABASE_URL={masked_url(DATABASE_URL)!r} is not a database URL ({exc})"
     ) from exc
+
+
+def _create_sqlite_private(name: object) -> None:
+    """An empty database file of the owner's only, made before SQLite makes it 0644:
+    SQLite gives its -wal and -shm files the database file's mode."""
+    path = Path(str(name))
+    if str(name) == ":memory:" or str(name).startswith("file:") or not path.parent.is_dir():
+        return
+    # Exists already, or cannot be made here: SQLite says so when it connects.
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, DATA_FILE_MODE))
+
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    _create_sqlite_private(DATABASES["default"]["NAME"])
 
 # libpq waits for ever on an address that drops packets; a server that is up
 # answers in milliseconds, so past this it is down (and start-up says so).
