@@ -481,7 +481,8 @@ def _write(path: Path, data: bytes) -> None:
     """`data` at `path`, whole or not at all: written to a temporary name beside it,
     flushed, then renamed over it."""
     # The owner's only, as the data dir is (settings.DATA_DIR_MODE): uploads are private.
-    for folder in (root(), path.parent.parent, path.parent):
+    root().mkdir(mode=settings.DATA_DIR_MODE, parents=True, exist_ok=True)
+    for folder in (path.parent.parent, path.parent):
         folder.mkdir(mode=settings.DATA_DIR_MODE, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:
