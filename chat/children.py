@@ -192,16 +192,7 @@ def ensure(
                 )
             except preferences.workdirs.BadWorkdir as exc:
                 raise ValueError(str(exc)) from exc
-            # The parent's deny and ask rules hold for its child too: whatever the
-            # profile allows, the child may not do what its parent could not.
-            inherited = [
-                r
-                for r in parent.rules or []
-                if isinstance(r, dict)
-                and r.get("action") in (rules.DENY, rules.ASK)
-                and r not in child.rules
-            ]
-            child.tool_allow, child.rules = allow, [*child.rules, *inherited]
+            child.tool_allow, child.rules = allow, inherited_rules(parent, profile)
             child.save(update_fields=["tool_allow", "rules"])
         else:
             # The parent's own copy (what a branch keeps): its prompt already holds
@@ -212,7 +203,7 @@ def ensure(
                 model=parent.model,
                 system_prompt=parent.system_prompt,
                 tool_allow=parent.tool_allow,
-                rules=parent.rules,
+                rules=inherited_rules(parent, None),
                 workdir=parent.workdir,
                 profile_id=parent.profile_id,
                 **family,
@@ -232,6 +223,26 @@ def ensure(
             )
         )
     return child, True
+
+
+def inherited_rules(parent: Tab, profile: Profile | None) -> list[dict[str, str]]:
+    """A child's rules: the deny and ask rules of the profile the model chose for it, then
+    every rule of its parent tab, each marked with where it came from (the audit names
+    it). The profile's allow rules are left out: a person never chose that profile for
+    this tab, so they would let the model give its child what the parent's tab would have
+    asked about. The parent's allow rules hold (the child may do what its parent may),
+    and its deny and ask rules too, so the child's decisions are at most the parent's."""
+    own = [
+        {"action": r.action, "pattern": r.pattern, "source": rules.PROFILE}
+        for r in (profile.rules.all() if profile is not None else [])
+        if r.action != rules.ALLOW
+    ]
+    kept = [
+        {"action": r.get("action"), "pattern": r.get("pattern"), "source": rules.PARENT}
+        for r in parent.rules or []
+        if isinstance(r, dict)
+    ]
+    return own + kept
 
 
 def confined(parent: Tab, allow: list[str], name: str) -> list[str]:

@@ -82,7 +82,16 @@ ACTIONS = (ALLOW, ASK, DENY)
 # Where a rule came from, as the audit trail and the approval card say it.
 TAB = "tab"
 USER = "user"
-SOURCE_LABELS = {TAB: "this tab", USER: "your settings"}
+# A sub-agent's rules (chat.children): its parent tab's, and the deny and ask rules of the
+# profile the model chose for it. Kept in the tab's rules with the source they came from.
+PARENT = "parent"
+PROFILE = "profile"
+SOURCE_LABELS = {
+    TAB: "this tab",
+    USER: "your settings",
+    PARENT: "the parent tab",
+    PROFILE: "this tab's profile",
+}
 
 SHELL = "shell"
 # The tools whose `path` argument a specifier matches (list_files defaults to ".").
@@ -257,15 +266,19 @@ def parse(action: str, pattern: str, *, source: str = USER) -> Rule:
 
 
 def parse_all(rows: Iterable[Mapping[str, Any]], *, source: str) -> tuple[list[Rule], list[str]]:
-    """Stored rules ({action, pattern}), and a sentence for each that cannot be used
-    (edited elsewhere, imported, or from an older version): those are left out."""
+    """Stored rules ({action, pattern}, and a sub-agent's `source`: PARENT or PROFILE,
+    which names the rule's origin in place of `source`), and a sentence for each that
+    cannot be used (edited elsewhere, imported, or from an older version): those are
+    left out."""
     rules, problems = [], []
     for row in rows:
         action, pattern = str(row.get("action") or ""), str(row.get("pattern") or "")
+        came = row.get("source")
+        came = came if came in (PARENT, PROFILE) else source
         try:
-            rules.append(parse(action, pattern, source=source))
+            rules.append(parse(action, pattern, source=came))
         except RuleError as exc:
-            where = SOURCE_LABELS.get(source, source)
+            where = SOURCE_LABELS.get(came, came)
             problems.append(f"The rule {action} `{pattern}` ({where}) is ignored: {exc}")
     return rules, problems
 

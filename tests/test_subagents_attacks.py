@@ -179,12 +179,12 @@ async def test_a_parents_deny_rule_holds_for_a_child_with_another_profile(tabs, 
         await run_parent(tab)
     kid = await child_of(tab, "c1")
     assert kid.rules == [
-        {"action": "deny", "pattern": "write_file"},
-        {"action": "ask", "pattern": "shell"},
+        {"action": "deny", "pattern": "write_file", "source": "parent"},
+        {"action": "ask", "pattern": "shell", "source": "parent"},
     ]
     written = result_of(await chunks(kid.pk), "w1").data
     assert written["is_error"] is True
-    assert written["result"] == "Denied by rule `write_file` (this tab)."
+    assert written["result"] == "Denied by rule `write_file` (the parent tab)."
     assert not (workspace / "escaped.txt").exists()
 
 
