@@ -146,14 +146,18 @@ async def run_turn(tab, text: str, on_op: Callable[[dict], None] | None = None) 
         await layer.group_discard(bus.tab_group(tab.pk), channel)
 
 
-def bench_tab(model: str):
-    """A fresh tab owned by the bench user."""
+def bench_owner():
+    """The bench user (made if missing): its tabs work in its own workspace."""
     from django.contrib.auth import get_user_model
 
+    return get_user_model().objects.get_or_create(username="bench")[0]
+
+
+def bench_tab(model: str):
+    """A fresh tab owned by the bench user."""
     from chat.preferences import new_tab
 
-    owner, _ = get_user_model().objects.get_or_create(username="bench")
-    return new_tab(owner, model)
+    return new_tab(bench_owner(), model)
 
 
 def bench_session() -> str:

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import bench_tab
+from bench.common import bench_owner, bench_tab
 from chat import context
 from harness.fakeprovider import FakeProviderServer, Recorded, Reply, SimulatedCache
 
@@ -286,11 +286,10 @@ def _figures(tab, requests: list[Recorded], seconds: float) -> dict[str, Any]:
 
 
 def run() -> dict[str, Any]:
-    from django.conf import settings
-
     from chat.providers import registry
+    from chat.tools.workdir import user_workspace
 
-    workspace = Path(settings.DISPATCH_WORKSPACE) / "src"
+    workspace = user_workspace(bench_owner().pk) / "src"
     workspace.mkdir(parents=True, exist_ok=True)
     for i in range(FILES):
         (workspace / Path(_path(i)).name).write_text(_file_text(i))

@@ -245,13 +245,14 @@ class TurnRunner:
         publish: Publish,
         *,
         auto_approve: bool = False,
-        workspace: Any = None,
     ) -> None:
         self.tab_id = tab_id
         self.turn_id = turn_id
         self.publish = publish
         self.auto_approve = auto_approve
-        self.workspace = workspace or django_settings.DISPATCH_WORKSPACE
+        # The tab owner's workspace (workdir.user_workspace), known once a turn has
+        # read its tab: no other user's files are ever in reach of this tab's tools.
+        self.workspace: Any = None
         self.reducer = Reducer(turn_id)
         self.history: History | None = None
         self.status = TurnStatus(turn_id=str(turn_id))
@@ -499,6 +500,7 @@ class TurnRunner:
 
     async def _run_turn(self) -> None:
         tab = await Tab.objects.aget(pk=self.tab_id)
+        self.workspace = await asyncio.to_thread(workdir.user_workspace, tab.owner_id)
         if self.history is None:
             await self._rebuild_history()
             self.last_seq = self.history.last_seq

@@ -50,6 +50,7 @@ from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
 from chat import pdftext
 from chat.models import Attachment, Blob
 from chat.providers.base import upload_path
+from chat.tools.files import make_private
 
 logger = logging.getLogger(__name__)
 
@@ -742,7 +743,7 @@ def place(workspace: Path, ref: dict[str, Any]) -> None:
     *folders, name = upload_path(ref["sha256"], ref["name"]).split("/")
     try:
         root = Path(workspace)
-        root.mkdir(parents=True, exist_ok=True)
+        make_private(root)
         here = os.open(root.resolve(), _DIR_FLAGS)
     except OSError:
         logger.warning("could not place %s: no workspace at %s", name, workspace, exc_info=True)

@@ -128,15 +128,15 @@ def new_tab(
     sub-agent's id, parent_tab and parent_call_id (chat.children)."""
     prefs = load()
     workdir = workdirs.check(workdir)
-    root = Path(settings.DISPATCH_WORKSPACE)
+    workspace = root = workdirs.user_workspace(getattr(owner, "pk", None))
     if workdir:
         try:
-            root = workdirs.ensure(root, workdir)
+            root = workdirs.ensure(workspace, workdir)
         except ToolError as exc:
             raise workdirs.BadWorkdir(str(exc)) from exc
     if system_prompt is None:
         system_prompt = (profile and profile.system_prompt) or prefs.new_tab_system_prompt
-    if instructions := agents_instructions(root, workdir):
+    if instructions := agents_instructions(workspace, workdir, root):
         system_prompt = f"{system_prompt}\n\n{instructions}" if system_prompt else instructions
     return Tab.objects.create(
         owner=owner,
@@ -162,16 +162,14 @@ def profile_named(name: str) -> Profile:
     raise ValueError(f"No profile named “{name}”. Profiles: {names}.")
 
 
-def agents_instructions(root: Path, workdir: str) -> str:
-    """AGENTS.md of the tab's folder `root` (else of the workspace) under a header naming
-    it, cut at AGENTS_MAX_CHARS with a note; "" when there is none."""
+def agents_instructions(workspace: Path, workdir: str, root: Path) -> str:
+    """AGENTS.md of the tab's folder `root` (else of its owner's `workspace`) under a
+    header naming it, cut at AGENTS_MAX_CHARS with a note; "" when there is none."""
     place = f"{workdir}/{AGENTS_FILE}" if workdir else AGENTS_FILE
     found = workdirs.read_text(root, AGENTS_FILE, AGENTS_MAX_CHARS + 1)
     if found is None and workdir:
         place = AGENTS_FILE
-        found = workdirs.read_text(
-            Path(settings.DISPATCH_WORKSPACE), AGENTS_FILE, AGENTS_MAX_CHARS + 1
-        )
+        found = workdirs.read_text(workspace, AGENTS_FILE, AGENTS_MAX_CHARS + 1)
     if found is None:
         return ""
     text, size = found

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import redis
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
@@ -30,6 +31,7 @@ from chat.providers.registry import (
     idle_timeout,
     model_info,
 )
+from chat.tools import files, workdir
 from dispatch.envcheck import (
     EXIT_CONFIGURATION,
     EXIT_UNAVAILABLE,
@@ -107,7 +109,7 @@ def _idle_timeout_problems() -> list[str]:
 def _workspace_problems() -> list[str]:
     workspace = Path(settings.DISPATCH_WORKSPACE)
     try:
-        workspace.mkdir(parents=True, exist_ok=True)
+        files.make_private(workspace)
     except OSError as exc:
         return [
             f"DISPATCH_WORKSPACE={str(workspace)!r} cannot be created "
@@ -119,6 +121,24 @@ def _workspace_problems() -> list[str]:
             "the tools write there; fix its permissions or point it elsewhere."
         ]
     return []
+
+
+def shared_workspace_problem() -> str | None:
+    """Move what lies at the top of DISPATCH_WORKSPACE into the first superuser's
+    workspace, as migration 0014 does (it found no user, or a file was put there since);
+    a line when it cannot be."""
+    if not workdir.shared_entries(Path(settings.DISPATCH_WORKSPACE)):
+        return None
+    try:
+        owner = workdir.first_owner(get_user_model())
+        if owner is None:
+            return None
+        workdir.adopt_shared(owner.pk)
+    except (workdir.AdoptionClash, OSError) as exc:
+        return f"The shared workspace was not moved into a user's: {exc}"
+    finally:
+        connections[DEFAULT_DB_ALIAS].close()
+    return None
 
 
 def service_problems() -> list[str]:
@@ -206,3 +226,5 @@ def check(*, services: bool = True) -> None:
     if problem := schema_problem():
         # Restarting will not apply them: the exit status of a configuration error.
         exit_with(problem, EXIT_CONFIGURATION)
+    if problem := shared_workspace_problem():
+        exit_with(f"Configuration error: {problem}", EXIT_CONFIGURATION)

@@ -650,7 +650,7 @@ def _always_allow(request: HttpRequest, tab: Tab, call_id: str, source: str) -> 
         # The runner's own (chat.agent): decided as the runner decides, an ask rule that
         # matches where a link leads still decides first, so no rule is added for it.
         return workspace_files.resolve(
-            workdir.ensure(settings.DISPATCH_WORKSPACE, tab.workdir), path
+            workdir.ensure(workdir.user_workspace(tab.owner_id), tab.workdir), path
         )
 
     with transaction.atomic():

@@ -26,10 +26,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from django.conf import settings
 from django.db import connection
+
+from chat.tools import workdir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -281,6 +284,10 @@ class Servers:
         self.workspace = directory / "workspace"
         self.workspace.mkdir(exist_ok=True)
         self.started: list[Proc] = []
+
+    def workspace_of(self, user: Any) -> Path:
+        """The servers' workspace of `user` (made if missing), where their tabs' tools work."""
+        return workdir.user_workspace_under(self.workspace, user.pk)
 
     def start(self, port: int = 0, **env: str) -> Proc:
         """A new server with these variables on top of `server_env`; returns once it listens.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from pathlib import Path
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -14,6 +15,7 @@ from django.contrib.auth import get_user_model
 from chat import bus, log, turns, worker
 from chat.models import Chunk, Setting, Tab
 from chat.preferences import new_tab
+from chat.tools.workdir import user_workspace
 
 # Long enough for any scripted turn here, short enough that a hang fails fast.
 TURN_TIMEOUT = 30.0
@@ -70,6 +72,14 @@ def make_tab(model: str = "scripted/test", *, approve_tools: bool = False) -> Ta
     owner, _ = get_user_model().objects.get_or_create(username="owner")
     Setting.objects.update_or_create(key="approve_tools", defaults={"value": approve_tools})
     return new_tab(owner, model)
+
+
+def owner_workspace(settings: Any, top: Path) -> Path:
+    """With DISPATCH_WORKSPACE at `top`: the workspace of make_tab's owner, where its
+    tabs' tools work (made now, with the owner)."""
+    settings.DISPATCH_WORKSPACE = top
+    owner, _ = get_user_model().objects.get_or_create(username="owner")
+    return user_workspace(owner.pk)
 
 
 @database_sync_to_async

@@ -37,6 +37,7 @@ The functions here are blocking; the registry runs them in a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import heapq
 import os
@@ -93,10 +94,23 @@ MAX_SYMLINK_HOPS = 40
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def make_private(path: Path) -> None:
+    """Make the folder `path` and those missing on its way, each 0700 (a workspace holds
+    a user's files, which no other account on the host has any business reading);
+    OSError when one cannot be made."""
+    missing = []
+    while not path.is_dir() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+
+
 def ensure_workspace(workspace: Path) -> Path:
-    """Create the workspace if missing; return its resolved path."""
+    """Create the workspace if missing (make_private); return its resolved path."""
     try:
-        workspace.mkdir(parents=True, exist_ok=True)
+        make_private(workspace)
         root = workspace.resolve(strict=True)
     except OSError as exc:
         raise ToolError(f"the workspace cannot be created: {exc.strerror or exc}") from exc

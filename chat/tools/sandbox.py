@@ -220,7 +220,8 @@ def policy_from(conf: Any) -> Policy:
     return Policy(
         network=conf.DISPATCH_SHELL_NETWORK,
         unsandboxed=conf.DISPATCH_SHELL_UNSANDBOXED,
-        hidden=(Path(conf.DATA_DIR),),
+        # Every user's workspace but the one bound (chat.tools.workdir.user_workspace).
+        hidden=(Path(conf.DATA_DIR), Path(conf.DISPATCH_WORKSPACE)),
         bwrap=BWRAP,
         slirp4netns=SLIRP4NETNS,
     )
@@ -645,10 +646,10 @@ def command(
         args += ["--seccomp", str(seccomp)]
     covers: list[str] = []
     for hidden in map(_resolved, policy.hidden):
-        # Only the workspace is bound, so a hidden path shows only where a
-        # system directory holds it. (One inside the workspace cannot be
-        # covered for good, since the command can move its parent:
-        # settings.py refuses that layout.)
+        # Only the tab owner's workspace is bound (over any cover), so a hidden
+        # path shows only where a system directory holds it. (One inside the
+        # workspace cannot be covered for good, since the command can move its
+        # parent: settings.py refuses that layout.)
         if any(_within(hidden, d) for d in exposed):
             covers += ["--tmpfs", str(hidden)]
     if root_fd is not None and binds_fd(policy):

@@ -18,27 +18,138 @@ same no-link rule, so a link planted in the workspace cannot pull another file
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import shutil
 import stat
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
 from chat.tools.base import ToolError
-from chat.tools.files import ensure_workspace
+from chat.tools.files import ensure_workspace, make_private
 
 # The Tab.workdir column's length.
 MAX_WORKDIR_CHARS = 200
 # Deep enough for any project layout; deeper is a mistake.
 MAX_WORKDIR_DEPTH = 8
 
+# Where the users' workspaces are, in DISPATCH_WORKSPACE: one folder per user id.
+USERS = "users"
+# The workspace of tabs without an owner, in USERS (no user id is a word).
+UNOWNED = "unowned"
+# In USERS from the moment it is made: a `users` folder without it is not one of ours
+# but a file of the one workspace every user shared before (adopt_shared moves it).
+MARKER = ".dispatch-workspaces"
+MARKER_TEXT = "The workspaces of Dispatch's users, one folder per user id.\n"
+# Left at the top of DISPATCH_WORKSPACE by adopt_shared: a filesystem's own folder, and
+# a USERS being made (_make_users).
+NOT_ADOPTED = ("lost+found",)
+STAGING_PREFIX = ".dispatch-users-"
+ASIDE_PREFIX = ".dispatch-shared-users-"
+
+logger = logging.getLogger(__name__)
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def user_workspace(owner_id: int) -> Path:
+def user_workspace(owner_id: int | None) -> Path:
     """The workspace of the user with this id: every tab of theirs works in it (or in a
-    folder of it), and no other user's tools ever see it."""
-    return Path(settings.DISPATCH_WORKSPACE) / "users" / str(int(owner_id))
+    folder of it), and no other user's tools ever see it. Made (0700, as is `users/`)
+    the first time it is asked for; when it cannot be, the tools' ensure_workspace says
+    why. `None`: the workspace of tabs without an owner (`send --new` before any
+    superuser exists), which is no user's."""
+    return user_workspace_under(Path(settings.DISPATCH_WORKSPACE), owner_id)
+
+
+def user_workspace_under(top: Path, owner_id: int | None) -> Path:
+    """user_workspace() of the DISPATCH_WORKSPACE `top` (a test's server has its own)."""
+    users = top / USERS
+    path = users / (str(int(owner_id)) if owner_id is not None else UNOWNED)
+    if not path.is_dir():
+        with contextlib.suppress(OSError):
+            _make_users(users)
+            make_private(path)
+    return path
+
+
+def _make_users(users: Path) -> None:
+    """`users/` with its MARKER, made whole under a temporary name then renamed into
+    place, so a `users/` without the marker is never one of ours (see adopt_shared)."""
+    if users.is_dir():
+        return
+    make_private(users.parent)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=users.parent))
+    (staging / MARKER).write_text(MARKER_TEXT)
+    try:
+        staging.rename(users)
+    except OSError:
+        # Another process made it first (or a file has the name: the caller fails).
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def first_owner(user_model: Any) -> Any:
+    """Who receives the shared workspace (adopt_shared): the earliest-joined active
+    superuser, else the earliest-joined user; None without users."""
+    users = user_model.objects.order_by("date_joined", "pk")
+    return users.filter(is_superuser=True, is_active=True).first() or users.first()
+
+
+class AdoptionClash(Exception):
+    """What adopt_shared would move is already in the owner's workspace: nothing moved."""
+
+
+def shared_entries(top: Path) -> list[str]:
+    """The names at the top of DISPATCH_WORKSPACE `top` that are in no user's workspace:
+    the one workspace every user shared before each had their own (a legacy `users`
+    folder, one without MARKER, among them)."""
+    try:
+        names = sorted(os.listdir(top))
+    except FileNotFoundError:
+        return []
+    ours = (top / USERS / MARKER).is_file() and not (top / USERS).is_symlink()
+    return [
+        name
+        for name in names
+        if name not in NOT_ADOPTED
+        and not name.startswith(STAGING_PREFIX)
+        and not (name == USERS and ours)
+    ]
+
+
+def adopt_shared(owner_id: int) -> list[str]:
+    """Move what shared_entries names into the workspace of the user `owner_id`, by
+    rename (the same filesystem: nothing copied, links and modes kept), and log each.
+    Never overwrites: when a name is taken there, AdoptionClash names them all and
+    nothing is moved. Done again it finds nothing to move. The names moved."""
+    top = Path(settings.DISPATCH_WORKSPACE)
+    names = shared_entries(top)
+    if not names:
+        return []
+    moves = {name: top / name for name in names}
+    if USERS in names:
+        # A legacy `users` folder: set aside (under a name a later run would move too,
+        # should this one stop half-way), so that ours can be made in its place.
+        aside = Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=top))
+        moves[USERS] = (top / USERS).rename(aside / USERS)
+    target = user_workspace(owner_id)
+    make_private(target)
+    taken = [name for name in names if os.path.lexists(target / name)]
+    if taken:
+        raise AdoptionClash(
+            f"Cannot move {', '.join(taken)} from {top} into {target}: the same names are "
+            "there already. Rename or remove one of each pair, then run this again; "
+            "nothing was moved."
+        )
+    for name, source in moves.items():
+        source.rename(target / name)
+        logger.info("moved %s from the shared workspace into %s", name, target)
+    if USERS in names:
+        aside.rmdir()
+    return names
 
 
 class BadWorkdir(ValueError):
