@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ERROR_FLAG, IGNORED_PARAMS, PAGE_VAR, SEARCH_VAR
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
@@ -34,6 +34,8 @@ from chat import render as chat_render
 from chat.forms import (
     McpServerForm,
     ProfileForm,
+    key_elsewhere_note,
+    key_providers,
     masked_pairs,
 )
 from chat.lease import is_stale, turn_usage
@@ -52,6 +54,7 @@ from chat.models import (
     Wake,
     WakeRun,
 )
+from chat.providers.registry import endpoint_now
 from chat.tools import mcp
 
 # A list row is one line: long enough to recognise a chunk, short enough not
@@ -466,7 +469,44 @@ class SettingAdmin(admin.ModelAdmin):
 
 @admin.register(ProviderEndpoint)
 class ProviderEndpointAdmin(admin.ModelAdmin):
+    """Superusers add, change and remove endpoints: the stored keys are sent there. Other
+    staff see them. A stored key saved for another endpoint is not sent to a changed one
+    until it is entered again (the registry refuses; the page says so)."""
+
     list_display = ["provider", "base_url", "updated_at"]
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        self._warn(request, [obj.provider])
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        super().delete_model(request, obj)
+        self._warn(request, [obj.provider])
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        providers = list(queryset.values_list("provider", flat=True))
+        super().delete_queryset(request, queryset)
+        self._warn(request, providers)
+
+    def _warn(self, request: HttpRequest, providers: list[str]) -> None:
+        for provider in providers:
+            if note := key_elsewhere_note(provider):
+                self.message_user(request, note, level=messages.WARNING)
 
 
 @admin.register(Profile)
@@ -568,6 +608,7 @@ class UsageRecordAdmin(admin.ModelAdmin):
 class ApiKeyForm(forms.ModelForm):
     """Takes the key in plain text once and stores it encrypted; never shows it back."""
 
+    provider = forms.ChoiceField(choices=key_providers)
     key = forms.CharField(
         label="API key",
         required=False,
@@ -589,6 +630,18 @@ class ApiKeyForm(forms.ModelForm):
             else "Type a new key to replace the stored one; leave empty to keep it."
         )
 
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        provider = data.get("provider") or self.instance.provider
+        # The key is bound to where a request goes now (the registry refuses it elsewhere).
+        self.endpoint = endpoint_now(provider)
+        if provider and data.get("key") and not self.endpoint:
+            raise ValidationError(
+                f"{provider} has no endpoint yet, and a stored key is bound to the endpoint "
+                "it is saved for: set one under Provider endpoints first."
+            )
+        return data
+
     def clean_key(self) -> str:
         key = self.cleaned_data["key"]
         if not key:
@@ -606,7 +659,7 @@ class ApiKeyForm(forms.ModelForm):
     def save(self, commit: bool = True) -> ApiKey:
         api_key = super().save(commit=False)
         if self.cleaned_data.get("key"):
-            api_key.set_key(self.cleaned_data["key"])
+            api_key.set_key(self.cleaned_data["key"], endpoint=self.endpoint)
         if commit:
             api_key.save()
         return api_key
@@ -615,9 +668,14 @@ class ApiKeyForm(forms.ModelForm):
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
     form = ApiKeyForm
-    list_display = ["provider", "masked_key", "updated_at"]
-    fields = ["provider", "key", "masked_key", "created_at", "updated_at"]
-    readonly_fields = ["masked_key", "created_at", "updated_at"]
+    list_display = ["provider", "masked_key", "endpoint", "updated_at"]
+    fields = ["provider", "key", "masked_key", "endpoint", "created_at", "updated_at"]
+    readonly_fields = ["masked_key", "endpoint", "created_at", "updated_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str]:
+        readonly = list(super().get_readonly_fields(request, obj))
+        # Another provider's endpoint is another endpoint: a key is entered for one.
+        return readonly if obj is None else ["provider", *readonly]
 
     @admin.display(description="stored key")
     def masked_key(self, api_key: ApiKey) -> str:

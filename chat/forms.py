@@ -13,7 +13,16 @@ from django.db import transaction
 from django.utils import timezone as dj_timezone
 
 from chat import rules, schedule, wakes
-from chat.models import McpServer, PermissionRule, Profile, Tab, Wake, set_setting
+from chat.models import (
+    ApiKey,
+    McpServer,
+    PermissionRule,
+    Profile,
+    ProviderEndpoint,
+    Tab,
+    Wake,
+    set_setting,
+)
 from chat.preferences import (
     DEFAULT_SYSTEM_PROMPT,
     DOM_WINDOW_MAX,
@@ -22,7 +31,7 @@ from chat.preferences import (
     Preferences,
 )
 from chat.providers import default_model, list_models
-from chat.providers.registry import PROVIDERS
+from chat.providers.registry import PROVIDERS, endpoint_now
 from chat.tools import TOOLS, workdir
 
 OFFLINE_MODEL = "offline/demo"
@@ -244,10 +253,8 @@ class SettingsForm(forms.Form):
             set_setting(key, value)
 
 
-class ApiKeyForm(forms.Form):
-    provider = forms.ChoiceField()
-    key = forms.CharField(
-        label="API key",
+def _key_field(**kwargs: Any) -> forms.CharField:
+    return forms.CharField(
         strip=True,
         min_length=API_KEY_MIN_CHARS,
         max_length=API_KEY_MAX_CHARS,
@@ -257,22 +264,70 @@ class ApiKeyForm(forms.Form):
             "min_length": "That is too short for an API key (at least %(limit_value)s characters).",
             "max_length": "That is too long for an API key (at most %(limit_value)s characters).",
         },
+        **kwargs,
     )
+
+
+def _pasted_key(key: str) -> str:
+    if any(ch.isspace() for ch in key):
+        raise forms.ValidationError("An API key has no spaces or line breaks in it.")
+    if not key.isascii() or not key.isprintable():
+        raise forms.ValidationError("An API key is plain ASCII text; check what was pasted.")
+    return key
+
+
+def store_key(provider: str, key: str) -> ApiKey:
+    """Save `provider`'s key, bound to the endpoint a request goes to now."""
+    row = ApiKey.objects.filter(provider=provider).first() or ApiKey(provider=provider)
+    row.set_key(key, endpoint=endpoint_now(provider))
+    row.save()
+    return row
+
+
+def key_elsewhere_note(provider: str) -> str:
+    """What to say after an endpoint change when `provider`'s stored key is bound to
+    another endpoint than the one now in effect ("" when it is not)."""
+    row = ApiKey.objects.filter(provider=provider).first()
+    now = endpoint_now(provider)
+    if row is None or row.endpoint == now:
+        return ""
+    return (
+        f"The stored {provider} key ({row.masked}) was saved for "
+        f"{row.endpoint or 'no endpoint'}: it is not sent to {now or 'no endpoint'} until it "
+        "is entered again."
+    )
+
+
+class ApiKeyForm(forms.Form):
+    provider = forms.ChoiceField()
+    key = _key_field(label="API key")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["provider"].choices = key_providers()
 
     def clean_key(self) -> str:
-        key = self.cleaned_data["key"]
-        if any(ch.isspace() for ch in key):
-            raise forms.ValidationError("An API key has no spaces or line breaks in it.")
-        if not key.isascii() or not key.isprintable():
-            raise forms.ValidationError("An API key is plain ASCII text; check what was pasted.")
-        return key
+        return _pasted_key(self.cleaned_data["key"])
+
+    def clean_provider(self) -> str:
+        provider = self.cleaned_data["provider"]
+        spec = PROVIDERS[provider]
+        if not endpoint_now(provider):
+            raise forms.ValidationError(
+                f"{spec.label} has no endpoint yet, and a stored key is bound to the endpoint "
+                f"it is saved for: a superuser sets one under Provider endpoints (or "
+                f"{spec.url_env}) first."
+            )
+        return provider
+
+    def save(self) -> ApiKey:
+        return store_key(self.cleaned_data["provider"], self.cleaned_data["key"])
 
 
 class EndpointForm(forms.Form):
+    """A provider's base URL, and its key entered again: a stored key is sent only to
+    the endpoint it was saved for."""
+
     provider = forms.ChoiceField()
     base_url = forms.CharField(
         label="Base URL",
@@ -285,10 +340,31 @@ class EndpointForm(forms.Form):
         ],
         error_messages={"required": "Enter the base URL, e.g. https://api.example.com/v1."},
     )
+    key = _key_field(
+        label="API key",
+        required=False,
+        help_text="A stored key is sent only to the endpoint it was saved for: to use it "
+        "at a new URL, enter it again here.",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["provider"].choices = key_providers()
+
+    def clean_key(self) -> str:
+        return _pasted_key(self.cleaned_data["key"]) if self.cleaned_data["key"] else ""
+
+    def save(self) -> str:
+        """Save the endpoint (and bind the key entered with it to it); what to warn
+        about a stored key now bound elsewhere ("" for nothing)."""
+        provider = self.cleaned_data["provider"]
+        with transaction.atomic():
+            ProviderEndpoint.objects.update_or_create(
+                provider=provider, defaults={"base_url": self.cleaned_data["base_url"]}
+            )
+            if self.cleaned_data["key"]:
+                store_key(provider, self.cleaned_data["key"])
+        return key_elsewhere_note(provider)
 
 
 # --- Profiles ------------------------------------------------------------------------

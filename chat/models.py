@@ -508,12 +508,18 @@ def _fernet() -> Fernet:
 
 
 class ApiKey(models.Model):
-    """A provider API key, encrypted at rest with a key derived from SECRET_KEY."""
+    """A provider API key, encrypted at rest with a key derived from SECRET_KEY.
+
+    `endpoint` is where it was saved to be sent (the registry's `key_endpoint` of the
+    URL then in effect): the registry sends it nowhere else, so whoever changes an
+    endpoint without knowing the key cannot have it sent to a host of their choosing.
+    """
 
     provider = models.CharField(max_length=50, unique=True)
     encrypted = models.TextField()
     # Enough to recognise the key on a page without showing it.
     last4 = models.CharField(max_length=4)
+    endpoint = models.CharField(max_length=500, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -524,9 +530,11 @@ class ApiKey(models.Model):
     def masked(self) -> str:
         return f"…{self.last4}"
 
-    def set_key(self, key: str) -> None:
+    def set_key(self, key: str, *, endpoint: str) -> None:
+        """Store `key`, bound to `endpoint` (the registry's `endpoint_now`)."""
         self.encrypted = _fernet().encrypt(key.encode()).decode()
         self.last4 = key[-4:]
+        self.endpoint = endpoint
 
     def get_key(self) -> str | None:
         """The key, or None when SECRET_KEY changed since it was stored."""

@@ -72,6 +72,7 @@ from chat.forms import (
     TabModelForm,
     TabSystemPromptForm,
     WakeForm,
+    key_elsewhere_note,
     key_providers,
     known_models,
     masked_pairs,
@@ -93,7 +94,7 @@ from chat.models import (
     Wake,
     WakeRun,
 )
-from chat.providers.registry import PROVIDERS
+from chat.providers.registry import PROVIDERS, endpoint_now
 from chat.stream import Kind, Role
 from chat.tools import files as workspace_files
 from chat.tools import mcp, sandbox, workdir
@@ -139,6 +140,15 @@ def _staff(request: HttpRequest) -> None:
     # Settings hold every user's API keys: only the install's staff may see them.
     if not request.user.is_staff:
         raise PermissionDenied("Only staff can change the settings.")
+
+
+def _endpoint_superuser(request: HttpRequest) -> None:
+    # The stored keys are sent to the endpoints: other staff only see where.
+    if not request.user.is_superuser:
+        raise PermissionDenied(
+            "Only superusers can add, change or remove provider endpoints: the stored API "
+            "keys are sent there."
+        )
 
 
 def _mcp_superuser(request: HttpRequest) -> None:
@@ -1011,21 +1021,21 @@ def settings_view(request: HttpRequest) -> HttpResponse:
         elif action == "key":
             key_form = ApiKeyForm(request.POST)
             if key_form.is_valid():
-                provider = key_form.cleaned_data["provider"]
-                row = ApiKey.objects.filter(provider=provider).first() or ApiKey(provider=provider)
-                row.set_key(key_form.cleaned_data["key"])
-                row.save()
-                messages.success(request, f"Saved the {provider} key ({row.masked}).")
+                row = key_form.save()
+                messages.success(
+                    request, f"Saved the {row.provider} key ({row.masked}) for {row.endpoint}."
+                )
                 return redirect("settings")
         elif action == "endpoint":
+            _endpoint_superuser(request)
             endpoint_form = EndpointForm(request.POST)
             if endpoint_form.is_valid():
-                provider = endpoint_form.cleaned_data["provider"]
-                ProviderEndpoint.objects.update_or_create(
-                    provider=provider,
-                    defaults={"base_url": endpoint_form.cleaned_data["base_url"]},
+                note = endpoint_form.save()
+                messages.success(
+                    request, f"Saved the {endpoint_form.cleaned_data['provider']} endpoint."
                 )
-                messages.success(request, f"Saved the {provider} endpoint.")
+                if note:
+                    messages.warning(request, note)
                 return redirect("settings")
         elif action == "mcp":
             _mcp_superuser(request)
@@ -1049,7 +1059,8 @@ def settings_view(request: HttpRequest) -> HttpResponse:
             "key_form": key_form,
             "endpoint_form": endpoint_form,
             "keys": [
-                (labels.get(k.provider, k.provider), k) for k in ApiKey.objects.order_by("provider")
+                (labels.get(k.provider, k.provider), k, endpoint_now(k.provider))
+                for k in ApiKey.objects.order_by("provider")
             ],
             "endpoints": [
                 (labels.get(e.provider, e.provider), e)
@@ -1272,9 +1283,12 @@ def _api_tokens_page(
 @require_POST
 def endpoint_delete(request: HttpRequest, provider: str) -> HttpResponse:
     _staff(request)
+    _endpoint_superuser(request)
     deleted, _ = ProviderEndpoint.objects.filter(provider=provider).delete()
     if deleted:
         messages.success(request, f"Removed the {provider} endpoint; the SDK default applies.")
+        if note := key_elsewhere_note(provider):
+            messages.warning(request, note)
     else:
         messages.error(request, f"There is no stored {provider} endpoint.")
     return redirect(reverse("settings"))

@@ -149,7 +149,7 @@ def fill_kept_state() -> dict[str, Any]:
     Setting.objects.create(key="system_prompt", value="Be brief.")
     Setting.objects.create(key="approve_shell", value={"always": False})
     api_key = ApiKey(provider="anthropic")
-    api_key.set_key(SECRET_KEY_TEXT)
+    api_key.set_key(SECRET_KEY_TEXT, endpoint="https://api.anthropic.com")
     api_key.save()
     ProviderEndpoint.objects.create(provider="openai", base_url="http://127.0.0.1:9/v1")
     UsageRecord.objects.create(

@@ -438,7 +438,7 @@ def test_it_lists_a_100000_chunk_tab_with_bounded_queries(
 def test_it_never_shows_an_api_key_in_full_or_its_ciphertext(client, staff):
     """Every admin page of a stored key shows only its mask."""
     api_key = ApiKey(provider="anthropic")
-    api_key.set_key(opsdata.SECRET_KEY_TEXT)
+    api_key.set_key(opsdata.SECRET_KEY_TEXT, endpoint="https://api.anthropic.com")
     api_key.save()
     pages = [
         reverse("admin:chat_apikey_changelist"),
@@ -476,7 +476,7 @@ def test_it_stores_a_key_added_in_the_admin_encrypted(client, staff):
 def test_it_keeps_the_stored_key_when_the_field_is_left_empty(client, staff):
     """Saving a key's page without typing a key leaves the stored key alone."""
     api_key = ApiKey(provider="anthropic")
-    api_key.set_key(opsdata.SECRET_KEY_TEXT)
+    api_key.set_key(opsdata.SECRET_KEY_TEXT, endpoint="https://api.anthropic.com")
     api_key.save()
 
     response = client.post(

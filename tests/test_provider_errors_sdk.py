@@ -21,7 +21,7 @@ from chat.providers import errors
 from chat.providers.anthropic import AnthropicProvider
 from chat.providers.base import Message, ProviderError, Request, TextPart
 from chat.providers.openai import OpenAIProvider
-from chat.providers.registry import PROVIDERS, model_info
+from chat.providers.registry import PROVIDERS, endpoint_now, model_info
 from harness.fakeprovider import STALL, FakeProviderServer, Reply, collect
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
 
@@ -275,7 +275,7 @@ async def run_one(tab, text: str) -> None:
 @database_sync_to_async
 def store_key(provider: str, key: str) -> None:
     row = ApiKey(provider=provider)
-    row.set_key(key)
+    row.set_key(key, endpoint=endpoint_now(provider))
     row.save()
 
 

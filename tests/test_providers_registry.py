@@ -25,7 +25,7 @@ from chat.providers.anthropic import AnthropicProvider
 from chat.providers.base import Finish, Message, ProviderError, Request, TextPart
 from chat.providers.offline import OfflineProvider
 from chat.providers.openai import OpenAIProvider
-from chat.providers.registry import INTERLEAVED_THINKING_BETA, PROVIDERS
+from chat.providers.registry import INTERLEAVED_THINKING_BETA, PROVIDERS, endpoint_now
 from harness.fakeprovider import Reply, collect, recorded
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,12 +44,13 @@ def clean_env(monkeypatch, settings):
 
 
 def store(provider: str, key: str | None = None, url: str | None = None) -> None:
-    if key is not None:
-        row = ApiKey(provider=provider)
-        row.set_key(key)
-        row.save()
+    """As Settings saves them: the key bound to where requests go once the URL is stored."""
     if url is not None:
         ProviderEndpoint.objects.create(provider=provider, base_url=url)
+    if key is not None:
+        row = ApiKey(provider=provider)
+        row.set_key(key, endpoint=endpoint_now(provider))
+        row.save()
 
 
 def test_importing_the_package_loads_neither_django_nor_an_sdk():

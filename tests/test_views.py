@@ -784,15 +784,18 @@ def test_it_validates_api_keys(client_alice, key, message):
 def test_it_deletes_an_api_key(client_alice):
     """Delete removes the stored key."""
     row = ApiKey(provider="openai")
-    row.set_key("sk-1234567890")
+    row.set_key("sk-1234567890", endpoint="https://api.openai.com/v1")
     row.save()
     response = client_alice.post(reverse("apikey_delete", args=["openai"]), follow=True)
     assert not ApiKey.objects.exists()
     assert "Deleted the openai key" in page(response)
 
 
-def test_it_saves_and_removes_an_endpoint(client_alice):
-    """An endpoint must be an http(s) URL; it can be removed again."""
+def test_it_saves_and_removes_an_endpoint(client_alice, alice):
+    """An endpoint must be an http(s) URL; it can be removed again (by a superuser: the
+    stored keys are sent there, see test_key_binding)."""
+    alice.is_superuser = True
+    alice.save()
     bad = client_alice.post(
         reverse("settings"),
         {"action": "endpoint", "provider": "openai", "base_url": "ftp://example.com"},
@@ -826,7 +829,7 @@ def test_it_says_where_each_providers_key_comes_from(client_alice, monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.delenv("DEEPSEEK_API_KEY", raising=False)
     row = ApiKey(provider="anthropic")
-    row.set_key("sk-stored-123456")
+    row.set_key("sk-stored-123456", endpoint="https://api.anthropic.com")
     row.save()
     tree = parse(page(client_alice.get(reverse("settings"))))
     [providers] = tree.find_all(lambda n: "providers" in n.classes)

@@ -24,6 +24,7 @@ import httpx2
 from chat.providers.base import ProviderError
 from chat.providers.common import json_loads
 from chat.providers.registry import (
+    KEY_BOUND_ELSEWHERE,
     MAX_STREAM_IDLE_TIMEOUT,
     PROVIDERS,
     ProviderConfigError,
@@ -451,6 +452,9 @@ class _Words:
         error, who = self.error, self.who
         status = error.status_code
         kind = error.error_type or ""
+        if kind == KEY_BOUND_ELSEWHERE:
+            # Its message names both endpoints and where to enter the key.
+            return f"The stored {self.api} key was saved for another endpoint", ""
         if isinstance(error, ProviderConfigError) or kind == "configuration_error":
             # Its message already names the variable and the Settings entry.
             return f"{who} is not set up for this model", ""

@@ -8,8 +8,13 @@ defaults, so a new model needs no code change.
 
 Credentials: the environment first (`ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL`,
 `OPENAI_API_KEY`, `OPENAI_BASE_URL`, `DEEPSEEK_API_KEY`, `DEEPSEEK_BASE_URL`),
-else the database (`ApiKey`, `ProviderEndpoint`). No base URL is written here:
-an unset one means the SDK's own default.
+else the database (`ApiKey`, `ProviderEndpoint`). No base URL is sent from here:
+an unset one means the SDK's own default (`default_url` only names it).
+
+A stored key is bound to the endpoint it was saved for (`ApiKey.endpoint`, see
+`key_endpoint`): it is sent nowhere else, wherever the URL now in effect came from
+(a Settings endpoint or the environment). A key from the environment is the
+operator's, and goes wherever the URL in effect points.
 
 This module imports neither Django nor the SDKs at import time, so importing
 `chat.providers` (as the pure `chat.history` does) stays cheap and pure. The
@@ -25,6 +30,7 @@ import contextlib
 import functools
 import os
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 
 from chat.providers.base import ProviderError
 
@@ -113,6 +119,9 @@ class ProviderSpec:
     # default URL of their own, and no URL is hard-coded here.
     needs_base_url: bool = False
     url_hint: str = ""
+    # Where the SDK sends requests when no base URL is set: what a stored key saved
+    # without one is bound to.
+    default_url: str = ""
     # ModelInfo options of a model of this provider that MODELS does not list.
     defaults: dict[str, object] = field(default_factory=dict)
 
@@ -130,6 +139,7 @@ PROVIDERS: dict[str, ProviderSpec] = {
             "anthropic/claude-sonnet-4-5",
             key_env="ANTHROPIC_API_KEY",
             url_env="ANTHROPIC_BASE_URL",
+            default_url="https://api.anthropic.com",
             # Every current Claude model reads images and PDFs.
             defaults=dict(CLAUDE_FILES),
         ),
@@ -140,6 +150,7 @@ PROVIDERS: dict[str, ProviderSpec] = {
             "openai/gpt-4.1",
             key_env="OPENAI_API_KEY",
             url_env="OPENAI_BASE_URL",
+            default_url="https://api.openai.com/v1",
             # OpenAI's own models see images since GPT-4o; a text-only model on another
             # server behind this URL is listed in MODELS with images=False.
             defaults={"images": True},
@@ -273,24 +284,95 @@ class ProviderConfigError(ProviderError, ValueError):
         super().__init__(message, error_type="configuration_error", retryable=False)
 
 
+# The error_type of KeyBoundElsewhere, for the error chunk's words.
+KEY_BOUND_ELSEWHERE = "key_bound_elsewhere"
+
+
+class KeyBoundElsewhere(ProviderConfigError):
+    """A stored key that a request would send to another endpoint than the one it
+    was saved for. Not retryable: only entering the key again helps."""
+
+    def __init__(self, spec: ProviderSpec, saved_for: str, now: str) -> None:
+        super().__init__(
+            f"The stored {spec.label} key was saved for {saved_for or 'no endpoint'} and must "
+            f"be entered again for {now or 'no endpoint'}: a stored key is sent only to the "
+            f"endpoint it was saved for. Enter it again in Settings → API keys (or set "
+            f"{spec.key_env})."
+        )
+        self.error_type = KEY_BOUND_ELSEWHERE
+
+
 @dataclass(frozen=True, slots=True)
 class Credentials:
     api_key: str | None
     base_url: str | None
 
 
+# The port each scheme implies: written out or not, it is the same endpoint.
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def key_endpoint(url: str | None) -> str:
+    """`url` as a stored key's binding ("" for none): scheme and host in lower case, the
+    scheme's default port, a user:password@, a fragment and a trailing slash dropped;
+    the path and the query kept.
+
+    The path counts: one host can serve many accounts by path (gateways such as
+    Cloudflare's put the account in it), so a path is as much a destination as a host.
+    Any other difference in spelling only costs entering the key again.
+    """
+    if not url:
+        return ""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        # Not a port number: keep it as written, so it matches only itself.
+        host = parts.netloc.rpartition("@")[2].lower()
+        port = None
+    if port is not None and port != DEFAULT_PORTS.get(scheme):
+        host = f"{host}:{port}"
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{scheme}://{host}{parts.path.rstrip('/')}{query}"
+
+
 def credentials(provider: str) -> Credentials:
-    """The key and base URL of `provider`: the environment wins over the database."""
+    """The key and base URL of `provider`: the environment wins over the database.
+
+    Raises KeyBoundElsewhere when the key is a stored one and the URL in effect is not
+    the endpoint it was saved for.
+    """
     spec = PROVIDERS[provider]
     if spec.adapter == "offline":
         return Credentials(None, None)
     key = from_env(spec.key_env)
     url = from_env(spec.url_env)
     if key is None or url is None:
-        stored_key, stored_url = _stored(provider, want_key=key is None, want_url=url is None)
-        key = key or stored_key
-        url = url or stored_url
+        stored = _stored(provider, want_key=key is None, want_url=url is None)
+        url = url or stored.url
+        if key is None and stored.key is not None:
+            now = key_endpoint(url or spec.default_url)
+            if stored.endpoint != now:
+                raise KeyBoundElsewhere(spec, stored.endpoint, now)
+            key = stored.key
     return Credentials(key, url)
+
+
+def endpoint_now(provider: str) -> str:
+    """Where a request of `provider` goes now, as `key_endpoint` writes it: the
+    environment's URL, else the Settings endpoint, else the SDK's default ("" for none).
+    A key saved now is bound to it. A provider this version does not know has none."""
+    spec = PROVIDERS.get(provider)
+    if spec is None:
+        return ""
+    url = from_env(spec.url_env)
+    if url is None:
+        url = _stored(provider, want_key=False, want_url=True).url
+    return key_endpoint(url or spec.default_url)
 
 
 def from_env(name: str) -> str | None:
@@ -299,7 +381,15 @@ def from_env(name: str) -> str | None:
     return (os.environ.get(name, "").strip() or None) if name else None
 
 
-def _stored(provider: str, *, want_key: bool, want_url: bool) -> tuple[str | None, str | None]:
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    key: str | None
+    # The endpoint the key was saved for.
+    endpoint: str
+    url: str | None
+
+
+def _stored(provider: str, *, want_key: bool, want_url: bool) -> _Stored:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -322,9 +412,7 @@ def _db_thread() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="provider-credentials")
 
 
-def _read_stored_and_close(
-    provider: str, want_key: bool, want_url: bool
-) -> tuple[str | None, str | None]:
+def _read_stored_and_close(provider: str, want_key: bool, want_url: bool) -> _Stored:
     from django.db import connections
 
     try:
@@ -334,14 +422,15 @@ def _read_stored_and_close(
         connections.close_all()
 
 
-def _read_stored(provider: str, want_key: bool, want_url: bool) -> tuple[str | None, str | None]:
+def _read_stored(provider: str, want_key: bool, want_url: bool) -> _Stored:
     from chat.models import ApiKey, ProviderEndpoint
 
     key = url = None
+    endpoint = ""
     if want_key:
         row = ApiKey.objects.filter(provider=provider).first()
         if row is not None:
-            key = row.get_key()
+            key, endpoint = row.get_key(), row.endpoint
             if key is None:
                 raise ProviderConfigError(
                     f"The stored {provider} API key cannot be decrypted (SECRET_KEY changed "
@@ -354,7 +443,7 @@ def _read_stored(provider: str, want_key: bool, want_url: bool) -> tuple[str | N
             .values_list("base_url", flat=True)
             .first()
         ) or None
-    return key, url
+    return _Stored(key, endpoint, url)
 
 
 def idle_env(provider: str) -> str:
