@@ -49,7 +49,7 @@ from chat.providers.base import (
 from chat.providers.errors import STREAM_IDLE, explain
 from chat.providers.registry import STREAM_IDLE_TIMEOUT
 from chat.stream import Block, Delta, Kind, Op, Open, Reducer, Role, Seal
-from chat.tools import files, sandbox, toolset, workdir
+from chat.tools import files, gitrepo, sandbox, toolset, workdir
 from chat.tools.base import ImageFile, ToolError
 
 logger = logging.getLogger(__name__)
@@ -1077,7 +1077,12 @@ class TurnRunner:
                 await self._apply(self.reducer.feed(ToolResultEvent(call_id, name, why, True)))
                 continue
             decision = await asyncio.to_thread(
-                rules.decide, self._rules, name, call, resolve=self._resolve
+                rules.decide,
+                self._rules,
+                name,
+                call,
+                resolve=self._resolve,
+                repository=self._git_repository,
             )
             if decision is not None:
                 await self._audit(call_id, decision)
@@ -1279,6 +1284,11 @@ class TurnRunner:
     def _resolve(self, path: str) -> str:
         """Where `path` leads, links followed as the tools follow them: rules judge both."""
         return files.resolve(workdir.ensure(self.workspace, self.cwd), path)
+
+    def _git_repository(self, folder: str) -> rules.GitRepository:
+        """What git run in `folder` reads that may name a command: rules judge it."""
+        root = workdir.ensure(self.workspace, self.cwd)
+        return rules.GitRepository(*gitrepo.read(self.workspace, root, folder))
 
     async def _load_rules(self) -> None:
         self._rules, problems = await database_sync_to_async(self._read_rules)()

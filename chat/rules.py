@@ -35,7 +35,11 @@ A program that runs a string or commands it does not name (`eval`, `sh -c`, `xar
 `find -exec`, `source`, `sg`, `git -c alias.x=!cmd`: HIDING, SHELLS), a wrapper option
 rules do not know, a wrapper with no command that runs a shell reading its input
 (`chroot /`) and a program's name bash would expand (`/bin/r?`) are unprovable like the
-rest.
+rest. So are git's own ways to run a command: a config write of a setting that runs one
+(`git config alias.x ...`, `core.pager`, hooks, filters, helpers: _GIT_RUNS), an option
+or subcommand that runs one (`rebase -x`, `submodule foreach`: _GIT_RUN_OPTIONS), and a
+git command whose repository or HOME names one (decide's `repository`). A write to git's
+own files (`.git/`, `.gitconfig`) is allowed only by an allow rule that names them.
 
 Paths are judged where they lead as well as as written: `decide` is given `resolve`,
 which follows links as the file tools do (a link `src/h` to `.git/hooks` makes
@@ -290,9 +294,16 @@ def decide(
     *,
     resolve: Callable[[str], str] | None = None,
     exists: Callable[[str], bool] | None = None,
+    repository: Callable[[str], GitRepository] | None = None,
 ) -> Decision | None:
     """What the rules say about calling `name` with `arguments`; None when none decides
     (the user's approval setting applies).
+
+    `repository` says what git run in a folder (from the same folder as `resolve`)
+    would read that may name a command: the repository's settings and hooks, and the
+    settings in HOME. A git command whose repository names one is unprovable (an
+    alias, a pager or a hook runs what no rule sees); so is any git command when the
+    folder it runs in is not known. Without `repository`, repositories are not read.
 
     `resolve` says where a workspace path leads once links are followed, as the file
     tools and the shell would follow them (chat.tools.files.resolve, from the tab's
@@ -309,7 +320,7 @@ def decide(
     if not rules:
         return None
     try:
-        return _decide(rules, name, arguments, resolve, exists)
+        return _decide(rules, name, arguments, resolve, exists, repository)
     except Exception as exc:
         logger.exception("rules could not read a %s call", name)
         return _failed(rules, name, exc)
@@ -336,11 +347,13 @@ def _decide(
     arguments: Mapping[str, Any],
     resolve: Callable[[str], str] | None,
     exists: Callable[[str], bool] | None,
+    repository: Callable[[str], GitRepository] | None = None,
 ) -> Decision | None:
     own = [rule for rule in rules if rule.applies_to(name)]
     if name == SHELL:
         shell = read_shell(arguments.get("command"))
-        main = _judge(own, shell.parts, shell.unprovable or shell.runs) if own else None
+        why = shell.unprovable or shell.runs or _git_repository_runs(shell, repository)
+        main = _judge(own, shell.parts, why) if own else None
         if main is not None and main.action == DENY:
             return main
         side = _judge_redirects(rules, shell, resolve, exists)
@@ -362,7 +375,12 @@ def _decide(
         parts = _path_subjects(name, arguments, resolve) if name in PATH_TOOLS else []
     except Unprovable as exc:
         return _judge(own, [], str(exc))
-    return _judge(own, parts, "")
+    decision = _judge(own, parts, "")
+    if name == "write_file" and decision is not None and decision.action == ALLOW:
+        git = [rule for rule in own if rule.action == ALLOW and _allows_git_files(rule)]
+        if any(_git_file(f) and not any(r.matches(f) for r in git) for f in parts[0].every):
+            return None
+    return decision
 
 
 def _judge(rules: Sequence[Rule], parts: Sequence[Subject], unprovable: str) -> Decision | None:
@@ -491,7 +509,11 @@ def _allowed_writes(
         except Unprovable:
             return None
         for form in subject.every:
-            rule = next((rule for rule in allows if rule.matches(form)), None)
+            git = _git_file(form)
+            rule = next(
+                (r for r in allows if r.matches(form) and (not git or _allows_git_files(r))),
+                None,
+            )
             if rule is None:
                 return None
             chosen.append(rule)
@@ -505,6 +527,20 @@ def _path_subjects(
     if not isinstance(raw, str):
         raise Unprovable("the call has no path")
     return [_landing(raw, resolve, f"the path {raw}", "")]
+
+
+def _git_file(path: str) -> bool:
+    """Whether a path is one of git's own files: a repository's config and hooks, a
+    .git file naming a repository, the settings in HOME. Writing one may make a later
+    git command run anything."""
+    names = path.split("/")
+    return ".git" in names or names[-1] == ".gitconfig" or "/".join(names[:2]) == ".config/git"
+
+
+def _allows_git_files(rule: Rule) -> bool:
+    """Whether an allow rule may allow writing git's own files: one that names them
+    (`write_file(.git/hooks/pre-commit)`), or the whole tool; `write_file(**)` does not."""
+    return rule.spec is None or ".git" in rule.spec or ".config/git" in rule.spec
 
 
 def _landing(raw: str, resolve: Callable[[str], str] | None, what: str, label: str) -> Subject:
@@ -614,6 +650,8 @@ class Shell:
     # The first reason it may run commands (or redirections) out of sight: a string it
     # runs, a substitution, syntax rules do not read.
     hidden: str = ""
+    # The folders its git commands run in (`cd`, `git -C`); None when one is not known.
+    git_dirs: list[str] | None = field(default_factory=list)
 
     def cannot(self, reason: str, *, hides: bool = True) -> None:
         self.unprovable = self.unprovable or reason
@@ -704,6 +742,8 @@ def _command(node: Any, shell: Shell, source: str) -> None:
     shell.parts.append(Subject(every, extra, words=tuple(word for word, _ in words[assignments:])))
     if runs or not inner or inner[0][0] not in MAKES_NO_LINKS:
         shell.links = True
+    if inner and inner[0][0] == "git":
+        _git_folders(shell, [word for word, _ in inner[1:]])
     if any("CDPATH" in word for word in written):
         shell.dirs = None
     elif inner and inner[0][0] in CHANGES_DIR:
@@ -1146,20 +1186,78 @@ def _forms(
     return tuple(every), tuple(extra), hidden, inner
 
 
-# git's settings whose value is a command it runs (`alias.x=!cmd`, a pager, an editor, a
-# helper), or that read more settings from a file.
+# git's settings whose value is a command it runs (`alias.x=!cmd`, or any alias: it may
+# run `config` to write one), a pager, an editor, a helper, a hook folder, a transport that
+# runs one, or that read more settings from a file. Matched on the whole key, any case.
 _GIT_RUNS = re.compile(
-    r"(alias\..*|core\.(pager|editor|sshcommand|fsmonitor|hookspath|askpass|gitproxy)"
-    r"|sequence\.editor|diff\.external|gpg\..*program|pager\..*|include\..*|includeif\..*"
-    r"|.*\.(textconv|command|cmd|helper|program|process|clean|smudge|tool))",
+    r"(alias|include|includeif|pager|sendemail|protocol|uploadpack|receive)\..*"
+    r"|core\.(pager|editor|sshcommand|fsmonitor|hookspath|askpass|gitproxy|worktree)"
+    r"|sequence\.editor|diff\.external|gpg\..*program|interactive\.difffilter"
+    r"|.*\.(textconv|command|cmd|helper|program|process|clean|smudge|tool|driver|path"
+    r"|uploadpack|receivepack|sshcommand|proxy|browser|editor)",
     re.IGNORECASE | re.S,
 )
+# Variables naming what git reads settings, programs or its repository from.
+_GIT_VARIABLES = (
+    "GIT_CONFIG", "GIT_EXEC_PATH", "GIT_PAGER", "GIT_EDITOR", "GIT_SSH", "GIT_DIR",
+    "GIT_COMMON_DIR", "GIT_EXTERNAL_DIFF", "GIT_SEQUENCE_EDITOR", "GIT_ASKPASS",
+    "GIT_PROXY_COMMAND", "GIT_TEMPLATE_DIR", "GIT_WORK_TREE", "GIT_CEILING_DIRECTORIES",
+    "GIT_DISCOVERY_ACROSS_FILESYSTEM", "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+)  # fmt: skip
+# git's own options before its subcommand that take the next word as their value.
+_GIT_VALUED = frozenset(
+    {"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--super-prefix", "--attr-source"}
+)
+# Options of git's subcommands whose value is a command it runs (or a folder it copies
+# hooks from), and subcommands that run one.
+_GIT_RUN_OPTIONS = {
+    "rebase": ("-x", "--exec"),
+    "difftool": ("-x", "--extcmd", "-t", "--tool"),
+    "mergetool": ("-t", "--tool"),
+    "fetch": ("--upload-pack",),
+    "pull": ("--upload-pack",),
+    "clone": ("-u", "--upload-pack", "--template", "-c", "--config"),
+    "init": ("--template",),
+    "ls-remote": ("--upload-pack",),
+    "push": ("--receive-pack", "--exec"),
+    "archive": ("--exec",),
+    "send-pack": ("--receive-pack", "--exec"),
+    "fetch-pack": ("--upload-pack", "--exec"),
+    "submodule": ("foreach",),
+    "bisect": ("run",),
+    "filter-branch": ("",),
+    "send-email": ("",),
+    "config": ("-e", "--edit", "edit", "--rename-section", "rename-section"),
+}
+# What git's own config command reads, so writes nothing.
+_GIT_CONFIG_READS = frozenset({"--get", "--get-all", "--get-regexp", "--get-urlmatch", "-l",
+    "--list", "--get-color", "--get-colorbool", "--unset", "--unset-all", "--remove-section",
+    "get", "list", "unset", "remove-section"})  # fmt: skip
+_GIT_CONFIG_VALUED = frozenset({"-f", "--file", "--blob", "--type", "--default", "--comment",
+                                "--value"})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GitRepository:
+    """What git run in a folder reads that may name a command (decide's `repository`)."""
+
+    # The keys of its settings (`core.pager`), the repository's and HOME's.
+    settings: tuple[str, ...] = ()
+    # The hooks it would run (`.git/hooks/pre-commit`): any file there but a sample.
+    hooks: tuple[str, ...] = ()
 
 
 def _git_runs(setting: str) -> bool:
-    key, _, value = setting.partition("=")
-    if key.lower().startswith("alias."):
-        return value.lstrip().startswith("!")
+    """Whether a git setting (`key`, or `key=value` as `git -c` gives it) may run a
+    command. An alias whose value is seen runs one if it starts with `!` or if the git
+    command it stands for does (`config core.pager ...`); one whose value is not seen may."""
+    key, given, value = setting.partition("=")
+    if given and key.strip().lower().startswith("alias."):
+        try:
+            words = shlex.split(value)
+        except ValueError:
+            return True
+        return value.lstrip().startswith("!") or bool(_git_hides(words))
     return _GIT_RUNS.fullmatch(key.strip()) is not None
 
 
@@ -1168,9 +1266,115 @@ def _git_config(name: str, assignments: list[tuple[str, str]]) -> str:
     if name != "git":
         return ""
     for word, _ in assignments:
-        if word.startswith(("GIT_CONFIG", "GIT_EXEC_PATH", "GIT_PAGER", "GIT_EDITOR", "GIT_SSH")):
+        if word.startswith(_GIT_VARIABLES):
             variable = word.split("=", 1)[0]
             return f"the command git reads settings from {variable}, which may run a string"
+    return ""
+
+
+def _git_subcommand(args: list[str]) -> tuple[int, str]:
+    """Where git's subcommand is among its words, and why git's own options may run a
+    string ("" when they cannot)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        arg = args[i]
+        option = arg.split("=", 1)[0]
+        if option == "--config-env":
+            return i, "the command git --config-env reads a setting that may run a string"
+        if option == "--exec-path" and "=" in arg:
+            return i, "the command git --exec-path= runs its programs from a folder"
+        if option == "--git-dir":
+            return i, "the command git --git-dir names a repository rules do not read"
+        if arg == "-c" and i + 1 < len(args) and _git_runs(args[i + 1]):
+            key = args[i + 1].split("=", 1)[0]
+            return i, f"the command git -c {key} runs a string as a command"
+        i += 2 if arg in _GIT_VALUED else 1
+    return i, ""
+
+
+def _git_hides(args: list[str]) -> str:
+    """Why git run with `args` runs what rules cannot read, or ""."""
+    i, why = _git_subcommand(args)
+    if why or i >= len(args):
+        return why
+    sub, rest = args[i], args[i + 1 :]
+    for option in _GIT_RUN_OPTIONS.get(sub, ()):
+        if not option or any(
+            arg == option or arg.startswith(option + "=")
+            or (len(option) == 2 and option[1] != "-" and arg.startswith(option))
+            for arg in (rest[:1] if not option.startswith("-") else rest)
+        ):  # fmt: skip
+            shown = f" {option}" if option else ""
+            return f"the command git {sub}{shown} runs a command rules do not read"
+    if sub == "config":
+        return _git_config_write(rest)
+    return ""
+
+
+def _git_config_write(args: list[str]) -> str:
+    """Why `git config ARGS` may write a setting that runs a command, or ""."""
+    positional: list[str] = []
+    writes = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("-") and len(arg) > 1:
+            if arg in _GIT_CONFIG_READS:
+                return ""
+            writes = writes or arg in ("--add", "--replace-all")
+            i += 2 if arg in _GIT_CONFIG_VALUED else 1
+            continue
+        positional.append(arg)
+        i += 1
+    if positional[:1] == ["set"]:
+        positional, writes = positional[1:], True
+    elif positional[:1] and positional[0] in _GIT_CONFIG_READS:
+        return ""
+    if not positional or not (writes or len(positional) >= 2):
+        return ""
+    if _git_runs(positional[0]):
+        return f"the command git config writes {positional[0]}, a setting that runs a command"
+    return ""
+
+
+def _git_folders(shell: Shell, args: list[str]) -> None:
+    """Note the folders a git command runs in: the shell's, moved by its -C options."""
+    if shell.git_dirs is None:
+        return
+    if shell.dirs is None:
+        shell.git_dirs = None
+        return
+    folders = list(shell.dirs)
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        if args[i] == "-C" and i + 1 < len(args):
+            moved = args[i + 1]
+            if _path_problem(moved) or moved.startswith("~"):
+                shell.git_dirs = None
+                return
+            folders = [posixpath.join(folder, moved) for folder in folders]
+        i += 2 if args[i] in _GIT_VALUED else 1
+    shell.git_dirs = list(
+        dict.fromkeys(shell.git_dirs + [normalise_path(f or ".") for f in folders])
+    )
+
+
+def _git_repository_runs(shell: Shell, repository: Callable[[str], GitRepository] | None) -> str:
+    """Why a git command of `shell` may run a command its repository (or HOME) names,
+    or "": an alias or a pager in its settings, a hook."""
+    if repository is None or shell.git_dirs == []:
+        return ""
+    if shell.git_dirs is None:
+        return "the command runs git in a folder rules cannot follow"
+    for folder in shell.git_dirs:
+        try:
+            found = repository(folder)
+        except Exception as exc:  # the reader's refusal, whatever its type: never allowed
+            return f"the repository git uses in {folder} cannot be read ({_first_line(exc)})"
+        if key := next((key for key in found.settings if _git_runs(key)), None):
+            return f"git's settings for {folder} name a command ({key})"
+        if found.hooks:
+            return f"the repository git uses in {folder} has the hook {found.hooks[0]}"
     return ""
 
 
@@ -1179,13 +1383,7 @@ def _hides(name: str, args: list[str]) -> str:
     if name in HIDING:
         return f"the command {name} {HIDING[name]}"
     if name == "git":
-        for i, arg in enumerate(args):
-            if arg.startswith("--config-env"):
-                return "the command git --config-env reads a setting that may run a string"
-            if arg == "-c" and i + 1 < len(args) and _git_runs(args[i + 1]):
-                key = args[i + 1].split("=", 1)[0]
-                return f"the command git -c {key} runs a string as a command"
-        return ""
+        return _git_hides(args)
     if name == "find":
         runs = next((arg for arg in args if arg in FIND_RUNS), None)
         return f"the command find {runs} runs a command for each file" if runs else ""
