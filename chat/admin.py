@@ -716,7 +716,16 @@ class McpServerAdminForm(forms.ModelForm):
 
     class Meta:
         model = McpServer
-        fields = ["name", "transport", "command", "args", "url", "timeout", "enabled"]
+        fields = [
+            "name",
+            "transport",
+            "command",
+            "args",
+            "mount_workspace",
+            "url",
+            "timeout",
+            "enabled",
+        ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -741,6 +750,7 @@ class McpServerAdminForm(forms.ModelForm):
                 "command": posted("command"),
                 "args": "\n".join(args) if listed else "",
                 "env": posted("env"),
+                "mount_workspace": posted("mount_workspace"),
                 "url": posted("url"),
                 "headers": posted("headers"),
                 "timeout": posted("timeout"),
@@ -775,8 +785,17 @@ class McpServerAdmin(admin.ModelAdmin):
     machine, as whoever runs Dispatch. Other staff see them, secrets masked."""
 
     form = McpServerAdminForm
-    list_display = ["name", "transport", "target", "secrets", "enabled", "timeout", "updated_at"]
-    list_filter = ["transport", "enabled"]
+    list_display = [
+        "name",
+        "transport",
+        "target",
+        "secrets",
+        "mount_workspace",
+        "enabled",
+        "timeout",
+        "updated_at",
+    ]
+    list_filter = ["transport", "enabled", "mount_workspace"]
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return request.user.is_active and request.user.is_staff

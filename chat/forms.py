@@ -570,6 +570,12 @@ class McpServerForm(forms.Form):
         help_text="stdio: NAME=value lines, saved encrypted and shown masked; a masked line "
         "keeps its saved value.",
     )
+    mount_workspace = forms.BooleanField(
+        required=False,
+        label="Mount the workspace",
+        help_text="stdio: the tab owner's workspace is its working directory, writable (it runs "
+        "once per user). Off, it sees no workspace: only its own home.",
+    )
     url = forms.URLField(
         max_length=500,
         required=False,
@@ -600,6 +606,7 @@ class McpServerForm(forms.Form):
                 "command": instance.command,
                 "args": "\n".join(instance.args or []),
                 "env": masked_pairs(instance.get_env()),
+                "mount_workspace": instance.mount_workspace,
                 "url": instance.url,
                 "headers": masked_pairs(instance.get_headers()),
                 "timeout": instance.timeout,
@@ -639,6 +646,8 @@ class McpServerForm(forms.Form):
                 self.add_error("url", "An HTTP server needs its URL.")
             if data.get("command", "").strip() or data.get("args", "").strip() or data.get("env"):
                 self.add_error("command", "A command, arguments and environment are for stdio.")
+            if data.get("mount_workspace"):
+                self.add_error("mount_workspace", "Only a stdio server can mount the workspace.")
         return data
 
     def save(self) -> McpServer:
@@ -648,6 +657,7 @@ class McpServerForm(forms.Form):
         row.transport = data["transport"]
         row.command = data["command"].strip()
         row.args = _lines(data["args"])
+        row.mount_workspace = data["mount_workspace"]
         row.url = data["url"]
         row.timeout = data["timeout"]
         row.enabled = data["enabled"]

@@ -329,8 +329,9 @@ class PermissionRule(models.Model):
 
 class McpServer(models.Model):
     """An MCP server whose tools tabs may use (chat.mcp). Staff only: a stdio server
-    is a program run on this machine (inside the shell's sandbox). Secrets in `env`
-    and `headers` are encrypted at rest like API keys."""
+    is a program run on this machine (inside the shell's sandbox, with a home of its own
+    and no workspace unless `mount_workspace`). Secrets in `env` and `headers` are
+    encrypted at rest like API keys."""
 
     class Transport(models.TextChoices):
         STDIO = "stdio"
@@ -347,6 +348,9 @@ class McpServer(models.Model):
     # Seconds a call (and the connection) may take before it is given up.
     timeout = models.FloatField(default=60.0)
     enabled = models.BooleanField(default=True)
+    # stdio: the tab owner's workspace is mounted (writable, the working directory), so
+    # the server runs once per user; off, it sees no workspace at all.
+    mount_workspace = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

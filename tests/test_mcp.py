@@ -1,7 +1,7 @@
 """The MCP client (chat.tools.mcp) against real servers written with the SDK's server
 side: tests/mcp_servers/tools.py over stdio (a subprocess per connection) and over
 streamable HTTP (one process for the module, on 127.0.0.1), and tests/mcp_servers/bare.py
-(standard library only) inside the shell's sandbox.
+(standard library only); test_mcp_confinement.py runs them in the sandbox.
 
 The module shares one event loop, so its connections (and the stdio servers' processes)
 are shared by its tests, as a worker's are by its turns.
@@ -12,14 +12,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import shutil
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from django.conf import settings
 
 from chat import worker
 from chat.models import McpServer
@@ -58,7 +56,7 @@ async def _closed():
 @pytest.fixture(autouse=True)
 def _unsandboxed(settings):
     # tools.py needs the project's packages, which the sandbox does not show; the
-    # sandbox has tests of its own below.
+    # sandbox has tests of its own (test_mcp_confinement.py).
     settings.DISPATCH_SHELL_UNSANDBOXED = True
 
 
@@ -80,7 +78,7 @@ def deletes(web: str) -> int:
 
 
 def connection(name: str) -> mcp.Connection | None:
-    return mcp._pool().connections.get(name)
+    return mcp._pool().connections.get((name, None))
 
 
 TRANSPORTS = pytest.mark.parametrize("server", ["local", "web"])
@@ -457,9 +455,9 @@ async def test_a_server_slow_at_a_turn_start_is_left_for_the_turn_and_listed_for
         {"slow": "server slow: did not list its tools within 0 s"},
     )
     # Still listing: the next turn waits for that listing rather than start another.
-    listing = mcp._pool().listings["slow"]
+    listing = mcp._pool().listings[("slow", None)]
     await listing
-    assert "slow" not in mcp._pool().failed
+    assert ("slow", None) not in mcp._pool().failed
     second = await mcp.refresh(turn=True)
     assert "mcp__slow__echo" in [spec.name for spec in second.specs]
     assert second.failed == {}
@@ -491,61 +489,12 @@ async def test_undecryptable_secrets_are_a_problem():
     ]
 
 
-# --- The sandbox ---------------------------------------------------------------------------
-
-SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+# --- The sandbox (tests/test_mcp_confinement.py: what a server sees in it) -----------------
 
 
 @pytest.fixture
-def sandboxed(settings, monkeypatch):
+def sandboxed(settings):
     settings.DISPATCH_SHELL_UNSANDBOXED = False
-    workspace = Path(settings.DISPATCH_WORKSPACE)
-    workspace.mkdir(parents=True, exist_ok=True)
-    shutil.copy(SERVERS / "bare.py", workspace / "bare.py")
-    monkeypatch.setenv("DISPATCH_TEST_SECRET", "leaked")
-    return workspace
-
-
-@pytest.mark.skipif(
-    not sandbox.check(sandbox.policy_from(settings)).available or not SYSTEM_PYTHON,
-    reason="needs bubblewrap and the system's python3 (the sandbox's tests say why not)",
-)
-async def test_a_stdio_server_runs_in_the_shells_sandbox(sandboxed):
-    row = McpServer(name="boxed", transport="stdio", command=SYSTEM_PYTHON, args=["bare.py"])
-    row.set_env(
-        {"MCP_TEST_TOKEN": "tok", "DISPATCH_TEST_DATA_DIR": str(settings.DATA_DIR / "secret_key")}
-    )
-    await row.asave()
-    found, problems = await mcp.specs()
-    assert ([spec.name for spec in found], problems) == (["mcp__boxed__where"], [])
-    result = await mcp.call("mcp__boxed__where", {})
-    seen = json.loads(result.result)
-    assert seen["cwd"] == str(sandboxed.resolve())
-    assert seen["token"] == "tok"
-    assert seen["secret"] == ""
-    assert seen["data_dir_visible"] is False
-    assert seen["workspace_writable"] == "yes"
-    assert (sandboxed / "written-by-mcp.txt").read_text() == "ok"
-
-
-@pytest.mark.skipif(
-    not sandbox.check(sandbox.policy_from(settings)).available or not SYSTEM_PYTHON,
-    reason="needs bubblewrap and the system's python3 (the sandbox's tests say why not)",
-)
-@pytest.mark.parametrize(("network", "reaches"), [(False, "no"), (True, "yes")])
-async def test_a_stdio_servers_network_is_the_shells_setting_with_the_hosts_loopback(
-    sandboxed, settings, web, network, reaches
-):
-    """Network off: none, as for the shell. On: the host's own network, its loopback
-    included (the shell's private network needs descriptors the SDK does not pass):
-    the README's documented limit."""
-    settings.DISPATCH_SHELL_NETWORK = network
-    await mcp.close_all()  # a connection opened under the other setting
-    row = McpServer(name="netted", transport="stdio", command=SYSTEM_PYTHON, args=["bare.py"])
-    row.set_env({"MCP_TEST_CONNECT": web.removeprefix("http://")})
-    await row.asave()
-    result = await mcp.call("mcp__netted__where", {})
-    assert json.loads(result.result)["reaches"] == reaches
 
 
 async def test_without_bubblewrap_stdio_servers_are_refused(sandboxed, monkeypatch):
@@ -581,10 +530,10 @@ async def test_stop_while_a_server_hangs_in_its_handshake_ends_the_call_and_the_
     # Its tool's name is known from an earlier listing (the tab's frozen list).
     task = asyncio.create_task(mcp.call("mcp__stuck__where", {}))
     for _ in range(500):
-        if mcp._pool().lock("stuck").locked():
+        if mcp._pool().lock(("stuck", None)).locked():
             break
         await asyncio.sleep(0.01)
-    assert mcp._pool().lock("stuck").locked()
+    assert mcp._pool().lock(("stuck", None)).locked()
     await asyncio.sleep(0.3)
     task.cancel()
     # Far below the server's timeout: a Stop that waited for it would fail here.
@@ -592,7 +541,7 @@ async def test_stop_while_a_server_hangs_in_its_handshake_ends_the_call_and_the_
     assert done and task.cancelled()
     gc.collect()
     assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
-    assert not mcp._pool().lock("stuck").locked()
+    assert not mcp._pool().lock(("stuck", None)).locked()
     assert connection("stuck") is None
     assert (await mcp.call("mcp__web__echo", {"text": "after"})).result == "echo: after"
 

@@ -140,7 +140,7 @@ async def test_a_tab_whose_tools_cannot_come_from_a_hung_server_never_waits_for_
         await Tab.objects.filter(pk=tab.pk).aupdate(tool_allow=["read_file", "mcp__other__*"])
         await run_one(tab, "go")
         pool = mcp._pool()
-        assert "stuck" not in pool.listings and "stuck" not in pool.failed
+        assert ("stuck", None) not in pool.listings and ("stuck", None) not in pool.failed
     assert await notices_of(tab) == []
     assert await answers(tab) == ["hi"]
 
@@ -157,7 +157,7 @@ async def test_a_hung_server_holds_a_turn_start_a_few_seconds_then_is_not_asked_
     async with running_worker():
         tab = await make_tab()
         await run_one(tab, "first")
-        assert "stuck" in mcp._pool().failed
+        assert ("stuck", None) in mcp._pool().failed
         await run_one(tab, "second")
         await mcp.close_all()
     assert await notices_of(tab) == [
@@ -180,7 +180,7 @@ async def test_stop_ends_a_turn_waiting_for_a_hung_servers_tools_at_once(
         async with Watcher(tab.pk) as watcher:
             await submit(tab, "go")
             async with asyncio.timeout(TIMEOUT):
-                while "stuck" not in mcp._pool().listings:
+                while ("stuck", None) not in mcp._pool().listings:
                     await asyncio.sleep(0.01)
             assert await database_sync_to_async(turns.cancel)(tab.pk)
             await watcher.until_idle()

@@ -3,6 +3,7 @@ masked, every bad input a message on the form, Test listing the tools or the err
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -101,6 +102,10 @@ def test_an_edit_keeps_a_masked_value_and_takes_new_ones(root):
             {"name": "s", "transport": "http", "url": "http://example.com/", "command": "y"},
             "A command, arguments and environment are for stdio.",
         ),
+        (
+            {"name": "s", "transport": "http", "url": "http://x.test/", "mount_workspace": "on"},
+            "Only a stdio server can mount the workspace.",
+        ),
     ],
 )
 def test_bad_input_is_a_message_on_the_form(root, fields, message):
@@ -108,6 +113,30 @@ def test_bad_input_is_a_message_on_the_form(root, fields, message):
     assert response.status_code == 422
     assert message in response.content.decode()
     assert not McpServer.objects.exists()
+
+
+def test_a_server_mounts_the_workspace_only_when_told_to_and_the_list_says_so(root):
+    """Off by default (a stdio server sees no workspace); on, saved, kept by an edit
+    that leaves it, and named in the list."""
+    add(root, name="plain", command="x")
+    add(root, name="files", command="y", mount_workspace="on")
+    rows = dict(McpServer.objects.values_list("name", "mount_workspace"))
+    assert rows == {"plain": False, "files": True}
+    files = McpServer.objects.get(name="files")
+    edit = root.get(reverse("settings") + f"?mcp={files.pk}").content.decode()
+    assert re.search(r"<input[^>]*name=\"mount_workspace\"[^>]*checked", edit)
+    page = root.get(reverse("settings")).content.decode()
+    assert page.count("mounts the workspace</span>") == 1
+    add(root, server=str(files.pk), name="files", command="y")
+    files.refresh_from_db()
+    assert files.mount_workspace is False
+
+
+def test_the_admin_sets_whether_a_server_mounts_the_workspace(root):
+    fields = admin_form(transport="stdio", url="", headers="", command="sh")
+    response = root.post(reverse("admin:chat_mcpserver_add"), {**fields, "mount_workspace": "on"})
+    assert response.status_code == 302
+    assert McpServer.objects.get(name="web").mount_workspace is True
 
 
 def test_a_second_server_of_the_same_name_is_refused(root):
@@ -343,6 +372,11 @@ def test_staff_who_are_not_superusers_see_a_servers_url_without_its_secrets(staf
             'Arguments are a JSON list of strings, e.g. ["-y", "server"].',
         ),
         ({"headers": "no equals sign"}, "headers", None),
+        (
+            {"mount_workspace": "on"},
+            "mount_workspace",
+            "Only a stdio server can mount the workspace.",
+        ),
     ],
 )
 def test_the_admin_checks_a_server_as_settings_does(root, fields, field, message):

@@ -1,4 +1,4 @@
-from django.db import migrations
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
@@ -6,4 +6,10 @@ class Migration(migrations.Migration):
         ("chat", "0014_user_workspaces"),
     ]
 
-    operations: list[migrations.operations.base.Operation] = []
+    operations: list[migrations.operations.base.Operation] = [
+        migrations.AddField(
+            model_name="mcpserver",
+            name="mount_workspace",
+            field=models.BooleanField(default=False),
+        ),
+    ]

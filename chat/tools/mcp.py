@@ -1,9 +1,11 @@
 """MCP servers' tools: connections, listing, calling, results.
 
-Staff configure servers (chat.models.McpServer): a program run over stdio, inside the
-shell's bubblewrap sandbox (the workspace writable, no data directory, the shell's
-scrubbed environment plus the server's own variables), or a streamable-HTTP URL with
-headers. The public interface:
+Staff configure servers (chat.models.McpServer): a program run over stdio, confined as
+the shell is (chat.tools.sandbox: bubblewrap, a fresh /proc, no data directory, the
+shell's scrubbed environment plus the server's own variables, seccomp, the shell's
+private network), with a home of its own under the data directory, and the workspace
+of the tab's owner only when the server is configured to mount it (then one connection
+per user); or a streamable-HTTP URL with headers. The public interface:
 
 - specs(): every enabled server's tools as provider-safe McpToolSpecs, and problems
   ("server x: not reachable (...)"); never raises for a broken server.
@@ -11,8 +13,11 @@ headers. The public interface:
   keeping its tools in `known` (a tab's frozen list), and which servers failed; for a
   turn's start, only the servers `wanted`, each waited for TURN_LIST_SECONDS at most, one
   that failed not asked again for FAILED_SECONDS.
-- call(name, arguments, *, on_output, timeout=None) -> ToolOutcome: one call, an
-  `is_error` outcome naming the server for every failure.
+- call(name, arguments, *, on_output, timeout=None, owner_id=None) -> ToolOutcome: one
+  call, an `is_error` outcome naming the server for every failure.
+
+`owner_id` (refresh's and call's) is the tab's owner: a server that mounts the
+workspace gets that user's, in a connection of that user's alone.
 
 Connections live per event loop (a worker has one; each test its own): opened on first
 use, reused by every turn and tab after it (a handshake per message costs seconds), and
@@ -34,7 +39,7 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
+import signal
 import tempfile
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -43,13 +48,13 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
 
+import anyio
 import httpx2
 import jsonschema
 import mcp_types as types
 from channels.db import database_sync_to_async
 from django.conf import settings
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
@@ -57,7 +62,7 @@ from mcp_types import methods as mcp_methods
 from pydantic import ValidationError
 
 from chat.models import McpServer
-from chat.tools import mcp_names, sandbox, shell
+from chat.tools import files, mcp_names, sandbox, shell, workdir
 from chat.tools.base import ImageFile, ToolOutcome, clean_text
 
 logger = logging.getLogger(__name__)
@@ -96,9 +101,17 @@ HTTP_READ_TIMEOUT = 3600.0
 # which is to be cut to the shell's cap instead. Past this the call fails.
 MAX_HTTP_EVENT_BYTES = 32 * 1024 * 1024
 
-# Closing a stdio server waits for it (2 s after stdin closes, then TERM, then KILL: the
-# SDK's steps); an HTTP one for its DELETE. Past this the connection's task is cancelled.
+# Closing an HTTP connection waits for its DELETE, a stdio one for STDIO_EXIT_GRACE and
+# the kill after it. Past this the connection's task is cancelled.
 CLOSE_GRACE = 10.0
+
+# A stdio server whose stdin closed may take this long to exit on its own (the spec's
+# first step, the SDK's 2 s); then its whole sandbox is killed.
+STDIO_EXIT_GRACE = 2.0
+
+# One message from a stdio server is one line of its stdout, kept whole until it ends:
+# as big as an HTTP message may be. A longer one ends the connection.
+MAX_STDIO_LINE_BYTES = MAX_HTTP_EVENT_BYTES
 
 # Kept of a failed server's stderr (and of output that was not MCP) for its message.
 DETAIL_CHARS = 300
@@ -141,6 +154,9 @@ class ServerConfig:
     timeout: float
     # Set when the row cannot be used as it is (secrets saved under another SECRET_KEY).
     problem: str = ""
+    # The row's id (its home's folder) and whether it mounts the tab owner's workspace.
+    id: int = 0
+    mount_workspace: bool = False
 
     @classmethod
     def from_row(cls, row: McpServer) -> ServerConfig:
@@ -158,7 +174,15 @@ class ServerConfig:
             headers=tuple(sorted((headers or {}).items())),
             timeout=row.timeout,
             problem=problem,
+            id=row.pk,
+            mount_workspace=row.mount_workspace,
         )
+
+    def key(self, owner_id: int | None) -> Key:
+        """Which connection serves a call of `owner_id`'s tab: one per user for a server
+        that mounts the workspace (one user's server never sees another's files), else
+        one for all."""
+        return (self.name, owner_id if self.mount_workspace else None)
 
     def redact(self, text: str) -> str:
         """`text` (a problem or an error, shown in every tab that has the server's tools)
@@ -197,6 +221,11 @@ def shown_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
 
 
+# A connection's place in its pool: the server's name, and the user whose workspace it
+# mounts (None: no workspace).
+Key = tuple[str, int | None]
+
+
 class Unreachable(Exception):
     """A server that could not be connected to; the message says why, for people."""
 
@@ -207,10 +236,21 @@ class Unreachable(Exception):
 class Connection:
     """One server's transport and session, held open by a task of its own."""
 
-    def __init__(self, config: ServerConfig, workspace: Path, policy: sandbox.Policy) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        policy: sandbox.Policy,
+        *,
+        home: Path,
+        workspace: Path | None = None,
+        key: Key | None = None,
+    ) -> None:
         self.config = config
-        self.workspace = workspace
         self.policy = policy
+        # A stdio server's $HOME, and the workspace it mounts (None: none).
+        self.home = home
+        self.workspace = workspace
+        self.key = key or config.key(None)
         self.session: ClientSession | None = None
         self.tools: list[types.Tool] | None = None
         # Bumped by tools/list_changed: a listing read across a change is not kept.
@@ -230,7 +270,6 @@ class Connection:
 
     async def open(self) -> None:
         """Start the server (or reach it) and shake hands, within the server's timeout."""
-        await asyncio.to_thread(self.workspace.mkdir, parents=True, exist_ok=True)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Stopped while connecting, nobody awaits it when the connection's task fails it:
         # taken here, or asyncio logs an error for every such Stop.
@@ -290,13 +329,74 @@ class Connection:
         # Its stderr, for the message when it fails to start: never shown live.
         # Closed with the connection (its task's end), not by a block here.
         self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
-        return stdio_client(self._stdio_parameters(), errlog=self._stderr)
+        return self._stdio()
 
-    def _stdio_parameters(self) -> StdioServerParameters:
-        root = self.workspace
-        argv = [self.config.command, *self.config.args]
-        env = {**shell.shell_env(root, sandboxed=not self.policy.unsandboxed)}
+    @contextlib.asynccontextmanager
+    async def _stdio(self) -> AsyncIterator[tuple[Any, Any]]:
+        """The server run as the shell's commands are (bwrap, seccomp, the private network
+        through slirp4netns), its JSON-RPC lines bridged to the session's streams; when
+        left, the whole sandbox killed. Not the SDK's stdio_client: it spawns the process
+        itself and passes no descriptors, which bwrap's seccomp program and the private
+        network need."""
+        argv, env, cwd, binds = await asyncio.to_thread(self._stdio_launch)
+        network: sandbox.Network | None = None
+        seccomp: int | None = None
+        if not self.policy.unsandboxed:
+            if sandbox.private_network(self.policy):
+                network = sandbox.Network(self.policy)
+            if (program := sandbox.setid_filter()) is not None:
+                seccomp = sandbox.program_fd(program)
+            argv = sandbox.command(self.policy, cwd, argv, network, seccomp, binds=binds)
+        shell.become_subreaper()
+        try:
+            try:
+                # From the connection's task, on the event loop's thread, which lives as
+                # long as the server: bwrap's parent-death signal follows that thread.
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=self._stderr,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                    pass_fds=(
+                        *(network.child_fds() if network is not None else ()),
+                        *((seccomp,) if seccomp is not None else ()),
+                    ),
+                    limit=MAX_STDIO_LINE_BYTES,
+                )
+            finally:
+                if network is not None:
+                    network.started()
+                if seccomp is not None:
+                    os.close(seccomp)
+            try:
+                if network is not None and (problem := await network.start()) is not None:
+                    raise Unreachable(problem)
+                async with _lines(proc) as streams:
+                    yield streams
+            finally:
+                await _end(proc)
+        finally:
+            if network is not None:
+                await asyncio.to_thread(network.close)
+
+    def _stdio_launch(self) -> tuple[list[str], dict[str, str], Path, tuple[Path, ...]]:
+        """The server's argv, environment, working directory (the workspace it mounts,
+        else its home) and the folders bound besides it (its home); its home made."""
+        home = _made_private(self.home)
+        cwd = home
+        if self.workspace is not None:
+            cwd = files.ensure_workspace(self.workspace)
+            if sandbox._within(home.resolve(), cwd):
+                raise Unreachable(f"its home {home} is inside the workspace it would mount")
+        env = shell.shell_env(cwd, sandboxed=not self.policy.unsandboxed)
         env.update(self.config.env)
+        # Never the workspace: what a tab's shell plants there (a .pth, an .npmrc) would
+        # run in the server at its next start.
+        env["HOME"] = str(home)
+        argv = [self.config.command, *self.config.args]
         if not self.policy.unsandboxed:
             verdict = sandbox.check(self.policy)
             if not verdict.available:
@@ -304,8 +404,7 @@ class Connection:
                     f"not started, since stdio servers run in the shell's sandbox: "
                     f"{verdict.problem}"
                 )
-            argv = _sandboxed(self.policy, root, argv)
-        return StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=root)
+        return argv, env, cwd, (home,) if cwd != home else ()
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
@@ -527,50 +626,111 @@ def _where(exc: ValidationError, skip: int = 0) -> str:
     )
 
 
-def _sandboxed(policy: sandbox.Policy, root: Path, argv: list[str]) -> list[str]:
-    """bwrap's command line for a stdio server: the shell's sandbox with the host's
-    network when the shell has network (the SDK's transport passes no descriptors, so
-    not the shell's private one) and its seccomp filter, read by bwrap from a file
-    descriptor that a small sh opens for it."""
-    program = _filter_path()
-    command = sandbox.command(policy, root, argv, None, 3 if program else None)
-    if not program:
-        return command
-    return ["/bin/sh", "-c", 'exec "$@" 3<"$0"', program, *command]
+@contextlib.asynccontextmanager
+async def _lines(proc: asyncio.subprocess.Process) -> AsyncIterator[tuple[Any, Any]]:
+    """The session's streams over a stdio server's pipes: a JSON-RPC message a line each
+    way. A line that is not a message goes to the session as its error (the SDK's way:
+    the session hands it to the message handler); one past MAX_STDIO_LINE_BYTES, the end
+    of stdout or a broken stdin end the read stream, so waiting requests fail."""
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+    got_send, got = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    put, put_receive = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def read() -> None:
+        async with got_send:
+            while True:
+                try:
+                    line = await stdout.readline()
+                except ValueError:
+                    logger.warning("MCP server sent a line past %d bytes", MAX_STDIO_LINE_BYTES)
+                    return
+                if not line:
+                    return
+                if line.strip():
+                    await got_send.send(_message(line))
+
+    async def write() -> None:
+        try:
+            async with put_receive:
+                async for item in put_receive:
+                    data = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    stdin.write(data.encode() + b"\n")
+                    await stdin.drain()
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await got_send.aclose()
+
+    async with anyio.create_task_group() as tasks, got, put:
+        tasks.start_soon(read)
+        tasks.start_soon(write)
+        try:
+            yield got, put
+        finally:
+            tasks.cancel_scope.cancel()
 
 
-_FILTER: list[str] = []
+def _message(line: bytes) -> SessionMessage | Exception:
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:
+        return exc
 
 
-def _filter_path() -> str:
-    """A file holding the sandbox's seccomp program (written once per process), or ""."""
-    if not _FILTER:
-        program = sandbox.setid_filter()
-        path = ""
-        if program is not None and shutil.which("sh"):
-            handle, path = tempfile.mkstemp(prefix="dispatch-seccomp-")
-            with os.fdopen(handle, "wb") as file:
-                file.write(program)
-        _FILTER.append(path)
-    return _FILTER[0]
+async def _end(proc: asyncio.subprocess.Process) -> None:
+    """The spec's end of a stdio server (its stdin closed, STDIO_EXIT_GRACE to exit), then
+    its process group killed: bwrap's PID 1 with it, so everything in the sandbox, also
+    what left the group. A second cancellation (close() past CLOSE_GRACE) still kills."""
+    try:
+        with anyio.CancelScope(shield=True):
+            if proc.stdin is not None:
+                proc.stdin.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), STDIO_EXIT_GRACE)
+            await shell._end_group(proc)
+    finally:
+        if proc.returncode is None:
+            # Not reaped, so its group is still this server's.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _made_private(path: Path) -> Path:
+    """`path` made if missing, with every folder from the data directory's `mcp` down to it
+    closed to other users (0700): a server keeps tokens and caches in its home."""
+    top = Path(settings.DATA_DIR) / "mcp"
+    for folder in [*reversed(path.relative_to(top).parents), path.relative_to(top)]:
+        where = top / folder
+        where.mkdir(mode=0o700, exist_ok=True)
+        where.chmod(0o700)
+    return path
+
+
+def home_of(config: ServerConfig, owner_id: int | None) -> Path:
+    """A stdio server's $HOME under the data directory: never in a workspace, one per
+    server, and per user for one that mounts the workspace (its files may hold theirs)."""
+    base = Path(settings.DATA_DIR) / "mcp" / str(config.id)
+    if config.key(owner_id)[1] is None:
+        return base / "home"
+    return base / "users" / str(owner_id) / "home"
 
 
 class _Pool:
-    """One event loop's connections, by server name."""
+    """One event loop's connections, by Key (server name, and user for a server that
+    mounts the workspace)."""
 
     def __init__(self) -> None:
-        self.connections: dict[str, Connection] = {}
+        self.connections: dict[Key, Connection] = {}
         # Replaced by an edit while a call ran on them: closed once free.
         self.retired: list[Connection] = []
-        self.locks: dict[str, asyncio.Lock] = {}
+        self.locks: dict[Key, asyncio.Lock] = {}
         self.sweeper: asyncio.Task[None] | None = None
         # Servers whose listing at a turn's start failed or was too slow: the config, when
         # (the loop's clock) and the failure; and listings still running.
-        self.failed: dict[str, tuple[ServerConfig, float, str]] = {}
-        self.listings: dict[str, asyncio.Task[tuple[list[types.Tool], list[str], str]]] = {}
+        self.failed: dict[Key, tuple[ServerConfig, float, str]] = {}
+        self.listings: dict[Key, asyncio.Task[tuple[list[types.Tool], list[str], str]]] = {}
 
-    def lock(self, name: str) -> asyncio.Lock:
-        return self.locks.setdefault(name, asyncio.Lock())
+    def lock(self, key: Key) -> asyncio.Lock:
+        return self.locks.setdefault(key, asyncio.Lock())
 
     async def retire(self, connection: Connection) -> None:
         if connection.busy:
@@ -579,10 +739,10 @@ class _Pool:
             await connection.close()
 
     async def close_idle(self, now: float) -> None:
-        for name, connection in list(self.connections.items()):
+        for key, connection in list(self.connections.items()):
             idle = not connection.busy and now - connection.last_used >= MCP_IDLE_SECONDS
             if idle or connection.closed:
-                del self.connections[name]
+                del self.connections[key]
                 await connection.close()
         for connection in [c for c in self.retired if not c.busy]:
             self.retired.remove(connection)
@@ -610,27 +770,37 @@ def _pool() -> _Pool:
     return pool
 
 
-def _new_connection(config: ServerConfig) -> Connection:
-    return Connection(config, Path(settings.DISPATCH_WORKSPACE), sandbox.policy_from(settings))
+def _new_connection(config: ServerConfig, owner_id: int | None = None) -> Connection:
+    key = config.key(owner_id)
+    mounted = key[1]
+    return Connection(
+        config,
+        sandbox.policy_from(settings),
+        home=home_of(config, owner_id),
+        workspace=None if mounted is None else workdir.user_workspace(mounted),
+        key=key,
+    )
 
 
-async def _connect(config: ServerConfig) -> Connection:
-    """The running loop's connection to this server, opened if there is none (or the
-    one there is was closed, or made for a config since edited)."""
+async def _connect(config: ServerConfig, owner_id: int | None = None) -> Connection:
+    """The running loop's connection to this server for `owner_id`'s tabs (config.key),
+    opened if there is none (or the one there is was closed, or made for a config since
+    edited)."""
     if config.problem:
         raise Unreachable(config.problem)
     pool = _pool()
-    async with pool.lock(config.name):
-        connection = pool.connections.get(config.name)
+    key = config.key(owner_id)
+    async with pool.lock(key):
+        connection = pool.connections.get(key)
         if connection is not None and (connection.closed or connection.config != config):
-            del pool.connections[config.name]
+            del pool.connections[key]
             await pool.retire(connection)
             connection = None
         if connection is None:
-            connection = _new_connection(config)
+            connection = _new_connection(config, owner_id)
             await connection.open()
-            pool.connections[config.name] = connection
-            pool.failed.pop(config.name, None)
+            pool.connections[key] = connection
+            pool.failed.pop(key, None)
             pool.watch()
         connection.last_used = asyncio.get_running_loop().time()
         return connection
@@ -697,6 +867,7 @@ async def refresh(
     wanted: Callable[[str], bool] | None = None,
     *,
     turn: bool = False,
+    owner_id: int | None = None,
 ) -> Listing:
     """Every enabled server's tools, a server whose listing fails keeping its tools in
     `known` (a tab's frozen list): a server down for a moment at a turn's start must not
@@ -705,40 +876,47 @@ async def refresh(
     Only the servers whose names `wanted` takes (a tab's allow-list: a server none of its
     tools could pass is never waited for). With `turn` (a turn's start), each server is
     waited for TURN_LIST_SECONDS at most, and one that failed or was too slow is not
-    asked again for FAILED_SECONDS: a hung server must not hold up every turn."""
+    asked again for FAILED_SECONDS: a hung server must not hold up every turn.
+    `owner_id`: the tab's owner (ServerConfig.key)."""
     configs = await enabled_servers()
     await _forget_others({config.name for config in configs})
     if wanted is not None:
         configs = [config for config in configs if wanted(config.name)]
-    return await _specs(configs, known, _turn_tools if turn else _server_tools)
+    lister = _turn_tools if turn else _server_tools
+    return await _specs(configs, known, lambda config: lister(config, owner_id=owner_id))
 
 
-async def _turn_tools(config: ServerConfig) -> tuple[list[types.Tool], list[str], str]:
+async def _turn_tools(
+    config: ServerConfig, *, owner_id: int | None = None
+) -> tuple[list[types.Tool], list[str], str]:
     """_server_tools for a turn's start: bounded, failures remembered (refresh)."""
     pool = _pool()
     loop = asyncio.get_running_loop()
-    remembered = pool.failed.get(config.name)
+    key = config.key(owner_id)
+    remembered = pool.failed.get(key)
     if remembered is not None:
         failed_config, when, failure = remembered
         if failed_config == config and loop.time() - when < FAILED_SECONDS:
             return [], [], failure
-        del pool.failed[config.name]
-    task = pool.listings.get(config.name)
+        del pool.failed[key]
+    task = pool.listings.get(key)
     if task is None:
-        task = asyncio.create_task(_server_tools(config), name=f"mcp list {config.name}")
-        pool.listings[config.name] = task
+        task = asyncio.create_task(
+            _server_tools(config, owner_id=owner_id), name=f"mcp list {config.name}"
+        )
+        pool.listings[key] = task
 
         def done(task: asyncio.Task[tuple[list[types.Tool], list[str], str]]) -> None:
-            if pool.listings.get(config.name) is task:
-                del pool.listings[config.name]
+            if pool.listings.get(key) is task:
+                del pool.listings[key]
             if task.cancelled() or task.exception() is not None:
                 return
             failure = task.result()[2]
             if failure:
-                pool.failed[config.name] = (config, loop.time(), failure)
-            elif (pool.failed.get(config.name) or (None,))[0] == config:
+                pool.failed[key] = (config, loop.time(), failure)
+            elif (pool.failed.get(key) or (None,))[0] == config:
                 # Answered after all: the next turn takes its tools.
-                del pool.failed[config.name]
+                del pool.failed[key]
 
         task.add_done_callback(done)
     # Shielded: a turn stopped (or past its wait) leaves the listing to finish for the
@@ -747,7 +925,7 @@ async def _turn_tools(config: ServerConfig) -> tuple[list[types.Tool], list[str]
     if finished:
         return task.result()
     failure = f"server {config.name}: did not list its tools within {TURN_LIST_SECONDS:g} s"
-    pool.failed[config.name] = (config, loop.time(), failure)
+    pool.failed[key] = (config, loop.time(), failure)
     return [], [], failure
 
 
@@ -799,13 +977,16 @@ async def _specs(
 
 
 async def _server_tools(
-    config: ServerConfig, connect: Callable[[ServerConfig], Awaitable[Connection]] | None = None
+    config: ServerConfig,
+    connect: Callable[[ServerConfig], Awaitable[Connection]] | None = None,
+    *,
+    owner_id: int | None = None,
 ) -> tuple[list[types.Tool], list[str], str]:
     """A server's usable tools, what is wrong with some of them, and why listing them
-    failed ("" when it did not)."""
+    failed ("" when it did not); through `connect`, else `owner_id`'s connection."""
     label = f"server {config.name}"
     try:
-        connection = await (connect or _connect)(config)
+        connection = await (connect(config) if connect else _connect(config, owner_id))
         async with _using(connection):
             tools, refused, beyond = await connection.list_tools()
     except Unreachable as exc:
@@ -875,23 +1056,24 @@ def _sorted(schema: Any) -> dict[str, Any]:
 
 async def _drop(connection: Connection) -> None:
     pool = _pool()
-    if pool.connections.get(connection.config.name) is connection:
-        del pool.connections[connection.config.name]
+    if pool.connections.get(connection.key) is connection:
+        del pool.connections[connection.key]
     await pool.retire(connection)
 
 
 async def _forget_others(names: set[str]) -> None:
     """Close connections to servers removed or disabled since they opened."""
     pool = _pool()
-    for name in [name for name in pool.connections if name not in names]:
-        await pool.retire(pool.connections.pop(name))
+    for key in [key for key in pool.connections if key[0] not in names]:
+        await pool.retire(pool.connections.pop(key))
 
 
-async def test(config: ServerConfig) -> tuple[list[str], list[str]]:
+async def test(config: ServerConfig, owner_id: int | None = None) -> tuple[list[str], list[str]]:
     """Settings' Test: the server's tool names as they would be offered, and its
     problems, through a connection of its own (closed after: the server may be
-    disabled, and a page's event loop is not a worker's)."""
-    connection = _new_connection(config)
+    disabled, and a page's event loop is not a worker's); a server that mounts the
+    workspace gets `owner_id`'s (none without)."""
+    connection = _new_connection(config, owner_id)
 
     async def fresh(_: ServerConfig) -> Connection:
         if config.problem:
@@ -915,8 +1097,10 @@ async def call(
     *,
     on_output: Callable[[str], None] | None = None,
     timeout: float | None = None,
+    owner_id: int | None = None,
 ) -> ToolOutcome:
-    """Call the MCP tool offered as `name`; `timeout` (seconds) overrides the server's.
+    """Call the MCP tool offered as `name` for a tab of `owner_id` (ServerConfig.key);
+    `timeout` (seconds) overrides the server's.
 
     Every failure is an `is_error` outcome naming the server; cancelling the awaiting
     task (Stop) cancels the call at the server and leaves the connection open.
@@ -926,7 +1110,7 @@ async def call(
     configs = await enabled_servers()
     # Only servers whose names the tool's name can start with need listing.
     likely = [c for c in configs if name.startswith(mcp_names.plain(c.name, ""))]
-    listing = await _specs(likely)
+    listing = await _specs(likely, lister=lambda config: _server_tools(config, owner_id=owner_id))
     spec = next((spec for spec in listing.specs if spec.name == name), None)
     if spec is None and listing.failed:
         return ToolOutcome(
@@ -948,7 +1132,7 @@ async def call(
         live.feed(f"[{counted}] {message or ''}".rstrip().encode() + b"\n")
 
     try:
-        connection = await _connect(config)
+        connection = await _connect(config, owner_id)
     except Unreachable as exc:
         return ToolOutcome(config.redact(f"{label} is not reachable: {exc}"), is_error=True)
     try:

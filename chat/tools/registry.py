@@ -310,13 +310,15 @@ async def run_tool(
     policy: sandbox.Policy | None = None,
     cwd: str = "",
     tab_id: uuid.UUID | None = None,
+    owner_id: int | None = None,
 ) -> ToolOutcome:
     """Run one tool call in `workspace` (created if missing), or in its subfolder
     `cwd` (a tab's working directory, chat.tools.workdir), which is then the tool's
     whole world: paths are relative to it and the shell can write nothing else.
 
     An `mcp__*` name is called at the MCP server offering it (chat.tools.mcp), with
-    `timeout` (None: the server's own).
+    `timeout` (None: the server's own), as a tab of `owner_id` (a server that mounts the
+    workspace mounts that user's).
     Bad calls (unknown tool, invalid arguments, a path leaving the workspace, a
     failing command) come back as an `is_error` outcome, never as an exception;
     cancelling the awaiting task kills a running command and re-raises.
@@ -326,7 +328,9 @@ async def run_tool(
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     if mcp_names.is_mcp(name):
-        return await mcp.call(name, arguments, on_output=on_output, timeout=timeout)
+        return await mcp.call(
+            name, arguments, on_output=on_output, timeout=timeout, owner_id=owner_id
+        )
     tool = _BY_NAME.get(name)
     if tool is None:
         known = ", ".join(_BY_NAME)

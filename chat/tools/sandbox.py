@@ -407,6 +407,7 @@ class Network:
         # slirp4netns exits when this closes: after the call, or with the server.
         self._exit_r, self._exit_w = os.pipe()
         self._slirp: subprocess.Popen[bytes] | None = None
+        self._let_go = False
 
     def bwrap_args(self) -> list[str]:
         resolv = _resolved(Path(RESOLV_CONF))
@@ -424,7 +425,12 @@ class Network:
         return (self._info_w, self._block_r, self._resolv_r)
 
     def started(self) -> None:
-        """bwrap runs (or failed to start): this process lets go of its ends."""
+        """bwrap runs (or failed to start): this process lets go of its ends. Once: a
+        descriptor's number is reused by the next open (another call's pipes), which a
+        second close would close."""
+        if self._let_go:
+            return
+        self._let_go = True
         for fd in self.child_fds():
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -627,9 +633,11 @@ def command(
     *,
     root_fd: int | None = None,
     workspace: Path | None = None,
+    binds: Sequence[Path] = (),
 ) -> list[str]:
     """The bwrap command line that runs `argv` in workspace `root` (resolved), on the
-    private `network` if given, under the seccomp program readable on fd `seccomp`.
+    private `network` if given, under the seccomp program readable on fd `seccomp`;
+    `binds` are more folders bound writable at their own paths (an MCP server's home).
 
     `root` may be a tab's working directory, a folder of `workspace` checked by
     chat.tools.workdir.open_root, which opened it as `root_fd` (passed to bwrap). A
@@ -663,6 +671,7 @@ def command(
         *args,
         *covers,
         *bind,
+        *(arg for path in binds for arg in ("--bind", str(path), str(path))),
         # Last: the new root, where bwrap made the mount points, takes no files.
         "--remount-ro",
         "/",

@@ -141,19 +141,22 @@ def _may_match(tokens: list[str], prefix: str) -> bool:
 
 
 async def current(
-    allow: Sequence[str], frozen: Sequence[Entry] | None = None
+    allow: Sequence[str], frozen: Sequence[Entry] | None = None, owner_id: int | None = None
 ) -> tuple[list[Entry], list[str], list[str]]:
     """The tool set a tab with this allow-list gets now, what went wrong listing it (a
     server down, too many tools: the turn goes on with the rest), and which servers
     could not be listed, each a message. Such a server keeps its tools of `frozen` (the
     tab's list): only a listing that answered changes them. Servers none of whose tools
-    the allow-list could let through are not asked (mcp.refresh)."""
+    the allow-list could let through are not asked (mcp.refresh). `owner_id`: the tab's
+    owner, whose connection a server that mounts the workspace lists its tools on."""
     known = [
         mcp.McpToolSpec(e["name"], e["description"], e["input_schema"], e["server"], e["tool"])
         for e in frozen or ()
         if "server" in e and "tool" in e
     ]
-    listing = await mcp.refresh(known, lambda server: may_offer(server, allow), turn=True)
+    listing = await mcp.refresh(
+        known, lambda server: may_offer(server, allow), turn=True, owner_id=owner_id
+    )
     entries = freeze([*builtin_entries(), *mcp_entries(listing.specs)], allow)
     return entries, listing.problems, list(listing.failed.values())
 

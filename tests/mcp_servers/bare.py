@@ -9,12 +9,18 @@ writes a line that is not JSON-RPC, then nothing; `exit`: it fails at once, sayi
 on stderr; `leak`: the same, quoting its token; `leak-long N`: quoting it so that its stderr's
 last N characters hold only the token's end; `silent`: it reads and never answers
 (a server hanging in its handshake). With MCP_TEST_STARTS set to a file's path, it
-writes a line there each time it starts."""
+writes a line there each time it starts; with MCP_TEST_LINGER set, it stays after its
+stdin ends (a stuck server). Its tool `where` says what it sees (MCP_TEST_CONNECT: the
+host:port addresses it tries, space-separated; MCP_TEST_LOOK: the paths it looks for,
+colon-separated); `spawn` also leaves a `sleep` running in a session of its own, named
+MCP_TEST_SPAWN on its command line."""
 
 import json
 import os
 import socket
+import subprocess
 import sys
+import time
 
 if os.environ.get("MCP_TEST_STARTS"):
     # Counts its starts: a line each.
@@ -42,6 +48,10 @@ if sys.argv[1:] == ["garbage"]:
 TOOLS = [
     {"name": "where", "description": "What the server sees.", "inputSchema": {"type": "object"}}
 ]
+if os.environ.get("MCP_TEST_SPAWN"):
+    TOOLS.append(
+        {"name": "spawn", "description": "Leaves a process.", "inputSchema": {"type": "object"}}
+    )
 if sys.argv[1:] == ["broken"]:
     # A property that is no schema: the SDK lets it through, no provider takes it.
     TOOLS.append({"name": "broken", "inputSchema": {"type": "object", "properties": {"x": 5}}})
@@ -80,9 +90,7 @@ def answer(message_id, result):
 
 
 def reaches(address):
-    """Whether a TCP connection to `host:port` opens ("" when none is asked)."""
-    if not address:
-        return ""
+    """Whether a TCP connection to `host:port` opens."""
     host, port = address.rsplit(":", 1)
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
@@ -100,7 +108,12 @@ def seen():
     except OSError:
         writable = "no"
     return {
-        "reaches": reaches(os.environ.get("MCP_TEST_CONNECT", "")),
+        "reaches": {a: reaches(a) for a in os.environ.get("MCP_TEST_CONNECT", "").split()},
+        "looks": {
+            p: os.path.exists(p) for p in os.environ.get("MCP_TEST_LOOK", "").split(":") if p
+        },
+        "environ": sorted(os.environ),
+        "home": os.environ.get("HOME", ""),
         "cwd": os.getcwd(),
         "token": os.environ.get("MCP_TEST_TOKEN", ""),
         "secret": os.environ.get("DISPATCH_TEST_SECRET", ""),
@@ -125,8 +138,13 @@ for line in sys.stdin:
     elif method == "tools/list":
         answer(message_id, {"tools": TOOLS})
     elif method == "tools/call":
+        if message["params"]["name"] == "spawn":
+            argv = [os.environ["MCP_TEST_SPAWN"], "1000"]
+            subprocess.Popen(argv, executable="/bin/sleep", start_new_session=True)
         text = json.dumps(seen(), sort_keys=True)
         answer(message_id, {"content": [{"type": "text", "text": text}], "isError": False})
     elif message_id is not None:
         error = {"code": -32601, "message": "no such method"}
         print(json.dumps({"jsonrpc": "2.0", "id": message_id, "error": error}), flush=True)
+if os.environ.get("MCP_TEST_LINGER"):
+    time.sleep(3600)
