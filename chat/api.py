@@ -18,7 +18,8 @@ import functools
 import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -40,6 +41,7 @@ from chat import (
     lease,
     log,
     preferences,
+    revocation,
     search,
     throttle,
     transfer,
@@ -770,13 +772,30 @@ def events(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
         hello = follow.parse_position(position)
     except ValueError as exc:
         raise ApiError(400, "bad_position", str(exc)) from None
+    if request.api_token is not None:
+        credential = revocation.Credential.of_token(request.api_token, tab.id)
+    else:
+        credential = revocation.Credential.of_session(request.session, request.user, tab.id)
     response = StreamingHttpResponse(
-        follow.sse_events(tab.id, hello), content_type="text/event-stream"
+        _watched_events(credential, hello), content_type="text/event-stream"
     )
     response["Cache-Control"] = "no-cache"
     # nginx would otherwise buffer the stream and deliver it in lumps.
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+async def _watched_events(
+    credential: revocation.Credential, hello: dict[str, Any]
+) -> AsyncIterator[str]:
+    """The events, until the token or session they were opened with ends (revoked,
+    signed out, ...) or the tab is deleted: then a last `end` event says why."""
+    async with (
+        revocation.watching(credential) as ended,
+        aclosing(follow.sse_events(credential.tab_id, hello, until=ended)) as events,
+    ):
+        async for frame in events:
+            yield frame
 
 
 # --- Export and import --------------------------------------------------------------------

@@ -7,6 +7,7 @@ class ChatConfig(AppConfig):
 
     def ready(self) -> None:
         # Signal receivers connect once the models are loaded.
-        from chat import search
+        from chat import revocation, search
 
         search.connect_signals()
+        revocation.connect_signals()

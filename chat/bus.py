@@ -7,6 +7,9 @@
 - `user_group(user_id)`: "user.tab" — one of the user's tabs changed state (idle,
   running, waiting for approval) or appeared: every page of theirs updates its
   sidebar (chat.sidebar).
+- `access_group(user_id)`: "access.check" — one of the user's credentials may have
+  changed (signed out, token revoked, deactivated, tab deleted): every process with
+  a live stream of theirs checks its streams now (chat.revocation).
 - `WORKER_CHANNEL`: "wakes.changed" — a wake was added or changed: the worker that
   takes it looks at the wakes again now instead of at its next capped wake-up.
 
@@ -37,6 +40,10 @@ def control_group(tab_id: uuid.UUID | str) -> str:
 
 def user_group(user_id: int | str) -> str:
     return f"user.{user_id}"
+
+
+def access_group(user_id: int | str) -> str:
+    return f"access.{user_id}"
 
 
 def send(channel: str, message: dict[str, Any]) -> None:

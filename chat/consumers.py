@@ -5,6 +5,10 @@ Both carry the user channel (chat.sidebar): the process subscribes once per user
 their group (_UserHub) and hands each change, its sidebar entry, to every page of theirs
 it serves, so a tab page needs no second socket. The tab's sync itself (catch-up,
 snapshot, gap checks) is chat.follow's Follower, shared with the API's server-sent events.
+
+A socket is under chat.revocation's watch from connect on: when the session it was opened
+in ends (signed out, password changed, user deactivated) or its tab is deleted, it closes
+with a code that tells the page why.
 """
 
 from __future__ import annotations
@@ -17,13 +21,18 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from chat import bus, sidebar
+from chat import bus, revocation, sidebar
 from chat.follow import Follower, HtmlRenderer
 from chat.models import Tab
 
 # Close codes the page can tell apart from a network drop.
 CLOSE_FORBIDDEN = 4403
 CLOSE_RESYNC = 4409
+# An open socket's session ended (signed out, password changed, user deactivated): the
+# page reloads, and the sign-in page is where that leads.
+CLOSE_SIGNED_OUT = 4401
+# An open socket's tab was deleted: nothing to reconnect to.
+CLOSE_TAB_GONE = 4404
 # Sidebar entries reach a page at most this often, as one frame holding each changed tab's
 # latest entry: a user whose hundred tabs start turns together, with as many pages open,
 # would otherwise cost ten thousand frames (the bench's hundred tabs: 2.7x the CPU).
@@ -78,13 +87,36 @@ class UserSocket(AsyncWebsocketConsumer):
     # Entries waiting for the next batch, by tab (the latest wins), and its timer.
     batch: dict[str, str] | None = None
     flush: asyncio.Task[None] | None = None
+    # Under chat.revocation's watch, until the credential ends (then `ended`).
+    watched: revocation.Stream | None = None
+    ended = False
 
     async def connect(self) -> None:
         if not self.scope["user"].is_authenticated:
             await self.close(code=CLOSE_FORBIDDEN)
             return
+        await self.watch(None)
         await self.join_user()
         await self.accept()
+
+    async def watch(self, tab_id: uuid.UUID | None) -> None:
+        credential = revocation.Credential.of_session(
+            self.scope.get("session"), self.scope["user"], tab_id
+        )
+        self.watched = await revocation.watch(credential, self.revoked)
+
+    async def revoked(self, ended: revocation.Ended) -> None:
+        """The credential ended: nothing more is sent, and the close says why."""
+        self.ended = True
+        tab_gone = ended is revocation.TAB_DELETED
+        await self.close(code=CLOSE_TAB_GONE if tab_gone else CLOSE_SIGNED_OUT)
+
+    async def send(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
+    ) -> None:
+        # A frame already on its way when the credential ended (a catch-up, a batch).
+        if not self.ended:
+            await super().send(text_data, bytes_data, close)
 
     async def join_user(self) -> None:
         # Joined before the page's sidebar hello is read: a change from here on is sent.
@@ -113,6 +145,8 @@ class UserSocket(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.flush is not None:
             self.flush.cancel()
+        if self.watched is not None:
+            await revocation.unwatch(self.watched)
         await self.leave_user()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -179,6 +213,7 @@ class TabSocket(UserSocket):
         ):
             await self.close(code=CLOSE_FORBIDDEN)
             return
+        await self.watch(tab_id)
         self.current = tab_id
         self.group = bus.tab_group(tab_id)
         self.follower = Follower(

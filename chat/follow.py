@@ -510,10 +510,16 @@ def parse_position(text: str) -> dict[str, Any]:
 
 
 async def sse_events(
-    tab_id: uuid.UUID, hello: dict[str, Any], *, heartbeat: float | None = None
+    tab_id: uuid.UUID,
+    hello: dict[str, Any],
+    *,
+    heartbeat: float | None = None,
+    until: asyncio.Future[Any] | None = None,
 ) -> AsyncIterator[str]:
     """The tab's log as server-sent events, from what `hello` holds on, until the
-    client goes away. The caller has checked that the client may see the tab."""
+    client goes away or `until` resolves (chat.revocation: the credential the client
+    was checked with ended); then a last `end` event carries the result's `as_dict()`
+    and nothing else is sent. The caller has checked that the client may see the tab."""
     heartbeat = SSE_HEARTBEAT_SECONDS if heartbeat is None else heartbeat
     layer = get_channel_layer()
     channel = await layer.new_channel()
@@ -537,6 +543,11 @@ async def sse_events(
         yield "retry: 1000\n\n"
         await follower.hello(hello)
         while True:
+            if until is not None and until.done():
+                body = json.dumps(until.result().as_dict(), ensure_ascii=False)
+                # No id: the client's position stays that of the last event it had.
+                yield f"event: end\ndata: {body}\n\n"
+                return
             while out:
                 yield out.popleft()
             if ended:
@@ -545,9 +556,14 @@ async def sse_events(
             # lose its message on some channel layers.
             if receiving is None:
                 receiving = asyncio.ensure_future(layer.receive(channel))
-            done, _ = await asyncio.wait({receiving}, timeout=heartbeat)
+            waits = {receiving} if until is None else {receiving, until}
+            done, _ = await asyncio.wait(
+                waits, timeout=heartbeat, return_when=asyncio.FIRST_COMPLETED
+            )
             if not done:
                 yield ": keep-alive\n\n"
+                continue
+            if receiving not in done:
                 continue
             message, receiving = receiving.result(), None
             await follower.on_message(message)

@@ -281,6 +281,12 @@ CHANNEL_CAPACITY = 1500
 # Seconds a message waits for its reader: a socket or worker that has not read
 # for a minute is gone, and its messages would only use memory.
 CHANNEL_EXPIRY = 60
+# Every live stream (a page's socket, an API client's events) is checked this often
+# against what it was opened with (chat.revocation): a session signed out, a token
+# revoked, a deactivated user or a deleted tab elsewhere (the admin, another process,
+# a database edit) ends it within this. The check costs a few indexed queries per
+# process, however many streams it serves.
+STREAM_RECHECK_SECONDS = 2.0
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {

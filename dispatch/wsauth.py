@@ -4,6 +4,8 @@ Channels' AuthMiddlewareStack would do the same, but its session middleware
 also wraps `send` to save a modified session after each message: a check on
 every frame a socket sends, for sockets that never change their session. This
 reads the session and the user at connect and passes `send` through untouched.
+While the socket is open, chat.revocation checks that session (and the user's
+password and state) again, and closes the socket when it has ended.
 """
 
 from __future__ import annotations

@@ -487,6 +487,12 @@
   // it to reconnect and start over with a hello.
   var CLOSE_FORBIDDEN = 4403;
   var CLOSE_RESYNC = 4409;
+  // An open socket's session ended (signed out, password changed, account deactivated):
+  // a reload lets the server decide, and it sends a signed-out page to sign-in (a page
+  // whose session was only renewed, by its own password change, just reloads). Its tab
+  // was deleted: nothing to reconnect to.
+  var CLOSE_SIGNED_OUT = 4401;
+  var CLOSE_TAB_GONE = 4404;
 
   htmx.config.wsReconnectDelay = function (retries) {
     return Math.random() * Math.min(RECONNECT_MAX_MS, RECONNECT_FIRST_MS * Math.pow(2, retries));
@@ -494,7 +500,7 @@
 
   // up: the status line is true; down: cut off since `since`, reconnecting; syncing:
   // connected again, the catch-up not in yet; gone: refused, a reload is the way back.
-  var conn = { state: 'up', since: 0, ticker: 0, pending: false, leaving: false };
+  var conn = { state: 'up', since: 0, ticker: 0, pending: false, leaving: false, tabGone: false };
 
   function connText() {
     var box = $('conn');
@@ -506,12 +512,12 @@
     } else if (conn.state === 'syncing') {
       text = 'Reconnected — catching up…';
     } else if (conn.state === 'gone') {
-      text = 'Disconnected: signed out, or this tab was deleted.';
+      text = conn.tabGone ? 'This tab was deleted.' : 'Disconnected: signed out, or this tab was deleted.';
     }
     if (conn.pending) text += ' · will send when reconnected';
     box.querySelector('.conn-text').textContent = text;
     box.querySelector('.conn-cancel').hidden = !conn.pending;
-    box.querySelector('.conn-reload').hidden = conn.state !== 'gone';
+    box.querySelector('.conn-reload').hidden = conn.state !== 'gone' || conn.tabGone;
     box.hidden = conn.state === 'up';
     box.setAttribute('data-state', conn.state);
   }
@@ -561,8 +567,14 @@
       wrapper.reconnect();
       return;
     }
+    if (code === CLOSE_SIGNED_OUT) {
+      conn.leaving = true;
+      window.location.reload();
+      return;
+    }
     if (status) status.setAttribute('data-stale', '');
-    if (code === CLOSE_FORBIDDEN) {
+    if (code === CLOSE_FORBIDDEN || code === CLOSE_TAB_GONE) {
+      conn.tabGone = code === CLOSE_TAB_GONE;
       setConn('gone');
       return;
     }
