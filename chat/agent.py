@@ -321,9 +321,8 @@ class TurnRunner:
         self._overflow_tried = False
         # The tab's working directory (Tab.workdir): its tools' root under the workspace.
         self.cwd = ""
-        # The tab's owner: an MCP server that mounts the workspace mounts theirs.
-        self.owner_id: int | None = None
-        # Every message of this turn came from a wake whose approval policy is "deny".
+        # Every message of this turn came from a wake whose approval policy is "deny" (or
+        # a sub-agent of one); a turn that only resumes one goes on as it was.
         self._unattended = False
         # Why the turn was stopped, when not by the user (chat.children.cancel).
         self._cancel_why = ""
@@ -509,7 +508,6 @@ class TurnRunner:
         config = await database_sync_to_async(TurnConfig.load)(tab)
         self.config = config
         self.cwd = tab.workdir
-        self.owner_id = tab.owner_id
         self.status.model = config.model
         self.size = context.Size.from_dict(tab.context)
         self.status.context = context.meter(self.size, config.model).as_dict()
@@ -590,7 +588,7 @@ class TurnRunner:
         changed one (an MCP server's new tools, an admin's edit) with a config-reload
         chunk saying what changed. Never within a turn: each change costs the cache.
         Stop ends the wait for the MCP servers' listings at once."""
-        listing = asyncio.ensure_future(toolset.current(tab.tool_allow, tab.tools, tab.owner_id))
+        listing = asyncio.ensure_future(toolset.current(tab.tool_allow, tab.tools))
         stopped = asyncio.ensure_future(self.cancelled.wait())
         try:
             await asyncio.wait({listing, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -1244,6 +1242,9 @@ class TurnRunner:
         found = await database_sync_to_async(children.call_arguments)(self.tab_id, ids)
         for call_id, (seq, arguments) in found.items():
             self._seqs[call_id], self._args[call_id] = seq, arguments
+        if not self._unattended:
+            seqs = [seq for seq, _ in found.values()]
+            self._unattended = await database_sync_to_async(self._resumes_unattended)(seqs)
         self.reducer.pending_calls.extend(open_calls)
 
         async def start(agents: dict[str, asyncio.Task[children.Result | None]]) -> None:
@@ -1251,6 +1252,18 @@ class TurnRunner:
                 await self._start_agent(agents, call_id, self._args.get(call_id, {}))
 
         await self._with_agents(start)
+
+    def _resumes_unattended(self, seqs: list[int]) -> bool:
+        """Whether this turn, which took no message (a rerun after a recovery or a
+        shutdown), goes on with a turn no one attends: the messages of the turn that made
+        the calls at `seqs` all come from a deny wake (or a child of one), whose policy
+        holds for the rest of that work, its new children's too."""
+        users = Chunk.objects.filter(tab_id=self.tab_id, role=Role.USER)
+        if users.filter(turn_id=self.turn_id).exists():
+            return False  # someone sent a message since: they attend it
+        started = Chunk.objects.filter(tab_id=self.tab_id, seq__in=seqs).values("turn_id")
+        messages = list(users.filter(turn_id__in=started).values_list("data", flat=True))
+        return bool(messages) and all(_deny_wake(data) for data in messages)
 
     async def _agent_results(self, agents: dict[str, asyncio.Task[children.Result | None]]) -> None:
         """The step's children's results, each into the log as it comes."""
@@ -1334,7 +1347,6 @@ class TurnRunner:
                 policy=sandbox.policy_from(django_settings),
                 cwd=self.cwd,
                 tab_id=self.tab_id,
-                owner_id=self.owner_id,
             )
             result, is_error, attachments = outcome.result, outcome.is_error, ()
             if outcome.image is not None:

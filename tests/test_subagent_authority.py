@@ -7,12 +7,13 @@ the real tools (the shell in its sandbox), as in test_subagents."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import turns
+from chat import lease, turns
 from chat.models import PermissionRule, Profile
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta
@@ -21,6 +22,7 @@ from tests import test_subagents as base
 from tests.engine import Watcher, chunks, make_tab, running_worker, submit
 from tests.test_rule_turns import rule_chunks
 from tests.test_subagents import call, child_of, child_pk, delegate, result_of, run_parent
+from tests.test_subagents_attacks import children_running, kill_parent_worker
 
 tabs = base.tabs
 workspace = base.workspace
@@ -59,6 +61,15 @@ async def staff_profile(name: str = "staff", **fields) -> Profile:
 def child_asks(message) -> bool:
     return message["op"] == "status" and any(
         c.get("approval") for c in message["status"].get("children", [])
+    )
+
+
+def asks_or_idle(message) -> bool:
+    """Anyone in the tree asks for approval, or the turn ended."""
+    return message["op"] == "status" and (
+        message["status"]["state"] == "idle"
+        or bool(message["status"].get("approval"))
+        or child_asks(message)
     )
 
 
@@ -225,3 +236,46 @@ async def test_a_child_works_in_its_parents_folder_and_cannot_leave_it(tabs, wor
     rows = await chunks(kid.pk)
     assert result_of(rows, "w1").data["is_error"] is True
     assert written(workspace, owner, "*side.txt") == ["proj/inside.txt"]
+
+
+async def test_a_deny_wake_turn_resumed_after_its_worker_died_stays_unattended(
+    tabs, workspace, monkeypatch
+):
+    """The parent's worker dies while its child runs; the resumed turn (a rerun, no
+    message) answers the call and goes on: its own calls are still refused, and a child
+    it starts then is unattended too."""
+    monkeypatch.setattr(lease, "HEARTBEAT_SECONDS", 0.1)
+    release = asyncio.Event()
+    tabs.script(
+        "go",
+        [delegate("c1", "slow"), Finish(stop_reason="tool_use")],
+        [
+            call("p-write_file", "write_file", **CALLS["write_file"]),
+            delegate("c2", "later"),
+            Finish(stop_reason="tool_use"),
+        ],
+        [TextDelta("ok"), Finish()],
+    )
+    tabs.script("slow", [TextDelta("started"), release, TextDelta(" done"), Finish()])
+    tabs.script(
+        "later",
+        [call("l-shell", "shell", **CALLS["shell"]), Finish(stop_reason="tool_use")],
+        [TextDelta("later refused"), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab(approve_tools=True)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go", origin=DENY_WAKE)
+            await watcher.until(children_running)
+            await kill_parent_worker(tab)
+            await watcher.until(children_running)  # the resumed turn re-attached
+            release.set()
+            ended = await watcher.until(asks_or_idle)
+    assert ended["status"]["state"] == "idle", ended["status"]
+    rows = await chunks(tab.pk)
+    assert result_of(rows, "p-write_file").data["result"] == UNATTENDED
+    later = await child_of(tab, "c2")
+    later_rows = await chunks(later.pk)
+    assert later_rows[0].data["origin"]["approval"] == "deny"
+    assert result_of(later_rows, "l-shell").data["result"] == UNATTENDED
+    assert written(workspace, tab.owner) == []
