@@ -321,6 +321,8 @@ class TurnRunner:
         self._overflow_tried = False
         # The tab's working directory (Tab.workdir): its tools' root under the workspace.
         self.cwd = ""
+        # The tab's owner: an MCP server that mounts the workspace mounts theirs.
+        self.owner_id: int | None = None
         # Every message of this turn came from a wake whose approval policy is "deny" (or
         # a sub-agent of one); a turn that only resumes one goes on as it was.
         self._unattended = False
@@ -508,6 +510,7 @@ class TurnRunner:
         config = await database_sync_to_async(TurnConfig.load)(tab)
         self.config = config
         self.cwd = tab.workdir
+        self.owner_id = tab.owner_id
         self.status.model = config.model
         self.size = context.Size.from_dict(tab.context)
         self.status.context = context.meter(self.size, config.model).as_dict()
@@ -588,7 +591,7 @@ class TurnRunner:
         changed one (an MCP server's new tools, an admin's edit) with a config-reload
         chunk saying what changed. Never within a turn: each change costs the cache.
         Stop ends the wait for the MCP servers' listings at once."""
-        listing = asyncio.ensure_future(toolset.current(tab.tool_allow, tab.tools))
+        listing = asyncio.ensure_future(toolset.current(tab.tool_allow, tab.tools, tab.owner_id))
         stopped = asyncio.ensure_future(self.cancelled.wait())
         try:
             await asyncio.wait({listing, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -1347,6 +1350,7 @@ class TurnRunner:
                 policy=sandbox.policy_from(django_settings),
                 cwd=self.cwd,
                 tab_id=self.tab_id,
+                owner_id=self.owner_id,
             )
             result, is_error, attachments = outcome.result, outcome.is_error, ()
             if outcome.image is not None:
