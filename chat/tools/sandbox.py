@@ -1,6 +1,7 @@
 """The shell tool's sandbox: bubblewrap (`bwrap`), and whether it can run here.
 
-A command runs as `bwrap ARGS -- bash -c COMMAND`. What the sandbox sees:
+A command runs as `bwrap ARGS -- bash -c COMMAND`; a stdio MCP server (chat.tools.mcp)
+runs in the same sandbox, with its own home bound besides. What the sandbox sees:
 
 - a new read-only root holding only the system directories, read-only
   (SYSTEM_DIRS), the workspace read-write at its own path, a private /tmp,
