@@ -8,10 +8,10 @@ goes through the QueuedMessage table like any message, with
 `origin = {kind: agent, parent_tab, call_id}`, so the child runs under its own lease
 on any worker, with its own log, page and admin view.
 
-A child can do no more than its parent: a `profile` argument narrows the parent tab's
-tools and adds its rules to the parent's deny and ask rules, never widens them; a child
-of an unattended (deny) wake turn is unattended too; trees stop at
-DISPATCH_CHILD_MAX_DEPTH.
+A child can do no more than its parent: the model chose its `profile`, so the profile
+narrows the parent tab's tools and adds its deny and ask rules to the parent's rules,
+never its allow rules (`inherited_rules`); it works in the parent's folder; a child of an
+unattended (deny) wake turn is unattended too; trees stop at DISPATCH_CHILD_MAX_DEPTH.
 
 `wait` follows the child's turn until it ends: the child's tab group on the channel
 layer for its live status (step, approval), and the database every POLL_SECONDS, so a
@@ -155,8 +155,9 @@ def ensure(
 ) -> tuple[Tab, bool]:
     """The child of this call (the `agent` call at `call_seq` of the parent's log), made
     and given its prompt if it does not exist yet, and whether it was made now. Its
-    prompt, model, tools and rules are its profile's (the `profile` argument) within its
-    parent's, or else its parent's; its folder is its parent's. `unattended`: the
+    prompt and model are its profile's (the `profile` argument), or else its parent's;
+    its tools and rules are its parent's, narrowed by that profile; its folder is its
+    parent's. `unattended`: the
     parent's turn has no one to answer an approval (a deny wake's), nor has the child's.
     ValueError (for the model) for an unknown profile, one that shares no tool with the
     parent, a tree too deep or a folder that cannot be used."""

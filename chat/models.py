@@ -59,7 +59,8 @@ class Tab(models.Model):
     # Tool names (patterns) the tab may use, from its profile; empty: every tool.
     tool_allow = models.JSONField(default=list, blank=True)
     # The tab's own permission rules, [{action, pattern}] (chat.rules): its profile's,
-    # copied at creation, and each "always allow" said on one of its approval cards.
+    # copied at creation, and each "always allow" said on one of its approval cards. A
+    # sub-agent's inherited ones also say their `source` (chat.children.inherited_rules).
     rules = models.JSONField(default=list, blank=True)
     # A subfolder of the workspace the tab's tools work in ("": the workspace itself),
     # so that parallel tabs do not trample each other.
