@@ -173,6 +173,21 @@ def test_a_key_cannot_be_stored_before_its_provider_has_an_endpoint(root):
     assert ApiKey.objects.get().endpoint == "https://api.deepseek.com"
 
 
+def test_a_key_saved_in_the_admin_is_bound_and_stays_with_its_provider(root):
+    """Bound like one saved on Settings; moving it to another provider's row would send it
+    to that provider's endpoint, so the provider is fixed once saved."""
+    ProviderEndpoint.objects.create(provider="openai", base_url="https://api.example.com/v1/")
+    added = root.post(reverse("admin:chat_apikey_add"), {"provider": "openai", "key": KEY})
+    assert added.status_code == 302
+    row = ApiKey.objects.get()
+    assert row.endpoint == "https://api.example.com/v1"
+    change = reverse("admin:chat_apikey_change", args=[row.pk])
+    assert 'name="provider"' not in root.get(change).content.decode()
+    assert root.post(change, {"provider": "anthropic", "key": ""}).status_code == 302
+    row.refresh_from_db()
+    assert (row.provider, row.endpoint) == ("openai", "https://api.example.com/v1")
+
+
 def test_a_bad_key_with_an_endpoint_saves_neither(root):
     response = save_endpoint(root, "https://api.example.com/v1", "sk-has a space-123")
     assert response.status_code == 422
@@ -219,6 +234,10 @@ async def test_a_moved_endpoint_gets_the_key_only_once_it_is_entered_again(
     )
     assert "attempts" not in data
     page = (await database_sync_to_async(client.get)(reverse("settings"))).content.decode()
+    assert (
+        f"The stored openai key (…6789) was saved for {old.openai_url}: it is not sent to "
+        f"{new.openai_url} until it is entered again." in page
+    )
     assert f"bound to {old.openai_url}, re-enter it for the new endpoint {new.openai_url}" in page
 
     assert (await post(client, new.openai_url, KEY)).status_code == 302
