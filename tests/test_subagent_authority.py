@@ -12,11 +12,15 @@ import os
 
 import pytest
 from channels.db import database_sync_to_async
+from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 from chat import lease, turns
-from chat.models import PermissionRule, Profile
+from chat.models import PermissionRule, Profile, Tab, Wake
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta
+from chat.tools import wake
+from chat.tools.base import ToolError
 from chat.tools.workdir import user_workspace
 from tests import test_subagents as base
 from tests.engine import Watcher, chunks, make_tab, running_worker, submit
@@ -279,3 +283,46 @@ async def test_a_deny_wake_turn_resumed_after_its_worker_died_stays_unattended(
     assert later_rows[0].data["origin"]["approval"] == "deny"
     assert result_of(later_rows, "l-shell").data["result"] == UNATTENDED
     assert written(workspace, tab.owner) == []
+
+
+@database_sync_to_async
+def wake_from(kind: str, target: str):
+    """schedule_wake's effect in a tab with the `staff` profile: a person's tab, a
+    sub-agent's (the model chose the profile), or a branch of that sub-agent."""
+    owner = get_user_model().objects.create_user("owner")
+    staff = Profile.objects.get(name="staff")
+    tab = new_tab(owner, "scripted/test", profile=staff)
+    if kind != "person":
+        tab = Tab.objects.create(
+            owner=owner, profile=staff, parent_tab=tab, parent_call_id="c1", tool_allow=["shell"]
+        )
+    if kind == "branch":
+        tab = Tab.objects.create(owner=owner, profile=staff, parent=tab, fork_seq=0)
+    args = {"name": "again", "prompt": "go on", "interval_seconds": 3600, "target": target}
+    try:
+        wake._create(args, tab.pk, timezone.now())
+    except ToolError as exc:
+        return str(exc)
+    made = Wake.objects.get()
+    return (made.profile and made.profile.name, made.tab_id == tab.pk)
+
+
+@pytest.mark.parametrize(
+    ("kind", "target", "expected"),
+    [
+        ("person", "new_tab", ("staff", False)),
+        ("child", "this_tab", (None, True)),
+        ("child", "new_tab", "A sub-agent's tab"),
+        ("branch", "new_tab", "A sub-agent's tab"),
+    ],
+)
+async def test_a_sub_agent_cannot_pass_its_profile_on_through_a_wake(kind, target, expected):
+    """A wake into new tabs makes them with the scheduling tab's profile: from a person's
+    tab that is their choice; from a sub-agent (or a branch of one) the model's, so it is
+    refused (its new tabs would get the profile's allow rules); its own tab it may wake."""
+    await staff_profile()
+    made = await wake_from(kind, target)
+    if isinstance(expected, str):
+        assert made.startswith(expected)
+    else:
+        assert made == expected

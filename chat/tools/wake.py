@@ -106,6 +106,12 @@ def _create(args: Mapping[str, Any], tab_id: uuid.UUID, now: datetime) -> ToolOu
         raise ToolError(str(exc)) from None
     with transaction.atomic():
         tab = Tab.objects.select_related("profile").get(pk=tab_id)
+        if target == "new_tab" and _from_sub_agent(tab):
+            raise ToolError(
+                "A sub-agent's tab (or a branch of one) can wake only itself (target "
+                "'this_tab'): its profile was the model's choice, and a new tab would get "
+                "that profile's allow rules."
+            )
         wake = Wake.objects.create(
             owner_id=tab.owner_id,
             name=args["name"].strip()[:200],
@@ -129,3 +135,18 @@ def _create(args: Mapping[str, Any], tab_id: uuid.UUID, now: datetime) -> ToolOu
         f"Scheduled wake {wake.pk} ({wake.name}): next run {first:%Y-%m-%d %H:%M} UTC{until}.",
         is_error=False,
     )
+
+
+def _from_sub_agent(tab: Tab) -> bool:
+    """A sub-agent's tab, or a branch of one: a tab whose profile a person never chose
+    (chat.children), so new tabs made with it would have more than the tab has. Its
+    inherited rules say so too, where a deleted tab broke the chain of branches."""
+    if any(isinstance(r, dict) and r.get("source") for r in tab.rules or []):
+        return True
+    seen: set[uuid.UUID] = set()
+    while tab is not None and tab.pk not in seen:
+        if tab.parent_call_id:
+            return True
+        seen.add(tab.pk)
+        tab = tab.parent
+    return False
