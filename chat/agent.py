@@ -1353,12 +1353,15 @@ class TurnRunner:
                 owner_id=self.owner_id,
             )
             result, is_error, attachments = outcome.result, outcome.is_error, ()
-            if outcome.image is not None:
-                try:
-                    ref = await database_sync_to_async(self._store_image)(outcome.image)
-                    attachments = (ref,)
-                except blobs.AttachmentError as exc:
-                    result, is_error = str(exc), True
+            if outcome.images:
+                store = database_sync_to_async(self._store_images)
+                attachments, refused = await store(outcome.images)
+                if refused and outcome.images[0].path:
+                    # read_file's image is its whole result: refused, the call failed.
+                    result, is_error = refused[0], True
+                elif refused:
+                    # One block of an MCP result: the rest stands, and says what is missing.
+                    result = "\n".join([result, *(f"[left out: {why}]" for why in refused)])
             queue.put_nowait(
                 ToolResultEvent(
                     call_id,
@@ -1375,6 +1378,19 @@ class TurnRunner:
         async with aclosing(self._produced(produce)) as events:
             async for event in events:
                 await self._apply(self.reducer.feed(event))
+
+    def _store_images(
+        self, images: tuple[ImageFile, ...]
+    ) -> tuple[tuple[dict[str, Any], ...], list[str]]:
+        """The references of the images a tool read, each stored (_store_image), and
+        why each of the others was refused (chat.blobs' sentence, naming the file)."""
+        refs, refused = [], []
+        for image in images:
+            try:
+                refs.append(self._store_image(image))
+            except blobs.AttachmentError as exc:
+                refused.append(str(exc))
+        return tuple(refs), refused
 
     def _store_image(self, image: ImageFile) -> dict[str, Any]:
         """An image a tool read, stored as the tab's attachment (as a message's files

@@ -31,10 +31,12 @@ import re
 import secrets
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import unicodedata
-from collections.abc import Iterable, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -45,7 +47,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
-from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageCms, ImageFile, ImageOps, UnidentifiedImageError
 
 from chat import pdftext
 from chat.models import Attachment, Blob
@@ -77,6 +79,25 @@ DOWNSCALE_STEP = 0.8
 # The most pixels a file may declare before it is decoded: a 48 MP phone photo fits, a
 # decompression bomb (a small file of 100,000 x 100,000 pixels) does not.
 MAX_SOURCE_PIXELS = 50_000_000
+# The most memory the pixels of one image may take while it is normalised: decoded, in
+# the mode they are worked on, and what the decoder keeps beside them. A 12 MP HEIC phone
+# photo fits (about 100 MB); a larger image is read at a fraction of its size (a JPEG,
+# by its decoder's scaling; a PNG, a strip of rows at a time) or refused, so a request
+# never holds a 49 MP image whole (about 200 MB, and as much again for each copy).
+DECODE_BUDGET = 128 * 1024 * 1024
+# What a decoder keeps per pixel beside Pillow's image while it decodes (measured:
+# pillow-heif's RGB buffer; Pillow's WebP decoder, its canvases and a copy).
+DECODER_BYTES_PER_PIXEL = {"HEIF": 4, "WEBP": 12}
+# What Pillow's image takes per pixel, by mode (every other mode takes 4).
+MODE_BYTES_PER_PIXEL = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16B": 2}
+# A PNG over the budget is decoded a strip of about this many bytes of pixels at a time.
+STRIP_BYTES = 4 * 1024 * 1024
+# Pillow's raw modes of a PNG's rows that its image gives back byte for byte (not those
+# of 16-bit colour, which it keeps as 8 bits): the rows a strip can carry over.
+STRIP_RAWMODES = frozenset(
+    {"1", "L", "L;2", "L;4", "P", "P;1", "P;2", "P;4", "LA", "RGB", "RGBA", "I;16B"}
+)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG output: fixed settings, so re-encoding is deterministic.
 JPEG_QUALITY = 85
 # PNG output: zlib's default level; fixed for the same reason.
@@ -328,6 +349,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def _image(data: bytes, shown: str) -> Normalised:
+    if data.startswith(PNG_SIGNATURE):
+        data = _png_checked(data, shown)
     try:
         im = Image.open(io.BytesIO(data), formats=DECODERS)
     except Image.DecompressionBombError as exc:
@@ -336,9 +359,7 @@ def _image(data: bytes, shown: str) -> Normalised:
             f"({MAX_SOURCE_PIXELS // 1_000_000} megapixels at most)."
         ) from exc
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise AttachmentError(
-            f"{shown} is not a file that can be attached (accepted: {ACCEPTED})."
-        ) from exc
+        raise _unreadable(data, shown) from exc
     with im:
         width, height = im.size
         if width * height > MAX_SOURCE_PIXELS:
@@ -353,11 +374,62 @@ def _image(data: bytes, shown: str) -> Normalised:
         stored = IMAGE_FORMATS[im.format] or _webp_type(im)
         name = _named(shown, im.format, stored)
         try:
-            encoded, size = _encode(im, stored)
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+            encoded, size = _encode(_decoded(im, data, stored, shown), stored)
+        except AttachmentError:
+            raise
+        except (OSError, ValueError, SyntaxError, zlib.error, Image.DecompressionBombError) as exc:
             raise AttachmentError(f"{shown} is a damaged image ({_reason(exc)}).") from exc
     sha = hashlib.sha256(encoded).hexdigest()
     return Normalised(encoded, sha, stored, name, width=size[0], height=size[1])
+
+
+def _unreadable(data: bytes, shown: str) -> AttachmentError:
+    """Why `data` is refused: what the decoder of the format its first bytes announce
+    says is wrong with it, or that it is no accepted kind of file."""
+    for fmt in DECODERS:
+        factory, accept = Image.OPEN[fmt]
+        if accept is None or accept(data[:16]) is not True:
+            continue
+        try:
+            factory(io.BytesIO(data)).close()
+        except (SyntaxError, OSError, ValueError, IndexError, TypeError, struct.error) as exc:
+            return AttachmentError(f"{shown} is a damaged {KIND_NAMES[fmt]} ({_reason(exc)}).")
+        break
+    return AttachmentError(f"{shown} is not a file that can be attached (accepted: {ACCEPTED}).")
+
+
+def _png_chunks(data: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """Each whole chunk of a PNG: its type, where it starts (its length) and where it
+    ends (past its checksum); up to IEND, or to a chunk cut short (Pillow says what)."""
+    at = len(PNG_SIGNATURE)
+    while at + 12 <= len(data):
+        end = at + 12 + int.from_bytes(data[at : at + 4])
+        if end > len(data):
+            return
+        kind = data[at + 4 : at + 8]
+        yield kind, at, end
+        if kind == b"IEND":
+            return
+        at = end
+
+
+def _png_checked(data: bytes, shown: str) -> bytes:
+    """A PNG without its ancillary chunks (a colour profile, text) whose checksum is
+    wrong: browsers show such a file, dropping the chunk as libpng does, while Pillow
+    refuses it whole. A critical chunk's wrong checksum (the header, the pixels, the
+    palette) refuses the file."""
+    kept, dropped, end = [PNG_SIGNATURE], False, len(PNG_SIGNATURE)
+    for kind, start, end in _png_chunks(data):
+        if zlib.crc32(data[start + 4 : end - 4]) == int.from_bytes(data[end - 4 : end]):
+            kept.append(data[start:end])
+        elif kind.isalpha() and kind[0] & 0x20:
+            dropped = True
+        else:
+            name = kind.decode("latin-1")
+            raise AttachmentError(
+                f"{shown} is a damaged PNG image (the checksum of its {name} chunk is wrong)."
+            )
+    return b"".join([*kept, data[end:]]) if dropped else data
 
 
 def _webp_type(im: Image.Image) -> str:
@@ -370,23 +442,110 @@ def bounded(width: int, height: int) -> tuple[int, int]:
     return max(1, math.floor(width * scale)), max(1, math.floor(height * scale))
 
 
-# EXIF orientations that turn the picture a quarter: its width is the stored height.
-QUARTER_TURNS = frozenset({5, 6, 7, 8})
-EXIF_ORIENTATION = 0x0112
+def _decoded(im: ImageFile.ImageFile, data: bytes, mime: str, shown: str) -> Image.Image:
+    """The pixels of `im` (opened from `data`, to be stored as `mime`) in the mode they
+    are worked on, at the size they are stored at, not yet turned upright. Decoded
+    within DECODE_BUDGET: the pixels are reduced by a whole factor while they are read
+    (a JPEG's decoder scales; a PNG is read in strips) or at once after."""
+    target = bounded(*im.size)
+    width, height = im.size
+    if im.format in ("JPEG", "MPO"):
+        # Decodes at 1/2, 1/4 or 1/8 of the size when that is still at least the target.
+        im.draft("RGB", target)
+    factor = max(1, min(im.width // target[0], im.height // target[1]))
+    per_pixel = (
+        DECODER_BYTES_PER_PIXEL.get(im.format, 0)
+        + MODE_BYTES_PER_PIXEL.get(im.mode, 4)
+        + (0 if im.mode == _working_mode(im, mime) else 4)
+    )
+    if im.width * im.height * per_pixel <= DECODE_BUDGET:
+        im.load()
+        pixels = _working(im, mime)
+        pixels = pixels if factor == 1 else pixels.reduce(factor)
+    elif im.format == "PNG" and (strips := _png_strips(im, data, factor, mime)) is not None:
+        pixels = strips
+    else:
+        most = DECODE_BUDGET // per_pixel / 1_000_000
+        raise AttachmentError(
+            f"{shown} is {width}×{height} pixels, more than a {KIND_NAMES[im.format]} may "
+            f"have to be read here ({most:.0f} megapixels at most): attach a smaller copy."
+        )
+    return pixels if pixels.size == target else pixels.resize(target, Image.Resampling.LANCZOS)
+
+
+def _working_mode(im: Image.Image, mime: str) -> str:
+    """The mode an image is scaled in: RGBA for a PNG with any transparency (opaque ones
+    become RGB when saved: _plain_mode), L for grey, RGB for the rest."""
+    if mime == PNG and (im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info):
+        return "RGBA"
+    return "L" if im.mode in ("1", "L") else "RGB"
+
+
+def _working(im: Image.Image, mime: str) -> Image.Image:
+    mode = _working_mode(im, mime)
+    return im if im.mode == mode and "transparency" not in im.info else im.convert(mode)
+
+
+def _png_strips(im: ImageFile.ImageFile, data: bytes, factor: int, mime: str) -> Image.Image | None:
+    """The pixels of a PNG too large to decode whole, reduced by `factor`, read a strip
+    of rows at a time: never whole in memory. Each strip is a PNG of its own made of
+    the file's rows as they are stored (filtered: a row is read from the one above), led
+    by the row before it unfiltered. None for a PNG whose rows cannot be carried over
+    so (interlaced, 16-bit colour)."""
+    rawmode = im.tile[0].args[0] if isinstance(im.tile[0].args, tuple) else im.tile[0].args
+    width, height = im.size
+    depth, colour, interlace = data[24], data[25], data[28]
+    rows = max(factor, STRIP_BYTES // (width * 4) // factor * factor)
+    if interlace or rawmode not in STRIP_RAWMODES or width * rows * 4 > DECODE_BUDGET:
+        return None
+    chunks = list(_png_chunks(data))
+    palette = b"".join(data[a:b] for kind, a, b in chunks if kind in (b"PLTE", b"tRNS"))
+    deflated = b"".join(data[a + 8 : b - 4] for kind, a, b in chunks if kind == b"IDAT")
+    stride = 1 + math.ceil(width * depth * {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour] / 8)
+    inflate = zlib.decompressobj()
+    out: Image.Image | None = None
+    above = b""
+    for y in range(0, height, rows):
+        count = min(rows, height - y)
+        filtered = b""
+        while len(filtered) < count * stride:
+            more = inflate.decompress(deflated, count * stride - len(filtered))
+            deflated = inflate.unconsumed_tail
+            if not more:
+                raise ValueError("its image data ends early")
+            filtered += more
+        head = width.to_bytes(4) + (count + bool(above)).to_bytes(4) + data[24:29]
+        strip_png = b"".join(
+            (PNG_SIGNATURE, _chunk(b"IHDR", head), palette)
+            + (_chunk(b"IDAT", zlib.compress(above + filtered, 0)), _chunk(b"IEND", b""))
+        )
+        with Image.open(io.BytesIO(strip_png), formats=["PNG"]) as strip:
+            strip.load()
+            part = strip.crop((0, 1, width, count + 1)) if above else strip.copy()
+        above = b"\0" + part.crop((0, count - 1, width, count)).tobytes("raw", rawmode)
+        part = _working(part, mime)
+        part = part if factor == 1 else part.reduce(factor)
+        if out is None:
+            out = Image.new(part.mode, (-(-width // factor), -(-height // factor)))
+        out.paste(part, (0, y // factor))
+    assert out is not None
+    if "icc_profile" in im.info:
+        out.info["icc_profile"] = im.info["icc_profile"]
+    exif = next((data[a + 8 : b - 4] for kind, a, b in chunks if kind == b"eXIf"), None)
+    if exif is not None:
+        out.info["exif"] = b"Exif\0\0" + exif
+    return out
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return len(body).to_bytes(4) + kind + body + zlib.crc32(kind + body).to_bytes(4)
 
 
 def _encode(im: Image.Image, mime: str) -> tuple[bytes, tuple[int, int]]:
-    width, height = im.size
-    target = bounded(width, height)
-    if im.format in ("JPEG", "MPO"):
-        # Decodes at 1/2, 1/4 or 1/8 of the size when that is still at least the target:
-        # a 12 MP photo costs a fraction of a full decode.
-        im.draft("RGB", target)
-    if im.getexif().get(EXIF_ORIENTATION) in QUARTER_TURNS:
-        target = target[::-1]
-    im.load()
+    """`im` (_decoded) upright, in sRGB, in its stored mode, encoded; scaled down
+    further until it is at most MAX_IMAGE_BYTES."""
     im = _plain_mode(_srgb(_upright(im)), mime)
-    size = target
+    size = im.size
     while True:
         out = im if im.size == size else im.resize(size, Image.Resampling.LANCZOS)
         encoded = _save(out, mime)

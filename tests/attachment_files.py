@@ -69,21 +69,55 @@ def animated(fmt: str = "GIF") -> bytes:
     return out.getvalue()
 
 
-def png_header(width: int, height: int) -> bytes:
+def png_chunk(kind: bytes, body: bytes, crc: int | None = None) -> bytes:
+    """One PNG chunk; `crc` instead of its checksum makes it damaged."""
+    crc = zlib.crc32(kind + body) if crc is None else crc
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+
+def png_header(
+    width: int, height: int, *, depth: int = 1, colour: int = 0, interlace: int = 0
+) -> bytes:
     """A PNG that declares `width` x `height` pixels in a few bytes: a bomb's header
-    (1-bit grey, one tiny IDAT), which Pillow reads without decoding."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-        )
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    (1-bit grey unless told, one tiny IDAT), which Pillow reads without decoding."""
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, interlace)
     return (
         b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(b"\0"))
-        + chunk(b"IEND", b"")
+        + png_chunk(b"IHDR", ihdr)
+        + png_chunk(b"IDAT", zlib.compress(b"\0"))
+        + png_chunk(b"IEND", b"")
+    )
+
+
+def png(
+    width: int,
+    height: int,
+    *,
+    colour: int = 2,
+    depth: int = 8,
+    before_pixels: bytes = b"",
+    after_pixels: bytes = b"",
+    pixels_crc: int | None = None,
+) -> bytes:
+    """A PNG made by hand (colour type `colour`, `depth` bits): each row a ramp, stored
+    unfiltered and compressed as it is made, so a 49 MP file costs its compressed size
+    to make, not its pixels; `before_pixels` and `after_pixels` are chunks around the
+    pixels, and `pixels_crc` their checksum (a damaged file)."""
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour]
+    row_bytes = -(-width * channels * depth // 8)
+    row = b"\0" + bytes(i * 7 % 256 for i in range(row_bytes))
+    deflate = zlib.compressobj()
+    pixels = b"".join(deflate.compress(row) for _ in range(height)) + deflate.flush()
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0)
+    palette = png_chunk(b"PLTE", bytes(range(256)) * 3) if colour == 3 else b""
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", ihdr)
+        + palette
+        + before_pixels
+        + png_chunk(b"IDAT", pixels, pixels_crc)
+        + after_pixels
+        + png_chunk(b"IEND", b"")
     )
 
 

@@ -115,9 +115,9 @@ async def test_structured_content_is_sorted_key_json(servers, server):
 @TRANSPORTS
 async def test_an_image_goes_to_the_outcome(servers, server):
     result = await mcp.call(f"mcp__{server}__pixel", {})
-    assert result.image is not None
-    assert result.image.data.startswith(b"\x89PNG")
-    assert (result.image.path, result.image.name) == ("", "pixel.png")
+    [image] = result.images
+    assert image.data.startswith(b"\x89PNG")
+    assert (image.path, image.name) == ("", "pixel.png")
     assert (result.result, result.is_error) == ("(an image)", False)
 
 

@@ -24,9 +24,10 @@ class ToolOutcome:
     shell_output: str | None = None
     truncated_bytes: int = 0
     truncated_lines: int = 0
-    # An image the tool read (read_file): the runner stores it as an attachment
-    # (chat.blobs) and the model sees it with the result.
-    image: ImageFile | None = None
+    # Images the tool read (read_file's one, an MCP tool's content): the runner stores
+    # each as an attachment (chat.blobs) and the model sees them with the result; one
+    # refused there is left out, and the result says which and why.
+    images: tuple[ImageFile, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,11 @@ class ImageFile:
     path: str
     data: bytes
     name: str = ""
+
+
+# The most images one result may carry, as many as a message may (chat.blobs.MAX_FILES):
+# each is sent again with every later request of the tab.
+MAX_RESULT_IMAGES = 10
 
 
 class ToolError(Exception):

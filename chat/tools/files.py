@@ -458,7 +458,7 @@ def _read_image(f, shown: str, size: int) -> ToolOutcome:
     return ToolOutcome(
         f"{shown}: an image ({len(data)} bytes), shown to you with this result.",
         is_error=False,
-        image=ImageFile(shown, data),
+        images=(ImageFile(shown, data),),
     )
 
 

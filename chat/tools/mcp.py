@@ -63,7 +63,7 @@ from pydantic import ValidationError
 
 from chat.models import McpServer
 from chat.tools import files, mcp_names, sandbox, shell, workdir
-from chat.tools.base import ImageFile, ToolOutcome, clean_text
+from chat.tools.base import MAX_RESULT_IMAGES, ImageFile, ToolOutcome, clean_text
 
 logger = logging.getLogger(__name__)
 
@@ -1180,16 +1180,29 @@ _IMAGE_SUFFIX = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "i
 
 def outcome(tool: str, result: types.CallToolResult) -> ToolOutcome:
     """A tool result as the model and the log see it: text as it is, structured content
-    as sorted-key JSON (instead of a text block holding the same data), the first image
-    for the blob store, other content as a marker; capped as the shell's output is."""
+    as sorted-key JSON (instead of a text block holding the same data), its images for
+    the blob store (at most MAX_RESULT_IMAGES), other content as a marker; capped as the
+    shell's output is. A block left out is named in the text, with why: the model and
+    the page see what it missed, and every other block is kept."""
     texts: list[str] = []
     notes: list[str] = []
-    images: list[types.ImageContent] = []
-    for item in result.content:
+    images: list[ImageFile] = []
+    many = sum(isinstance(item, types.ImageContent) for item in result.content) > 1
+    for number, item in enumerate(result.content, 1):
         if isinstance(item, types.TextContent):
             texts.append(item.text)
         elif isinstance(item, types.ImageContent):
-            images.append(item)
+            name = f"{tool}-{number}" if many else tool
+            image = _image(item, f"{name}.{_IMAGE_SUFFIX.get(item.mime_type, 'img')}")
+            if isinstance(image, str):
+                notes.append(f"[content block {number}, an image, left out: {image}]")
+            elif len(images) == MAX_RESULT_IMAGES:
+                notes.append(
+                    f"[content block {number}, an image, left out: a result carries at "
+                    f"most {MAX_RESULT_IMAGES} images]"
+                )
+            else:
+                images.append(image)
         elif isinstance(item, types.EmbeddedResource) and isinstance(
             item.resource, types.TextResourceContents
         ):
@@ -1202,20 +1215,9 @@ def outcome(tool: str, result: types.CallToolResult) -> ToolOutcome:
         copies = [text for text in texts if _same_json(text, structured)]
         if copies or not texts:
             texts = [dumped if text in copies else text for text in texts] or [dumped]
-    image = None
-    if images:
-        first = images[0]
-        try:
-            data = base64.b64decode(first.data, validate=True)
-        except (binascii.Error, ValueError):
-            notes.append("[an image that was not valid base64, left out]")
-        else:
-            suffix = _IMAGE_SUFFIX.get(first.mime_type, "img")
-            image = ImageFile("", data, name=f"{tool}.{suffix}")
-        if len(images) > 1:
-            notes.append(f"[{len(images) - 1} more images left out: one image per result]")
     # Never empty: providers refuse an empty text block.
-    text = "\n".join([*texts, *notes]) or ("(an image)" if image else "(no output)")
+    shown = "(an image)" if len(images) == 1 else f"({len(images)} images)" if images else ""
+    text = "\n".join([*texts, *notes]) or shown or "(no output)"
     capped = shell._Output(None)
     capped.feed(clean_text(text).encode("utf-8", "replace"))
     dropped_bytes, dropped_lines = capped.dropped()
@@ -1225,8 +1227,17 @@ def outcome(tool: str, result: types.CallToolResult) -> ToolOutcome:
         truncated=capped.truncated,
         truncated_bytes=dropped_bytes,
         truncated_lines=dropped_lines,
-        image=image,
+        images=tuple(images),
     )
+
+
+def _image(item: types.ImageContent, name: str) -> ImageFile | str:
+    """An image block's file (no workspace path: the runner stores it, and checks it),
+    or why it cannot be one."""
+    try:
+        return ImageFile("", base64.b64decode(item.data, validate=True), name=name)
+    except (binascii.Error, ValueError):
+        return "its data is not valid base64"
 
 
 def _same_json(text: str, value: Any) -> bool:
