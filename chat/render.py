@@ -593,9 +593,9 @@ def _live_tail(chunk_id: uuid.UUID, html: SafeString, *, oob: bool) -> SafeStrin
 
 @dataclass(frozen=True)
 class Attachment:
-    """A file under a user's message (`data["attachments"]`, DESIGN §13): a reference to
-    its blob, never its bytes. Images show as a thumbnail linking to the image; anything
-    else (an SVG too) as a chip that downloads it."""
+    """A file under a user's message or in a tool's result (`data["attachments"]`,
+    DESIGN §13): a reference to its blob, never its bytes. Images show as a thumbnail
+    linking to the image; anything else (an SVG too) as a chip that downloads it."""
 
     sha256: str
     name: str
@@ -786,7 +786,10 @@ class Item:
 
     @cached_property
     def attachments(self) -> list[Attachment]:
-        if self.role != Role.USER or not isinstance(self.data.get("attachments"), list):
+        """A user message's files, or the images a tool result brought (read_file's, an
+        MCP tool's): shown under it, as the model got them."""
+        shown = self.role == Role.USER or self.type == Kind.TOOL_RESULT
+        if not shown or not isinstance(self.data.get("attachments"), list):
             return []
         found = (Attachment.of(value) for value in self.data["attachments"])
         return [a for a in found if a is not None]

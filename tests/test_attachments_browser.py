@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 
 from harness.login import session_for
 from tests.anthropic_wire import Body
-from tests.attachment_files import pdf
+from tests.attachment_files import image, pdf
 from tests.live import (
     ARTIFACTS,
     anthropic_env,
@@ -199,3 +199,50 @@ async def send(page: Any, selector: str, how: str) -> None:
         else:
             await page.press(selector, how)
     assert (await response.value).status == 200
+
+
+async def test_a_tools_image_shows_in_its_card_as_it_arrives_and_opens_full_size(
+    browser, serve, fake_server
+):
+    """The model reads a PNG of the workspace while two pages watch: the result lands in
+    the call's card with the image's thumbnail, which links to the full image in a new
+    tab; after a reload too."""
+    fake_server.add(
+        anthropic_reply(
+            [("tool_use", ("toolu_1", "read_file", {"path": "chart.png"}))], stop_reason="tool_use"
+        ),
+        anthropic_reply([("text", ["A chart with a white box."])], stop_reason="end_turn"),
+    )
+    server = await serve(**anthropic_env(fake_server))
+    user = await sync_to_async(make_user)()
+    tab = await sync_to_async(make_tab)(user, MODEL)
+    (serve.workspace_of(user) / "chart.png").write_bytes(image("PNG", (900, 500)))
+    session = await sync_to_async(session_for)(user)
+    live = await open_page(browser, server, f"/t/{tab.id}/", session=session, width=1280)
+    phone = await open_page(
+        browser, server, f"/t/{tab.id}/", session=session, width=375, mobile=True
+    )
+    page = live.page
+    await synced(page)
+    await synced(phone.page)
+    await page.fill("#composer-text", "What does chart.png show?")
+    await send(page, "#composer-text", "Enter")
+    thumb = "#log .t-tool-call .slot .t-tool-result .atts a.att-img img"
+    for watching in (page, phone.page):
+        await watching.wait_for_selector(thumb)
+        assert await watching.locator(thumb).evaluate(LOADED) > 0
+    await turn_ended(tab.id)
+    link = page.locator("#log .t-tool-result .atts a.att-img")
+    assert await link.get_attribute("target") == "_blank"
+    href = await link.get_attribute("href")
+    assert href.startswith("/blob/") and href.endswith("/")
+    full = await page.request.get(f"{server.url}{href}")
+    assert (full.status, full.headers["content-type"]) == (200, "image/png")
+    await page.locator(thumb).scroll_into_view_if_needed()
+    await phone.page.locator(thumb).scroll_into_view_if_needed()
+    await shots(page, phone.page, "attachments-tool-result")
+    await page.reload()
+    await synced(page)
+    assert await page.locator(thumb).evaluate(LOADED) > 0
+    live.assert_clean()
+    phone.assert_clean()

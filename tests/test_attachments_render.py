@@ -250,3 +250,40 @@ def test_the_markdown_export_lists_a_messages_files_by_name():
 def test_a_queued_message_of_files_alone_says_so():
     [item] = parse(render.fragment_queued(1, "")).find_all(lambda n: n.tag == "li")
     assert item.children[0].text == "Files only"
+
+
+# --- A tool result's images (read_file's, an MCP tool's) ------------------------------------
+
+
+def tool_result(attachments: list[dict], turn_id: uuid.UUID) -> object:
+    data = {"call_id": "c1", "name": "mcp__web__shot", "result": "(2 images)", "is_error": False}
+    return block("tool_result", {**data, "attachments": attachments}, role="tool", turn_id=turn_id)
+
+
+def test_a_tool_results_images_are_thumbnails_in_its_card_that_open_the_image(alice, client_alice):
+    turn = uuid.uuid4()
+    call = block("tool_call", {"call_id": "c1", "name": "mcp__web__shot", "arguments": {}})
+    call.turn_id = turn
+    second = {**PNG, "sha256": "d" * 64, "name": HOSTILE_NAME, "width": 300, "height": 600}
+    html, chunks_ = tab_page(client_alice, alice, call, tool_result([PNG, second], turn))
+    card, result = chunks_
+    assert result in card.find_all(lambda n: True)  # in its call's card, not on its own
+    [atts] = [n for n in result.children if n.tag == "div" and "atts" in n.classes]
+    links = atts.children
+    assert [(a.get("href"), a.get("target"), a.get("class")) for a in links] == [
+        (f"/blob/{'a' * 64}/", "_blank", "att-img"),
+        (f"/blob/{'d' * 64}/", "_blank", "att-img"),
+    ]
+    assert [(i.get("src"), i.get("width"), i.get("height")) for a in links for i in a.children] == [
+        (f"/blob/{'a' * 64}/thumb/", "160", "90"),
+        (f"/blob/{'d' * 64}/thumb/", "80", "160"),
+    ]
+    assert "<script>alert(2)" not in html
+
+
+def test_a_tool_result_sealed_live_shows_its_images_as_the_page_does():
+    [wrapper] = top(render.fragment_seal(tool_result([PNG], uuid.uuid4())))
+    [chunk] = wrapper.children
+    [link] = [a for a in chunk.iter() if "att-img" in a.classes]
+    assert link.get("href") == f"/blob/{'a' * 64}/"
+    assert [i.get("src") for i in link.children] == [f"/blob/{'a' * 64}/thumb/"]
