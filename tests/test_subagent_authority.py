@@ -8,6 +8,7 @@ the real tools (the shell in its sandbox), as in test_subagents."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 
 import pytest
@@ -15,7 +16,7 @@ from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from chat import lease, turns
+from chat import children, lease, rules, turns
 from chat.models import PermissionRule, Profile, Tab, Wake
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta
@@ -326,3 +327,60 @@ async def test_a_sub_agent_cannot_pass_its_profile_on_through_a_wake(kind, targe
         assert made.startswith(expected)
     else:
         assert made == expected
+
+
+# The parent tab's rules, the model-chosen profile's, and calls to decide with both.
+PARENT_RULES = [
+    [],
+    [("allow", "shell(git *)")],
+    [("deny", "write_file(secret/**)"), ("allow", "write_file")],
+    [("ask", "shell(rm *)"), ("allow", "shell")],
+]
+PROFILE_RULES = [
+    [("allow", "shell"), ("allow", "write_file"), ("allow", "mcp__*")],
+    [("deny", "read_file"), ("allow", "shell(git *)")],
+    [("ask", "shell(git push *)"), ("allow", "write_file(secret/**)")],
+]
+DECIDED = [
+    ("shell", {"command": "git status"}),
+    ("shell", {"command": "git push origin main"}),
+    ("shell", {"command": "rm -rf build"}),
+    ("shell", {"command": "echo hi > secret/k"}),
+    ("write_file", {"path": "secret/k", "content": "x"}),
+    ("write_file", {"path": "a.txt", "content": "x"}),
+    ("read_file", {"path": "a.txt"}),
+    ("mcp__srv__tool", {}),
+]
+STRICTNESS = {rules.ALLOW: 0, rules.ASK: 1, rules.DENY: 2}
+
+
+def strictness(stored: list[dict], name: str, arguments: dict, approve: bool) -> int:
+    """How strictly a tab with these rules treats the call: a rule's action, else the
+    approval setting's (every call here needs approval)."""
+    parsed, problems = rules.parse_all(stored, source=rules.TAB)
+    assert problems == []
+    decision = rules.decide(parsed, name, arguments)
+    action = decision.action if decision else (rules.ASK if approve else rules.ALLOW)
+    return STRICTNESS[action]
+
+
+@database_sync_to_async
+def child_rules_for(parent_rules, profile_rules) -> tuple[list[dict], list[dict]]:
+    Profile.objects.filter(name="picked").delete()
+    profile = Profile.objects.create(name="picked")
+    for action, pattern in profile_rules:
+        PermissionRule.objects.create(profile=profile, action=action, pattern=pattern)
+    parent = Tab(rules=[{"action": a, "pattern": p} for a, p in parent_rules])
+    return parent.rules, children.inherited_rules(parent, profile)
+
+
+async def test_a_child_decides_every_call_at_least_as_strictly_as_its_parent():
+    """For every parent's rules, model-chosen profile's rules, call and approval setting,
+    the child's decision is the parent's or stricter (deny > ask > allow)."""
+    for parent_rules, profile_rules in itertools.product(PARENT_RULES, PROFILE_RULES):
+        parent, child = await child_rules_for(parent_rules, profile_rules)
+        for (name, arguments), approve in itertools.product(DECIDED, (True, False)):
+            case = (parent_rules, profile_rules, name, arguments, approve)
+            assert strictness(child, name, arguments, approve) >= strictness(
+                parent, name, arguments, approve
+            ), case
