@@ -25,13 +25,16 @@ from chat import bus, revocation, sidebar
 from chat.follow import Follower, HtmlRenderer
 from chat.models import Tab
 
-# Close codes the page can tell apart from a network drop.
+# Close codes the page can tell apart from a network drop. A refused socket is accepted
+# and then closed with its code: refused at the handshake, the page would see only 1006,
+# which the ws extension retries for ever (a signed-out page reconnecting every 5 s).
+# Not the user's tab, or no such tab: nothing to reconnect to.
 CLOSE_FORBIDDEN = 4403
 CLOSE_RESYNC = 4409
-# An open socket's session ended (signed out, password changed, user deactivated): the
-# page reloads, and the sign-in page is where that leads.
+# No session, or the socket's session ended (signed out, password changed, user
+# deactivated): the page reloads, and the sign-in page is where that leads.
 CLOSE_SIGNED_OUT = 4401
-# An open socket's tab was deleted: nothing to reconnect to.
+# An open socket's tab was deleted.
 CLOSE_TAB_GONE = 4404
 # Sidebar entries reach a page at most this often, as one frame holding each changed tab's
 # latest entry: a user whose hundred tabs start turns together, with as many pages open,
@@ -93,11 +96,16 @@ class UserSocket(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         if not self.scope["user"].is_authenticated:
-            await self.close(code=CLOSE_FORBIDDEN)
+            await self.refuse(CLOSE_SIGNED_OUT)
             return
         await self.watch(None)
         await self.join_user()
         await self.accept()
+
+    async def refuse(self, code: int) -> None:
+        self.ended = True
+        await self.accept()
+        await self.close(code=code)
 
     async def watch(self, tab_id: uuid.UUID | None) -> None:
         credential = revocation.Credential.of_session(
@@ -207,11 +215,11 @@ class TabSocket(UserSocket):
     async def connect(self) -> None:
         user = self.scope["user"]
         tab_id = self.scope["url_route"]["kwargs"]["tab_id"]
-        if (
-            not user.is_authenticated
-            or not await Tab.objects.filter(pk=tab_id, owner=user).aexists()
-        ):
-            await self.close(code=CLOSE_FORBIDDEN)
+        if not user.is_authenticated:
+            await self.refuse(CLOSE_SIGNED_OUT)
+            return
+        if not await Tab.objects.filter(pk=tab_id, owner=user).aexists():
+            await self.refuse(CLOSE_FORBIDDEN)
             return
         await self.watch(tab_id)
         self.current = tab_id

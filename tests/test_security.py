@@ -15,12 +15,13 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from chat import log, render
+from chat import consumers, log, render
 from chat.models import Chunk
 from chat.preferences import new_tab
 from dispatch.asgi import router
 from harness.login import cookie_header, session_for
 from tests.engine import make_tab
+from tests.test_socket import refused
 from tests.ui_helpers import block, parse, seed_every_type
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,9 +119,7 @@ async def test_a_user_without_a_session_is_still_refused_from_the_right_origin()
         f"/ws/tabs/{tab.pk}/",
         headers=[(b"host", SITE.encode()), (b"origin", f"http://{SITE}".encode())],
     )
-    connected, _ = await communicator.connect()
-    await communicator.disconnect()
-    assert not connected
+    assert await refused(communicator) == consumers.CLOSE_SIGNED_OUT
 
 
 # --- Content-Security-Policy ---------------------------------------------------------------

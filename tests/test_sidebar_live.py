@@ -28,6 +28,7 @@ from chat.providers.replay import ScriptedProvider
 from dispatch.asgi import router
 from harness.login import cookie_header, session_for
 from tests.engine import TURN_TIMEOUT, Watcher, make_tab, running_worker, submit
+from tests.test_socket import refused
 from tests.ui_helpers import parse
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -409,9 +410,7 @@ async def test_an_anonymous_user_socket_is_refused():
         "/ws/user/",
         headers=[(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")],
     )
-    connected, code = await communicator.connect()
-    assert (connected, code) == (False, consumers.CLOSE_FORBIDDEN)
-    await communicator.disconnect()
+    assert await refused(communicator) == consumers.CLOSE_SIGNED_OUT
 
 
 async def test_a_recovered_turn_tells_the_owners_pages_it_is_over():

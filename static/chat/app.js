@@ -483,16 +483,19 @@
   var RECONNECT_FIRST_MS = 500;
   // Close codes after which the ws extension tries again by itself (hx-ws-2.js).
   var HTMX_RETRIES = [1006, 1011, 1012, 1013];
-  // chat/consumers.py: the socket refused the page (signed out, the tab deleted), or asked
-  // it to reconnect and start over with a hello.
+  // chat/consumers.py: the socket refused the page (not its tab), or asked it to reconnect
+  // and start over with a hello.
   var CLOSE_FORBIDDEN = 4403;
   var CLOSE_RESYNC = 4409;
-  // An open socket's session ended (signed out, password changed, account deactivated):
-  // a reload lets the server decide, and it sends a signed-out page to sign-in (a page
-  // whose session was only renewed, by its own password change, just reloads). Its tab
-  // was deleted: nothing to reconnect to.
+  // No session, or it ended (signed out, password changed, account deactivated): a reload
+  // lets the server decide, and it sends a signed-out page to sign-in (a page whose
+  // session was only renewed, by its own password change, just reloads). Once in a while
+  // only: a server that serves the page signed in but whose socket finds no session (a
+  // proxy dropping the cookie on the upgrade) must not reload it for ever. The page's
+  // tab was deleted: nothing to reconnect to.
   var CLOSE_SIGNED_OUT = 4401;
   var CLOSE_TAB_GONE = 4404;
+  var SIGNED_OUT_RELOAD_MS = 10000;
 
   htmx.config.wsReconnectDelay = function (retries) {
     return Math.random() * Math.min(RECONNECT_MAX_MS, RECONNECT_FIRST_MS * Math.pow(2, retries));
@@ -558,6 +561,16 @@
   window.addEventListener('pagehide', function () { conn.leaving = true; });
   window.addEventListener('pageshow', function () { conn.leaving = false; });
 
+  function signedOutReload() {
+    var key = 'dispatch-signed-out-reload';
+    var last = Number(sessionStorage.getItem(key)) || 0;
+    if (Date.now() - last < SIGNED_OUT_RELOAD_MS) return false;
+    sessionStorage.setItem(key, String(Date.now()));
+    conn.leaving = true;
+    window.location.reload();
+    return true;
+  }
+
   document.addEventListener('htmx:wsClose', function (evt) {
     if (conn.leaving) return;
     var code = evt.detail.event && evt.detail.event.code;
@@ -567,13 +580,9 @@
       wrapper.reconnect();
       return;
     }
-    if (code === CLOSE_SIGNED_OUT) {
-      conn.leaving = true;
-      window.location.reload();
-      return;
-    }
+    if (code === CLOSE_SIGNED_OUT && signedOutReload()) return;
     if (status) status.setAttribute('data-stale', '');
-    if (code === CLOSE_FORBIDDEN || code === CLOSE_TAB_GONE) {
+    if (code === CLOSE_FORBIDDEN || code === CLOSE_TAB_GONE || code === CLOSE_SIGNED_OUT) {
       conn.tabGone = code === CLOSE_TAB_GONE;
       setConn('gone');
       return;
