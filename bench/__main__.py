@@ -35,6 +35,7 @@ BENCHMARKS = [
     "branch",
     "wipe",
     "search",
+    "revocation",
 ]
 
 

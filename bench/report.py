@@ -255,6 +255,18 @@ def _rows(r: dict) -> list[tuple[str, str, str]]:
                 "≤ 20%",
             )
         )
+    if v := r.get("revocation"):
+        streams = v["by_streams"]
+        rows.append(
+            (
+                "Live streams' credential check, 1 / 100 / 1,000 streams",
+                " / ".join(f"{s['ms']:.2f} ms" for s in streams.values())
+                + f" every {v['interval_seconds']:g} s, "
+                + " / ".join(str(s["queries"]) for s in streams.values())
+                + " queries",
+                "queries flat",
+            )
+        )
     return rows
 
 

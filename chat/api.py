@@ -156,7 +156,7 @@ def _check_csrf(request: HttpRequest) -> None:
         raise ApiError(403, "csrf_failed", f"CSRF check failed: {reason}")
 
 
-def _bearer(request: HttpRequest) -> str | None:
+def bearer(request: HttpRequest) -> str | None:
     """The token of an `Authorization: Bearer` header; None without the header."""
     header = request.META.get("HTTP_AUTHORIZATION")
     if header is None:
@@ -167,7 +167,7 @@ def _bearer(request: HttpRequest) -> str | None:
     return token.strip()
 
 
-def _authenticate_token(request: HttpRequest, token: str) -> ApiToken:
+def authenticate_token(request: HttpRequest, token: str) -> ApiToken:
     address = throttle.client_ip(request)
     found = throttle.locks(ip_address=address)
     if found:
@@ -217,9 +217,9 @@ def api_view(
                     )
                     response["Allow"] = ", ".join(methods)
                     return response
-                token = _bearer(request)
+                token = bearer(request)
                 if token is not None:
-                    request.api_token = _authenticate_token(request, token)
+                    request.api_token = authenticate_token(request, token)
                     request.user = request.api_token.user
                     if write and request.api_token.read_only:
                         raise ApiError(

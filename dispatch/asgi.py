@@ -20,6 +20,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from chat import routing, startup  # noqa: E402
 from chat.worker import start_embedded_worker  # noqa: E402
+from dispatch.bodylimit import BodyLimitMiddleware  # noqa: E402
 from dispatch.origin import SameOriginValidator  # noqa: E402
 from dispatch.wsauth import SessionAuthMiddleware  # noqa: E402
 
@@ -30,8 +31,9 @@ startup.check(services=False)
 router = ProtocolTypeRouter(
     {
         # One self-hosted process serves its own few static files; a reverse
-        # proxy in front may serve STATIC_ROOT instead (see README).
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        # proxy in front may serve STATIC_ROOT instead (see README). Bodies are
+        # bounded (per route, and small until signed in) before Django reads them.
+        "http": BodyLimitMiddleware(ASGIStaticFilesHandler(django_asgi_app)),
         # The page's own origin only: scheme, host and port (dispatch/origin.py).
         "websocket": SameOriginValidator(
             SessionAuthMiddleware(URLRouter(routing.websocket_urlpatterns))

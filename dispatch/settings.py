@@ -335,6 +335,12 @@ if DISPATCH_BEHIND_TLS_PROXY:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
 
+# Request bodies are bounded per route before Django reads them (dispatch/bodylimit.py);
+# these are Django's own bounds behind that: a form's fields (not its files) at most the
+# largest command's 2 MB, and an uploaded file past 2 MB spooled to disk, not memory.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+
 # --- Auth, i18n, static ------------------------------------------------------
 
 AUTH_PASSWORD_VALIDATORS = [

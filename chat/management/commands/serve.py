@@ -33,7 +33,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, host: str, port: int, **options):
         from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
+
+        # daphne's Server, its request bodies bounded as they arrive (dispatch/server.py).
+        from dispatch.server import Server
 
         # Before anything reads the database: a bad value or a dead service is one line.
         startup.check()
