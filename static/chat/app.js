@@ -563,9 +563,10 @@
 
   function signedOutReload() {
     var key = 'dispatch-signed-out-reload';
-    var last = Number(sessionStorage.getItem(key)) || 0;
+    var last = 0;
+    try { last = Number(window.sessionStorage.getItem(key)) || 0; } catch (err) { last = 0; }
     if (Date.now() - last < SIGNED_OUT_RELOAD_MS) return false;
-    sessionStorage.setItem(key, String(Date.now()));
+    try { window.sessionStorage.setItem(key, String(Date.now())); } catch (err) { /* reload anyway */ }
     conn.leaving = true;
     window.location.reload();
     return true;
