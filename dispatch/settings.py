@@ -286,7 +286,7 @@ CHANNEL_EXPIRY = 60
 # revoked, a deactivated user or a deleted tab elsewhere (the admin, another process,
 # a database edit) ends it within this. The check costs a few indexed queries per
 # process, however many streams it serves.
-STREAM_RECHECK_SECONDS = 2.0
+STREAM_RECHECK_SECONDS = envfloat("DISPATCH_STREAM_RECHECK_SECONDS", 2.0, minimum=0.05)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {

@@ -10,11 +10,14 @@ update or raw SQL, no signal: the periodic check, set short, must end them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import websockets
 from channels.db import database_sync_to_async
 from channels.layers import channel_layers, get_channel_layer
 from channels.testing import WebsocketCommunicator
@@ -23,6 +26,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
 from django.db import connection
 from django.test import Client
+from websockets.exceptions import ConnectionClosed
 
 from chat import consumers, revocation
 from chat.models import ApiToken, Tab
@@ -139,6 +143,13 @@ async def assert_signed_out(streams: tuple[Any, Any, Events], reason: str) -> No
     assert await events.ended_with() == reason
 
 
+def sign_out(session: str) -> None:
+    """The sign-out button's request, in that session."""
+    client = Client()
+    client.cookies[django_settings.SESSION_COOKIE_NAME] = session
+    assert client.post("/logout/").status_code == 302
+
+
 def raw_sql(sql: str, *params: Any) -> None:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -157,12 +168,7 @@ async def sign_out_ends_the_streams() -> None:
     user, tab, session = await owner_with_tab()
     streams = await session_streams(tab, session)
 
-    def sign_out() -> None:
-        client = Client()
-        client.cookies[django_settings.SESSION_COOKIE_NAME] = session
-        assert client.post("/logout/").status_code == 302
-
-    await database_sync_to_async(sign_out)()
+    await database_sync_to_async(sign_out)(session)
     await assert_signed_out(streams, "signed_out")
 
 
@@ -329,11 +335,10 @@ def test_signing_in_elsewhere_and_other_users_changes_end_nothing():
 # --- Scaled mode: the Redis channel layer --------------------------------------------------
 
 
-@pytest.mark.asyncio
-async def test_the_nudge_travels_through_the_redis_layer(settings):
-    """As between processes in scaled mode: the sign-out's nudge goes through Redis."""
+@contextlib.asynccontextmanager
+async def redis_layer(settings: Any) -> AsyncIterator[str]:
+    """This process on the Redis channel layer of a scratch Redis database (its URL)."""
     require_services()
-    settings.STREAM_RECHECK_SECONDS = NUDGE_ONLY
     with scratch_redis() as url:
         settings.CHANNEL_LAYERS = {
             "default": {
@@ -343,10 +348,40 @@ async def test_the_nudge_travels_through_the_redis_layer(settings):
         }
         channel_layers.backends.clear()
         try:
-            await sign_out_ends_the_streams()
+            yield url
         finally:
             await get_channel_layer().close_pools()
             channel_layers.backends.clear()
+
+
+@pytest.mark.scaled
+@pytest.mark.asyncio
+async def test_the_nudge_travels_through_the_redis_layer(settings):
+    """Every stream of the sign-out test, with the nudge going through Redis."""
+    settings.STREAM_RECHECK_SECONDS = NUDGE_ONLY
+    async with redis_layer(settings):
+        await sign_out_ends_the_streams()
+
+
+@pytest.mark.scaled
+@pytest.mark.asyncio
+async def test_a_sign_out_in_one_process_ends_a_socket_in_another_at_once(settings, serve):
+    """Scaled mode across processes: the socket is on a server process (its periodic check
+    set to an hour), the sign-out happens in this one, as on another web process."""
+    async with redis_layer(settings) as url:
+        server = await serve(REDIS_URL=url, DISPATCH_STREAM_RECHECK_SECONDS=str(NUDGE_ONLY))
+        user, tab, session = await owner_with_tab()
+        socket = await websockets.connect(
+            f"ws://{server.url.split('://', 1)[1]}/ws/tabs/{tab.pk}/",
+            additional_headers={"Cookie": cookie_header(session), "Origin": server.url},
+        )
+        await socket.send(json.dumps({"type": "hello", "last_seq": 0}))
+        assert "data-state" in await asyncio.wait_for(socket.recv(), END_TIMEOUT)
+        await database_sync_to_async(sign_out)(session)
+        with pytest.raises(ConnectionClosed):
+            while True:
+                await asyncio.wait_for(socket.recv(), END_TIMEOUT)
+        assert socket.close_code == consumers.CLOSE_SIGNED_OUT
 
 
 # --- The page -------------------------------------------------------------------------------
