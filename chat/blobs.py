@@ -418,6 +418,10 @@ def _png_checked(data: bytes, shown: str) -> bytes:
     wrong: browsers show such a file, dropping the chunk as libpng does, while Pillow
     refuses it whole. A critical chunk's wrong checksum (the header, the pixels, the
     palette) refuses the file."""
+    if next(_png_chunks(data), (b"",))[0] != b"IHDR":
+        raise AttachmentError(
+            f"{shown} is a damaged PNG image (its header chunk is missing or cut short)."
+        )
     kept, dropped, end = [PNG_SIGNATURE], False, len(PNG_SIGNATURE)
     for kind, start, end in _png_chunks(data):
         if zlib.crc32(data[start + 4 : end - 4]) == int.from_bytes(data[end - 4 : end]):

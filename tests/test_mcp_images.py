@@ -77,7 +77,12 @@ def test_an_ancillary_chunk_with_a_wrong_checksum_is_dropped_and_the_image_kept(
         ),
         pytest.param(
             files.png(4, 4)[:16] + b"\0" * 17,
-            "x.png is a damaged PNG image (",
+            "x.png is a damaged PNG image (the checksum of its IHDR chunk is wrong).",
+            id="header-checksum",
+        ),
+        pytest.param(
+            files.png(4, 4)[:20],
+            "x.png is a damaged PNG image (its header chunk is missing or cut short).",
             id="header-cut",
         ),
         pytest.param(
