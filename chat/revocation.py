@@ -173,7 +173,13 @@ class _Watch:
 
     async def _listen(self) -> None:
         while True:
-            message = await self.layer.receive(self.channel)
+            try:
+                message = await self.layer.receive(self.channel)
+            except Exception:
+                # Redis away: the periodic check goes on; nudges come back with Redis.
+                logger.warning("live streams: no nudges for now", exc_info=True)
+                await asyncio.sleep(settings.STREAM_RECHECK_SECONDS)
+                continue
             if message.get("type") == "access.check":
                 self.nudged.set()
 
