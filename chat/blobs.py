@@ -77,7 +77,8 @@ MAX_PIXELS = 1_200_000
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
 DOWNSCALE_STEP = 0.8
 # The most pixels a file may declare before it is decoded: a 48 MP phone photo fits, a
-# decompression bomb (a small file of 100,000 x 100,000 pixels) does not.
+# decompression bomb (a small file of 100,000 x 100,000 pixels) does not. (Decoding has a
+# memory budget of its own: DECODE_BUDGET.)
 MAX_SOURCE_PIXELS = 50_000_000
 # The most memory the pixels of one image may take while it is normalised: decoded, in
 # the mode they are worked on, and what the decoder keeps beside them. A 12 MP HEIC phone

@@ -261,8 +261,12 @@ print(n.width, n.height, status("VmHWM") - before)
 """
 
 
-def test_a_49_megapixel_png_is_normalised_within_a_bounded_memory():
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+def test_a_49_megapixel_png_is_normalised_within_a_bounded_memory(tmp_path):
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DISPATCH_DATA_DIR": str(tmp_path),
+    }
     done = subprocess.run(
         [sys.executable, "-c", MEASURE], cwd=ROOT, env=env, capture_output=True, check=True
     )
