@@ -330,6 +330,18 @@ class Cluster:
             "print(session_for_new_user('scaled'))\n",
         ).split()[-1]
 
+    def user_workspace(self) -> Path:
+        """The workspace of the user login() made (chat.tools.workdir.user_workspace)."""
+        return Path(
+            self.manage(
+                "shell",
+                "-c",
+                "from django.contrib.auth import get_user_model\n"
+                "from chat.tools.workdir import user_workspace\n"
+                "print(user_workspace(get_user_model().objects.get(username='scaled').pk))\n",
+            ).split()[-1]
+        )
+
     @property
     def cookie(self) -> str:
         return f"{cookie_header(self.session_key)}; csrftoken={self.csrf}"

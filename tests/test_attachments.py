@@ -38,11 +38,12 @@ from chat.providers.common import MAX_DOCUMENT_TEXT_CHARS, Files
 from chat.providers.openai import OpenAIProvider
 from chat.providers.registry import model_info
 from chat.stream import Block
+from chat.tools.workdir import user_workspace
 from harness.fakeprovider import Reply, collect, openai_text
 from tests import attachment_files as files
 from tests.anthropic_wire import MODEL, reply, settled, text, tool_use, use_anthropic
 from tests.api_helpers import validate
-from tests.engine import Watcher, chunks, make_tab, running_worker
+from tests.engine import Watcher, chunks, make_tab, owner_workspace, running_worker
 
 
 @pytest.fixture(autouse=True)
@@ -655,8 +656,7 @@ def test_history_turns_references_into_parts_and_skips_what_is_not_one():
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    return tmp_path
+    return owner_workspace(settings, tmp_path / "workspace")
 
 
 @pytest.mark.asyncio
@@ -739,7 +739,7 @@ async def test_a_tools_image_that_is_refused_is_an_error_result(
 
 @pytest.mark.django_db(transaction=True)
 def test_send_attach_sends_the_files(alice, workspace, tmp_path):
-    get_user_model().objects.create_superuser("root", password="pw")
+    root = get_user_model().objects.create_superuser("root", password="pw")
     shot = tmp_path / "shot.png"
     shot.write_bytes(files.image())
     out, err = io.StringIO(), io.StringIO()
@@ -749,7 +749,7 @@ def test_send_attach_sends_the_files(alice, workspace, tmp_path):
     user = Chunk.objects.filter(role="user").get()
     ref = user.data["attachments"][0]
     assert (user.data["text"], ref["name"], ref["mime"]) == ("", "shot.png", "image/png")
-    assert (workspace / "uploads" / ref["sha256"][:12] / "shot.png").exists()
+    assert (user_workspace(root.pk) / "uploads" / ref["sha256"][:12] / "shot.png").exists()
     assert Tab.objects.get().title == "shot.png"
 
 

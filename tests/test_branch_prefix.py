@@ -28,7 +28,7 @@ from tests.anthropic_wire import (
     tool_use,
     use_anthropic,
 )
-from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
+from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -53,9 +53,9 @@ PARENT_LOG = [
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    (tmp_path / "notes.txt").write_text("hello from notes\n")
-    return tmp_path
+    workspace = owner_workspace(settings, tmp_path)
+    (workspace / "notes.txt").write_text("hello from notes\n")
+    return workspace
 
 
 async def run_one(tab: Tab, message: str) -> None:

@@ -27,7 +27,7 @@ from tests.anthropic_wire import (
     tool_use,
     use_anthropic,
 )
-from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
+from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -39,9 +39,9 @@ OVERFULL = {"input_tokens": 2_000, "cache_read_input_tokens": 182_000}
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    (tmp_path / "notes.txt").write_text("hello from notes\n")
-    return tmp_path
+    workspace = owner_workspace(settings, tmp_path)
+    (workspace / "notes.txt").write_text("hello from notes\n")
+    return workspace
 
 
 async def run_one(tab: Tab, message: str) -> list[dict]:

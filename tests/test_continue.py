@@ -36,7 +36,16 @@ from tests.anthropic_wire import (
     tool_use,
     use_anthropic,
 )
-from tests.engine import TURN_TIMEOUT, Watcher, chunks, kinds, make_tab, running_worker, submit
+from tests.engine import (
+    TURN_TIMEOUT,
+    Watcher,
+    chunks,
+    kinds,
+    make_tab,
+    owner_workspace,
+    running_worker,
+    submit,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -54,8 +63,7 @@ DEAD_WORKER = "elsewhere:1:crashed"
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    return tmp_path
+    return owner_workspace(settings, tmp_path)
 
 
 @pytest.fixture(autouse=True)

@@ -132,8 +132,8 @@ async def test_it_streams_thinking_text_and_a_tool_card_then_seals_them(browser,
     and then seal in place; the list_files call shows as a card holding its result; the
     page ends up showing exactly the log."""
     server = await serve()
-    (serve.workspace / "notes.txt").write_text("some notes\n")
     user, tab, session = await owner_and_tab()
+    (serve.workspace_of(user) / "notes.txt").write_text("some notes\n")
     live = await open_page(browser, server, f"/t/{tab.id}/", session=session)
     page = live.page
     await synced(page)
@@ -226,8 +226,8 @@ async def test_a_reload_at_any_moment_shows_exactly_the_log(browser, serve, fake
     reloaded page and a page that watched the whole turn both show exactly the log."""
     fake_server.add(*long_turn())
     server = await serve(**anthropic_env(fake_server))
-    (serve.workspace / "notes.txt").write_text("some notes\n")
     user, tab, session = await owner_and_tab("anthropic/claude-sonnet-4-5")
+    (serve.workspace_of(user) / "notes.txt").write_text("some notes\n")
     watcher = await open_page(browser, server, f"/t/{tab.id}/", session=session)
     reloader = await open_page(browser, server, f"/t/{tab.id}/", session=session)
     page = reloader.page
@@ -360,7 +360,7 @@ async def test_stop_and_escape_cancel_the_turn_and_leave_a_valid_log(browser, se
     ]
     result = log_rows[-2].data
     assert (result["result"], result["is_error"]) == ("Cancelled by the user.", True)
-    assert not (serve.workspace / "never").exists()
+    assert not (serve.workspace_of(user) / "never").exists()
     assert await page.is_hidden("#approval")
     live.assert_clean()
 
@@ -561,8 +561,9 @@ async def test_hostile_user_and_model_content_renders_inert(browser, serve, fake
     URL or image is in the page, while streaming, after sealing, or after a reload."""
     fake_server.add(*hostile_turn())
     server = await serve(**anthropic_env(fake_server))
-    (serve.workspace / "<img src=x onerror=alert(8)>.txt").write_text("<script>alert(9)</script>")
     user, tab, session = await owner_and_tab("anthropic/claude-sonnet-4-5")
+    hostile = serve.workspace_of(user) / "<img src=x onerror=alert(8)>.txt"
+    hostile.write_text("<script>alert(9)</script>")
     live = await open_page(browser, server, f"/t/{tab.id}/", session=session)
     page = live.page
     await synced(page)

@@ -12,23 +12,23 @@ from chat.models import Profile, Setting
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta, ToolCallEvent
 from chat.providers.replay import ScriptedProvider
-from tests.engine import Watcher, chunks, running_worker, submit
+from tests.engine import Watcher, chunks, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "index.html").write_text("<h1>hi</h1>")
-    (tmp_path / "secret.txt").write_text("not for this tab")
-    return tmp_path
+    workspace = owner_workspace(settings, tmp_path)
+    (workspace / "site").mkdir()
+    (workspace / "site" / "index.html").write_text("<h1>hi</h1>")
+    (workspace / "secret.txt").write_text("not for this tab")
+    return workspace
 
 
 @database_sync_to_async
 def tab_from(profile: dict, workdir: str = ""):
-    owner = get_user_model().objects.create_user("owner")
+    owner, _ = get_user_model().objects.get_or_create(username="owner")
     return new_tab(owner, profile=Profile.objects.create(**profile), workdir=workdir)
 
 

@@ -17,17 +17,17 @@ from chat import preferences
 from chat.forms import ProfileForm
 from chat.models import ApiToken, McpServer, PermissionRule, Profile, Tab
 from chat.preferences import AGENTS_MAX_CHARS, DEFAULT_SYSTEM_PROMPT, new_tab
-from chat.tools.workdir import BadWorkdir
+from chat.tools.workdir import BadWorkdir, user_workspace
 from tests.api_helpers import ApiClient
 
 User = get_user_model()
 
 
 @pytest.fixture
-def workspace(tmp_path, settings):
+def workspace(tmp_path, settings, owner):
+    """The owner's workspace, where their tabs' AGENTS.md and working directories are."""
     settings.DISPATCH_WORKSPACE = tmp_path / "ws"
-    settings.DISPATCH_WORKSPACE.mkdir()
-    return settings.DISPATCH_WORKSPACE
+    return user_workspace(owner.pk)
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 async def test_a_profile_is_added_in_settings_and_a_tab_made_from_it(browser, serve):
     server = await serve()
-    (serve.workspace / "site").mkdir()
-    (serve.workspace / "site" / "AGENTS.md").write_text("Build with `make site`.\n")
     user = await sync_to_async(make_user)()
+    (serve.workspace_of(user) / "site").mkdir()
+    (serve.workspace_of(user) / "site" / "AGENTS.md").write_text("Build with `make site`.\n")
     session = await sync_to_async(session_for)(user)
     live = await open_page(browser, server, "/settings/profiles/new/", session=session, width=1280)
     page = live.page

@@ -23,7 +23,7 @@ from chat.providers.base import Message, ProviderError, Request, TextPart
 from chat.providers.openai import OpenAIProvider
 from chat.providers.registry import PROVIDERS, endpoint_now, model_info
 from harness.fakeprovider import STALL, FakeProviderServer, Reply, collect
-from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
+from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 
 KEY = "sk-test-secret-1234"
 # Short enough that a timeout case takes a moment; the fake server answers at once.
@@ -262,8 +262,7 @@ class Unreachable(httpx2.AsyncBaseTransport):
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    return tmp_path
+    return owner_workspace(settings, tmp_path)
 
 
 async def run_one(tab, text: str) -> None:

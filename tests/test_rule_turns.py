@@ -11,16 +11,16 @@ from django.urls import reverse
 from chat import turns
 from chat.models import PermissionRule, Tab
 from chat.providers.base import Finish, TextDelta, ToolCallEvent
-from tests.engine import Watcher, chunks, make_tab, running_worker, submit
+from tests.engine import Watcher, chunks, make_tab, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    (tmp_path / "notes.txt").write_text("hello from notes\n")
-    return tmp_path
+    workspace = owner_workspace(settings, tmp_path)
+    (workspace / "notes.txt").write_text("hello from notes\n")
+    return workspace
 
 
 def call(call_id: str, name: str, **arguments) -> ToolCallEvent:

@@ -18,6 +18,7 @@ from chat import bus, log
 from chat import render as chat_render
 from chat.models import PermissionRule, Tab
 from chat.stream import Block, Kind, Role
+from chat.tools.workdir import user_workspace
 
 pytestmark = pytest.mark.django_db
 
@@ -222,9 +223,10 @@ def test_always_allow_adds_nothing_when_an_ask_rule_matches_where_a_link_leads(
     working directory: `src/h` leads to `.git/hooks`, which an ask rule covers, so the
     folder rule the card offers would never decide and is not added."""
     settings.DISPATCH_WORKSPACE = tmp_path
-    (tmp_path / "proj" / ".git" / "hooks").mkdir(parents=True)
-    (tmp_path / "proj" / "src").mkdir()
-    (tmp_path / "proj" / "src" / "h").symlink_to("../.git/hooks")
+    proj = user_workspace(alice.pk) / "proj"
+    (proj / ".git" / "hooks").mkdir(parents=True)
+    (proj / "src").mkdir()
+    (proj / "src" / "h").symlink_to("../.git/hooks")
     tab.workdir = "proj"
     tab.save(update_fields=["workdir"])
     PermissionRule.objects.create(user=alice, action="ask", pattern="write_file(.git/**)")

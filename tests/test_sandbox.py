@@ -712,8 +712,12 @@ def test_the_policy_comes_from_the_settings(settings, tmp_path):
     settings.DISPATCH_SHELL_NETWORK = False
     settings.DISPATCH_SHELL_UNSANDBOXED = True
     settings.DATA_DIR = tmp_path
+    settings.DISPATCH_WORKSPACE = tmp_path / "ws"
     assert sandbox.policy_from(settings) == Policy(
-        network=False, unsandboxed=True, hidden=(tmp_path,), slirp4netns="slirp4netns"
+        network=False,
+        unsandboxed=True,
+        hidden=(tmp_path, tmp_path / "ws"),
+        slirp4netns="slirp4netns",
     )
 
 
@@ -726,7 +730,7 @@ async def test_a_turn_runs_its_shell_in_the_sandbox_the_settings_describe(
     settings.DATA_DIR = data
     settings.DISPATCH_WORKSPACE = ws
     settings.DISPATCH_SHELL_NETWORK = False
-    command = "cat ../secret_key; " + CONNECT.format(port=listener)
+    command = f"cat {data}/secret_key; " + CONNECT.format(port=listener)
     provider = ScriptedProvider(
         [[ToolCallEvent("s", "shell", {"command": command}), Finish(stop_reason="tool_use")], []]
     )
@@ -743,7 +747,7 @@ async def test_a_turn_runs_its_shell_in_the_sandbox_the_settings_describe(
     result = next(row for row in await chunks(tab.pk) if row.type == "tool_result").data
     assert result["is_error"] is True
     assert "the-secret-key" not in result["result"]
-    assert "cat: ../secret_key: No such file or directory" in result["shell_output"]
+    assert f"cat: {data}/secret_key: No such file or directory" in result["shell_output"]
     assert "Connection refused" in result["shell_output"]
 
 

@@ -94,12 +94,12 @@ def cluster(tmp_path_factory):
                 " ".join(f"w{line}.{i}" for i in range(STORY_WORDS_PER_LINE))
                 for line in range(STORY_LINES)
             )
-            (cluster.workdir / "workspace" / STORY).write_text(story + "\n")
             cluster.start_web("a")
             cluster.start_web("b")
             cluster.start_worker("w1")
             cluster.start_worker("w2")
             cluster.login()
+            (cluster.user_workspace() / STORY).write_text(story + "\n")
             cluster.wait_ready()
             yield cluster
         finally:

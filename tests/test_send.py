@@ -28,6 +28,7 @@ from chat.preferences import new_tab
 from chat.providers.base import TextDelta
 from chat.providers.offline import TOKEN_RE
 from chat.stream import Block
+from chat.tools.workdir import user_workspace_under
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,9 +65,15 @@ def send(workspace: Path, *args: str, **env: str) -> subprocess.CompletedProcess
     )
 
 
+def unowned(top: Path) -> Path:
+    """Where the tabs of `send --new` work with no superuser (so no owner) to give them."""
+    return user_workspace_under(top, None)
+
+
 @pytest.fixture
 def workspace(tmp_path):
-    (tmp_path / "notes.txt").write_text("some notes\n")
+    """The sends' DISPATCH_WORKSPACE."""
+    (unowned(tmp_path) / "notes.txt").write_text("some notes\n")
     return tmp_path
 
 
@@ -111,10 +118,10 @@ def test_tools_are_denied_without_a_terminal_unless_told_yes(workspace):
     denied = send(workspace, "--new", "run `touch made.txt`")
     assert denied.returncode == 0
     assert "needs approval; denied (no terminal)" in denied.stderr
-    assert not (workspace / "made.txt").exists()
+    assert not (unowned(workspace) / "made.txt").exists()
     allowed = send(workspace, "--new", "--yes-to-tools", "run `touch made.txt`")
     assert allowed.returncode == 0, allowed.stderr
-    assert (workspace / "made.txt").exists()
+    assert (unowned(workspace) / "made.txt").exists()
 
 
 def test_bad_input_gets_a_clear_error(workspace):

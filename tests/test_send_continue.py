@@ -17,7 +17,7 @@ from django.utils import timezone
 from chat import lease, log, resume
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block
-from tests.test_send import last_line, send
+from tests.test_send import last_line, send, unowned
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -101,7 +101,7 @@ def test_it_passes_yes_to_tools_on_to_the_continued_turn(workspace, tab):
     done = send(workspace, "--continue", "--tab", str(tab.pk), "--yes-to-tools")
     assert done.returncode == 0, done.stderr
     assert "needs approval" not in done.stderr
-    assert (workspace / "made.txt").exists()
+    assert (unowned(workspace) / "made.txt").exists()
 
 
 def test_nothing_to_continue_exits_1_and_changes_nothing(workspace, tab):

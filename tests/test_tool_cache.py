@@ -14,16 +14,16 @@ from chat import agent
 from chat.models import Tab
 from chat.tools import TOOLS, toolset
 from tests.anthropic_wire import MARKER, MODEL, reply, text, tool_use, use_anthropic
-from tests.engine import Watcher, chunks, make_tab, running_worker, submit
+from tests.engine import Watcher, chunks, make_tab, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    (tmp_path / "notes.txt").write_text("hello\n")
-    return tmp_path
+    workspace = owner_workspace(settings, tmp_path)
+    (workspace / "notes.txt").write_text("hello\n")
+    return workspace
 
 
 def tools_bytes(raw: bytes) -> str:

@@ -25,7 +25,7 @@ from chat.render import counts, fragment_open, fragment_seal, size
 from chat.stream import Block, Kind, Reducer, Role
 from chat.tools import run_tool
 from chat.tools.shell import OUTPUT_CAP, OUTPUT_HEAD, OUTPUT_TAIL
-from tests.engine import Watcher, chunks, make_tab, running_worker, submit
+from tests.engine import Watcher, chunks, make_tab, owner_workspace, running_worker, submit
 from tests.test_transfer import export_bytes, request_json
 from tests.ui_helpers import block, parse, top
 
@@ -98,8 +98,7 @@ def test_the_reducer_keeps_the_cut_in_the_result_only_when_there_is_one():
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    return tmp_path
+    return owner_workspace(settings, tmp_path)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -93,7 +93,7 @@ async def test_a_silent_command_shows_it_runs_then_its_output_counted_expanded_a
     await shots(page, phone.page, "tool-running")
 
     # The gate opens: 400 lines, counted; the spinner goes.
-    (serve.workspace / GATE).touch()
+    (serve.workspace_of(user) / GATE).touch()
     count = page.locator(f"{RESULT} .out-count")
     await count.wait_for()
     assert await count.text_content() == "400 lines · 3,600 bytes"

@@ -30,16 +30,16 @@ from chat.providers.base import (
     Usage,
 )
 from chat.providers.replay import ScriptedProvider
-from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
+from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    (tmp_path / "notes.txt").write_text("hello from notes\n")
-    return tmp_path
+    workspace = owner_workspace(settings, tmp_path)
+    (workspace / "notes.txt").write_text("hello from notes\n")
+    return workspace
 
 
 def think(text: str, signature: str) -> list:

@@ -12,7 +12,7 @@ from channels.db import database_sync_to_async
 from chat import agent, retry
 from chat.models import RunningTurn, UsageRecord
 from harness.fakeprovider import STALL, Pause, Reply, recorded
-from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
+from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -22,8 +22,7 @@ RECORDED = "recorded-streams/"
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    return tmp_path
+    return owner_workspace(settings, tmp_path)
 
 
 def strip_cache_control(value):

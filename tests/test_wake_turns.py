@@ -12,15 +12,14 @@ from django.utils import timezone
 from chat import bus, turns
 from chat.models import PermissionRule, Wake, WakeRun
 from chat.providers.base import Finish, TextDelta, ToolCallEvent
-from tests.engine import Watcher, chunks, make_tab, running_worker
+from tests.engine import Watcher, chunks, make_tab, owner_workspace, running_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 
 @pytest.fixture
 def workspace(tmp_path, settings):
-    settings.DISPATCH_WORKSPACE = tmp_path
-    return tmp_path
+    return owner_workspace(settings, tmp_path)
 
 
 def call(call_id: str, name: str, **arguments) -> ToolCallEvent:

@@ -5,6 +5,7 @@ workspace of before to the first superuser, and start-up does when it found no u
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import stat
 from datetime import timedelta
@@ -14,6 +15,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.apps import apps
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 
 from chat import blobs, startup, wakes
 from chat.models import Setting, Tab
@@ -207,3 +209,19 @@ def test_with_no_user_the_files_wait_for_the_first_start_with_one(top, transacti
     assert (user_workspace(first.pk) / "AGENTS.md").read_text() == "shared rules"
     assert (user_workspace(first.pk) / "users" / "2" / "AGENTS.md").exists()
     assert sorted(os.listdir(top)) == ["users"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wipe_history_keeps_every_users_workspace_and_says_so(top, alice, bob):
+    for user in (alice, bob):
+        (user_workspace(user.pk) / "work.txt").write_text(user.username)
+        new_tab(user, "offline/demo")
+    out = io.StringIO()
+    call_command("wipe_history", "--yes", stdout=out)
+    assert not Tab.objects.exists()
+    assert [(user_workspace(u.pk) / "work.txt").read_text() for u in (alice, bob)] == [
+        "alice",
+        "bob",
+    ]
+    keeps = out.getvalue().split("Keeps:")[1]
+    assert f"  the users' workspaces (their files): {top / 'users'}\n" in keeps

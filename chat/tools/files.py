@@ -37,7 +37,6 @@ The functions here are blocking; the registry runs them in a worker thread.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import heapq
 import os
@@ -103,8 +102,11 @@ def make_private(path: Path) -> None:
         missing.append(path)
         path = path.parent
     for folder in reversed(missing):
-        with contextlib.suppress(FileExistsError):
+        try:
             folder.mkdir(mode=0o700)
+        except FileExistsError:
+            if not folder.is_dir():  # made meanwhile is fine; a file there is not
+                raise
 
 
 def ensure_workspace(workspace: Path) -> Path:

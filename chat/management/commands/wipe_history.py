@@ -3,7 +3,8 @@
 History is Chunk, QueuedMessage, RunningTurn with its CheckpointPiece rows,
 Attachment, Tab and Blob, and the search index over the chunks (chat.search:
 tables, not models), and the attachments' files (chat.blobs, removed after the
-commit). Everything else stays: users, sessions, Setting, ApiKey,
+commit). Everything else stays: the users' workspaces (their files, the copies of
+their uploads among them), users, sessions, Setting, ApiKey,
 ProviderEndpoint, UsageRecord, Wake and WakeRun (see DETACHED_REFS) and any table
 another app adds. The command prints
 what it deletes and what it keeps, asks (unless --yes), refuses while a turn runs
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import Model
@@ -36,6 +39,7 @@ from chat.models import (
     Wake,
     WakeRun,
 )
+from chat.tools import workdir
 
 # Deletion order: every table before the table its foreign keys point to.
 HISTORY_MODELS: tuple[type[Model], ...] = (
@@ -180,6 +184,9 @@ class Command(BaseCommand):
         for model in kept:
             table = model._meta.db_table
             self.stdout.write(f"  {table}: {_rows(_count(using, table))}")
+        # The files are the users' own work (their uploads' copies among them), not chat.
+        users = Path(settings.DISPATCH_WORKSPACE) / workdir.USERS
+        self.stdout.write(f"  the users' workspaces (their files): {users}")
 
         live, stale = [], []
         for running in RunningTurn.objects.select_related("tab").order_by("started_at"):
