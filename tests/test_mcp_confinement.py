@@ -5,6 +5,7 @@ sees from inside."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -19,7 +20,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from chat.models import McpServer
+from chat.providers.base import Finish, TextDelta, ToolCallEvent
 from chat.tools import mcp, sandbox, shell, workdir
+from tests.engine import chunks, make_tab, running_worker, submit
 from tests.test_sandbox import ROOT, host_address, host_processes_with, kill_all, marker
 from tests.test_sandbox import wait_until_gone as gone
 
@@ -116,6 +119,29 @@ async def test_a_server_that_mounts_the_workspace_sees_its_tab_owners_alone():
     for seen, owner in ((as_alice, alice), (as_bob, bob)):
         home = Path(settings.DATA_DIR) / "mcp" / str(row.pk) / "users" / str(owner) / "home"
         assert seen["home"] == str(home)
+
+
+async def test_a_turn_calls_and_lists_a_server_in_its_tab_owners_workspace(script, monkeypatch):
+    """The runner carries the tab's owner to the listing at the turn's start and to the
+    call: both on that user's connection, which mounts their workspace."""
+    monkeypatch.setattr(mcp, "TURN_LIST_SECONDS", TIMEOUT)
+    await server("files", mount_workspace=True)
+    script(
+        [ToolCallEvent("c1", "mcp__files__where", {}), Finish(stop_reason="tool_use")],
+        [TextDelta("done"), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab()
+        await submit(tab, "go")
+        async with asyncio.timeout(TIMEOUT):
+            while not [
+                c for c in await chunks(tab.pk) if c.type == "text" and c.role == "assistant"
+            ]:
+                await asyncio.sleep(0.05)
+        assert set(mcp._pool().connections) == {("files", tab.owner_id)}
+    [result] = [c.data for c in await chunks(tab.pk) if c.type == "tool_result"]
+    seen = json.loads(result["result"])
+    assert seen["cwd"] == str(workdir.user_workspace(tab.owner_id).resolve())
 
 
 def user_site() -> str:

@@ -371,16 +371,19 @@ class Connection:
                     network.started()
                 if seccomp is not None:
                     os.close(seccomp)
+            leader = _Leader(proc, group=self.policy.unsandboxed)
             try:
                 if network is not None and (problem := await network.start()) is not None:
                     raise Unreachable(problem)
                 async with _lines(proc) as streams:
                     yield streams
             finally:
-                await _end(proc)
+                await leader.end()
         finally:
             if network is not None:
-                await asyncio.to_thread(network.close)
+                # Not awaited: a second cancellation must not skip it (slirp4netns would
+                # stay until this process ends).
+                network.close()
 
     def _stdio_launch(self) -> tuple[list[str], dict[str, str], Path, tuple[Path, ...]]:
         """The server's argv, environment, working directory (the workspace it mounts,
@@ -648,7 +651,10 @@ async def _lines(proc: asyncio.subprocess.Process) -> AsyncIterator[tuple[Any, A
                 if not line:
                     return
                 if line.strip():
-                    await got_send.send(_message(line))
+                    try:
+                        await got_send.send(_message(line))
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        return  # the session is gone, or stdin broke (write)
 
     async def write() -> None:
         try:
@@ -676,22 +682,64 @@ def _message(line: bytes) -> SessionMessage | Exception:
         return exc
 
 
-async def _end(proc: asyncio.subprocess.Process) -> None:
-    """The spec's end of a stdio server (its stdin closed, STDIO_EXIT_GRACE to exit), then
-    its process group killed: bwrap's PID 1 with it, so everything in the sandbox, also
-    what left the group. A second cancellation (close() past CLOSE_GRACE) still kills."""
-    try:
-        with anyio.CancelScope(shield=True):
-            if proc.stdin is not None:
-                proc.stdin.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), STDIO_EXIT_GRACE)
-            await shell._end_group(proc)
-    finally:
+class _Leader:
+    """A stdio server's first process (bwrap, or the server unsandboxed), held by a pidfd:
+    a signal through it reaches that process or none, never one that got its number since
+    it was reaped (pid numbers are reused, by anyone's processes, and a kill by number
+    after the reap could hit them)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, *, group: bool) -> None:
+        self.proc = proc
+        # Unsandboxed, its process group is killed too: nothing else ends what it started.
+        self.group = group
+        self.pidfd: int | None = None
         if proc.returncode is None:
-            # Not reaped, so its group is still this server's.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                self.pidfd = os.pidfd_open(proc.pid)
+
+    async def end(self) -> None:
+        """The spec's end (stdin closed, STDIO_EXIT_GRACE to exit), then SIGKILL: bwrap's
+        PID 1 dies with bwrap (--die-with-parent), and the whole sandbox with it. Shielded,
+        and a second cancellation (close() past CLOSE_GRACE) still kills."""
+        proc = self.proc
+        try:
+            with anyio.CancelScope(shield=True):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), STDIO_EXIT_GRACE)
+                self.kill()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), shell.GROUP_EXIT_GRACE)
+                    await self._reap()
+        finally:
+            self.kill()
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+                self.pidfd = None
+
+    def kill(self) -> None:
+        if self.pidfd is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if self.group:
+                # Not reaped yet (the pidfd says), so its group's number is still its own.
+                signal.pidfd_send_signal(self.pidfd, 0)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    async def _reap(self) -> None:
+        """Reap its group's members orphaned onto this process (a child subreaper:
+        bwrap's PID 1 outlives bwrap by a moment), or they stay zombies."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + shell.GROUP_EXIT_GRACE
+        while loop.time() < deadline:
+            try:
+                pid, _ = os.waitpid(-self.proc.pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                await asyncio.sleep(shell.GROUP_POLL_INTERVAL)
 
 
 def _made_private(path: Path) -> Path:
