@@ -53,12 +53,20 @@ VERSION = 1
 # 100,000-chunk tab is 200 queries), small enough that a page of large tool
 # results stays a few MB.
 PAGE = 500
-# Chunks written per insert on import: the same trade-off as PAGE.
+# Chunks written per insert on import: the same trade-off as PAGE; and at most this many
+# bytes of lines per insert, so a batch of large chunks stays a few MB too.
 WRITE_BATCH = 1000
+WRITE_BATCH_BYTES = 4 * 1024 * 1024
 # The largest import accepted. A 100,000-chunk tab of ordinary turns exports to
 # about 30 MB; much more than this is a mistake (or an attack), and the file is
 # refused before it is read into memory.
 IMPORT_MAX_BYTES = 64 * 1024 * 1024
+# The longest line (one chunk) accepted. The largest chunks the app writes are a message
+# of forms.MAX_MESSAGE_CHARS (at most ~400 KB as UTF-8) and a model's longest output
+# (tool arguments, thinking: well under 1 MB); a tool result is capped at 64 KB. Parsing a
+# line costs several times its size in memory (15x for one of many small values), so
+# this bound, not the file's, is what keeps an import's memory within twice the file's.
+MAX_LINE_BYTES = 4 * 1024 * 1024
 # A tool call's arguments or a result in the Markdown export: people read the
 # start, and the JSONL export keeps everything.
 MARKDOWN_TOOL_CHARS = 4000
@@ -402,20 +410,27 @@ def declared_too_large(request: HttpRequest, *, multipart: bool) -> bool:
 
 
 def _lines(stream: IO[bytes], max_bytes: int) -> Iterator[tuple[int, str]]:
-    """(line number, text) of each line; refuses the file once it passes `max_bytes`.
+    """(line number, text) of each line; refuses the file once it passes `max_bytes`,
+    and a line once it passes MAX_LINE_BYTES.
 
-    readline with a bound: one enormous line is not read past the limit either.
+    readline with a bound: one enormous line is not read past either limit.
     """
     read = 0
     number = 0
     while True:
-        raw = stream.readline(max_bytes - read + 1)
+        raw = stream.readline(min(max_bytes - read, MAX_LINE_BYTES + 1) + 1)
         if not raw:
             return
         read += len(raw)
         if read > max_bytes:
             raise ImportTooLarge(max_bytes)
         number += 1
+        if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+            raise ImportRefused(
+                number,
+                f"the line is longer than {MAX_LINE_BYTES // (1024 * 1024)} MB, the most one "
+                "chunk of an export may be",
+            )
         if raw.endswith(b"\n"):
             raw = raw[:-1]
             if raw.endswith(b"\r"):
@@ -427,6 +442,7 @@ def _lines(stream: IO[bytes], max_bytes: int) -> Iterator[tuple[int, str]]:
                 number,
                 f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
             ) from None
+        del raw  # not kept alive beside its text while the caller parses it
         yield number, text
 
 
@@ -653,29 +669,36 @@ def import_jsonl(
         raise ImportRefused(1, f'the file is empty; an export starts with a "{FORMAT}" header')
     # A byte order mark, as some Windows editors write, is not part of the JSON.
     head = _check_header(first[0], _json(first[0], first[1].removeprefix("\ufeff")))
-    builder = history.History()
-    number = first[0]
-    seq = 0
     # Checked lines wait on disk, not in memory: an export may be 64 MB.
-    with tempfile.TemporaryFile("w+", encoding="utf-8") as checked:
-        for number, text in lines:
-            seq += 1
-            block = _check_chunk(number, _json(number, text), seq, text)
-            try:
-                builder.add(block)
-            except ValueError as exc:
-                raise ImportRefused(
-                    number, f"the request builder refuses this chunk: {exc}"
-                ) from None
-            checked.write(text.rstrip("\r\n") + "\n")
-        if head["chunks"] != seq:
-            raise ImportRefused(
-                number,
-                f"the header says {head['chunks']} chunks and the file holds {seq}: "
-                "is the file cut short?",
-            )
+    # newline="\n": a carriage return within a line (JSON whitespace) stays in it.
+    with tempfile.TemporaryFile("w+", encoding="utf-8", newline="\n") as checked:
+        _check_lines(head, first[0], lines, checked)
         checked.seek(0)
         return _write(owner, head, checked)
+
+
+def _check_lines(
+    head: dict[str, Any], number: int, lines: Iterator[tuple[int, str]], checked: IO[str]
+) -> None:
+    """Check every chunk line (through the request builder, as a turn would read them)
+    and copy it to `checked`. Its own function so that the builder, which holds the
+    whole history, is gone before the chunks are written."""
+    builder = history.History()
+    seq = 0
+    for number, text in lines:
+        seq += 1
+        block = _check_chunk(number, _json(number, text), seq, text)
+        try:
+            builder.add(block)
+        except ValueError as exc:
+            raise ImportRefused(number, f"the request builder refuses this chunk: {exc}") from None
+        checked.write(text + "\n")
+    if head["chunks"] != seq:
+        raise ImportRefused(
+            number,
+            f"the header says {head['chunks']} chunks and the file holds {seq}: "
+            "is the file cut short?",
+        )
 
 
 def _owned_files_only(owner_id: Any, data: dict[str, Any]) -> dict[str, Any]:
@@ -721,6 +744,7 @@ def _write(owner: Any, head: dict[str, Any], checked: IO[str]) -> Tab:
     )
     try:
         batch: list[Block] = []
+        size = 0
         files: list[Any] = []
         for seq, text in enumerate(checked, start=1):
             fields = json.loads(text)
@@ -739,9 +763,10 @@ def _write(owner: Any, head: dict[str, Any], checked: IO[str]) -> Tab:
                     seq=seq,
                 )
             )
-            if len(batch) >= WRITE_BATCH:
+            size += len(text)
+            if len(batch) >= WRITE_BATCH or size >= WRITE_BATCH_BYTES:
                 log.append(tab.pk, batch)
-                batch = []
+                batch, size = [], 0
         log.append(tab.pk, batch)
         blobs.adopt(tab.pk, getattr(owner, "pk", None), files)
         Tab.objects.filter(pk=tab.pk).update(owner=owner)

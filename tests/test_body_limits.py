@@ -9,9 +9,11 @@ counts what was taken; the daphne side with raw sockets against `manage.py serve
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import select
 import socket
+import tracemalloc
 import uuid
 from collections.abc import Iterable, Iterator
 
@@ -341,3 +343,71 @@ async def test_daphne_refuses_bodies_before_storing_them(serve, alice):
     )
     assert status.startswith("HTTP/1.1 422 ")
     assert json.loads(answer)["error"]["code"] == "invalid_import"
+
+
+# --- import memory -------------------------------------------------------------------
+
+
+def export(chunks: list[dict]) -> bytes:
+    head = {
+        "format": "dispatch-tab",
+        "version": 1,
+        "tab_id": str(uuid.uuid4()),
+        "title": "t",
+        "model": "offline/demo",
+        "system_prompt": "",
+        "created_at": None,
+        "exported_at": None,
+        "chunks": len(chunks),
+    }
+    lines = [head] + [
+        {"id": str(uuid.uuid4()), "seq": seq, "step": 0, "created_at": None, **chunk}
+        for seq, chunk in enumerate(chunks, start=1)
+    ]
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def turns(n: int, size: int) -> list[dict]:
+    chunks = []
+    for i in range(n):
+        turn = str(uuid.uuid4())
+        chunks.append(
+            {"turn_id": turn, "role": "user", "type": "text", "data": {"text": "q" * size}}
+        )
+        chunks.append(
+            {"turn_id": turn, "role": "assistant", "type": "text", "data": {"text": f"{i}" * size}}
+        )
+    return chunks
+
+
+def import_peak(owner, data: bytes) -> tuple[int, Exception | None]:
+    """The most memory an import of `data` held at once, and its refusal, if any."""
+    tracemalloc.start()
+    try:
+        transfer.import_jsonl(owner, io.BytesIO(data))
+        refused = None
+    except transfer.ImportRefused as exc:
+        refused = exc
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak, refused
+
+
+@pytest.mark.django_db
+def test_an_import_holds_at_most_twice_its_size(alice):
+    # One 48 MB line (parsing it took 300 MB, ten times more for many small values):
+    # refused after MAX_LINE_BYTES, with the line and the limit.
+    line = {"turn_id": None, "role": "user", "type": "text", "data": {"text": "x" * 48 * MB}}
+    data = export([line])
+    peak, refused = import_peak(alice, data)
+    assert (
+        str(refused)
+        == "line 2: the line is longer than 4 MB, the most one chunk of an export may be"
+    )
+    assert peak <= 2 * len(data)
+    # Many lines: kept on disk between checking and writing, written a few MB at a time.
+    data = export(turns(200, 24 * 1024))
+    peak, refused = import_peak(alice, data)
+    assert refused is None
+    assert peak <= 2 * len(data)

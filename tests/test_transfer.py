@@ -612,14 +612,17 @@ class Endless(io.RawIOBase):
         return n
 
 
-def test_a_100_mb_file_is_refused_at_the_limit_not_read_to_its_end(alice):
+def test_a_100_mb_line_is_refused_at_the_line_limit_not_read_to_its_end(alice):
     head = to_bytes(good_lines(alice)[:1])
     stream = io.BufferedReader(Endless(100 * 1024 * 1024, head))
     tabs = Tab.objects.count()
-    with pytest.raises(transfer.ImportTooLarge) as info:
+    with pytest.raises(transfer.ImportRefused) as info:
         transfer.import_jsonl(alice, stream)
-    assert str(info.value) == "the file is larger than the import limit of 64 MB"
-    assert stream.raw.read_bytes <= transfer.IMPORT_MAX_BYTES + 2 * io.DEFAULT_BUFFER_SIZE
+    assert str(info.value) == (
+        "line 2: the line is longer than 4 MB, the most one chunk of an export may be"
+    )
+    bound = len(head) + transfer.MAX_LINE_BYTES + 2 * io.DEFAULT_BUFFER_SIZE
+    assert stream.raw.read_bytes <= bound
     assert Tab.objects.count() == tabs
 
 
