@@ -117,7 +117,7 @@ async def test_an_image_goes_to_the_outcome(servers, server):
     result = await mcp.call(f"mcp__{server}__pixel", {})
     [image] = result.images
     assert image.data.startswith(b"\x89PNG")
-    assert (image.path, image.name) == ("", "pixel.png")
+    assert (image.path, image.name) == ("", "pixel")
     assert (result.result, result.is_error) == ("(an image)", False)
 
 
@@ -152,6 +152,22 @@ async def test_a_server_exiting_mid_call_is_an_error_naming_it(servers):
     assert "closed the connection" in result.result
     again = await mcp.call("mcp__local__echo", {"text": "back"})
     assert again.result == "echo: back"
+
+
+async def test_a_message_past_the_line_cap_fails_the_call_saying_so(servers, monkeypatch):
+    """A stdio server's message is one line, kept whole until it ends: one longer than
+    MAX_STDIO_LINE_BYTES fails the call with why (not "the server exited"), and the
+    next call starts the server afresh."""
+    monkeypatch.setattr(mcp, "MAX_STDIO_LINE_BYTES", 64 * 1024)
+    await McpServer.objects.acreate(
+        name="capped", transport="stdio", command=sys.executable, args=[TOOLS, "stdio"]
+    )
+    result = await mcp.call("mcp__capped__huge", {"megabytes": 1})
+    assert (result.result, result.is_error) == (
+        f"server capped: huge failed: it sent a message of more than {64 * 1024} bytes",
+        True,
+    )
+    assert (await mcp.call("mcp__capped__echo", {"text": "x"})).result == "echo: x"
 
 
 @TRANSPORTS

@@ -120,7 +120,7 @@ def test_an_mcp_result_keeps_its_images_in_order_and_names_what_it_leaves_out():
     ]
     out = mcp.outcome("shots", types.CallToolResult(content=content))
     assert not out.is_error
-    assert [i.name for i in out.images] == [f"shots-{n}.png" for n in range(3, 13)]
+    assert [i.name for i in out.images] == [f"shots-{n}" for n in range(3, 13)]
     assert {i.data for i in out.images} == {good} and {i.path for i in out.images} == {""}
     assert out.result.splitlines() == [
         "before",
@@ -130,9 +130,13 @@ def test_an_mcp_result_keeps_its_images_in_order_and_names_what_it_leaves_out():
     ]
 
 
-def test_an_mcp_result_of_one_image_names_it_for_the_tool():
-    out = mcp.outcome("pixel", types.CallToolResult(content=[_image_block(files.png(1, 1))]))
-    assert [(i.name, out.result) for i in out.images] == [("pixel.png", "(an image)")]
+def test_an_mcp_image_is_named_for_its_tool_and_typed_by_its_bytes():
+    """A server that calls a JPEG image/png: the image is kept, as the JPEG it is."""
+    block = _image_block(files.image("JPEG", (8, 8)))  # said to be image/png
+    out = mcp.outcome("pixel", types.CallToolResult(content=[block]))
+    assert [(i.name, out.result) for i in out.images] == [("pixel", "(an image)")]
+    n = blobs.normalise(out.images[0].data, out.images[0].name)
+    assert (n.name, n.mime) == ("pixel.jpg", "image/jpeg")
 
 
 @pytest.mark.asyncio
@@ -167,8 +171,7 @@ async def test_a_refused_image_of_an_mcp_result_leaves_the_rest_standing(
     assert result["result"].splitlines() == [
         "before",
         "after",
-        "[left out: gallery-3.png is a damaged PNG image (the checksum of its IDAT chunk "
-        "is wrong).]",
+        "[left out: gallery-3 is a damaged PNG image (the checksum of its IDAT chunk is wrong).]",
     ]
     refs = result["attachments"]
     assert [(r["name"], r["width"], r["height"]) for r in refs] == [

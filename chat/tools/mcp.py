@@ -1223,8 +1223,6 @@ def _reason(exc: BaseException) -> str:
 
 # --- Results ----------------------------------------------------------------------------
 
-_IMAGE_SUFFIX = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
-
 
 def outcome(tool: str, result: types.CallToolResult) -> ToolOutcome:
     """A tool result as the model and the log see it: text as it is, structured content
@@ -1240,8 +1238,9 @@ def outcome(tool: str, result: types.CallToolResult) -> ToolOutcome:
         if isinstance(item, types.TextContent):
             texts.append(item.text)
         elif isinstance(item, types.ImageContent):
-            name = f"{tool}-{number}" if many else tool
-            image = _image(item, f"{name}.{_IMAGE_SUFFIX.get(item.mime_type, 'img')}")
+            # No extension: the blob store adds the one of what the bytes are, whatever
+            # type the server says they are.
+            image = _image(item, f"{tool}-{number}" if many else tool)
             if isinstance(image, str):
                 notes.append(f"[content block {number}, an image, left out: {image}]")
             elif len(images) == MAX_RESULT_IMAGES:
