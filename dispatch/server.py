@@ -76,6 +76,8 @@ class LimitedRequest(WebRequest):
         defer.Deferred.fromFuture(future).addBoth(self._checked)
 
     def _checked(self, result: Any) -> None:
+        if not self._checking:
+            return  # the whole body came first: the application checks it itself
         self._checking = False
         if self._refused or self._disconnected or self._budget is None:
             return
