@@ -154,6 +154,22 @@ async def test_a_server_exiting_mid_call_is_an_error_naming_it(servers):
     assert again.result == "echo: back"
 
 
+async def test_a_message_past_the_line_cap_fails_the_call_saying_so(servers, monkeypatch):
+    """A stdio server's message is one line, kept whole until it ends: one longer than
+    MAX_STDIO_LINE_BYTES fails the call with why (not "the server exited"), and the
+    next call starts the server afresh."""
+    monkeypatch.setattr(mcp, "MAX_STDIO_LINE_BYTES", 64 * 1024)
+    await McpServer.objects.acreate(
+        name="capped", transport="stdio", command=sys.executable, args=[TOOLS, "stdio"]
+    )
+    result = await mcp.call("mcp__capped__huge", {"megabytes": 1})
+    assert (result.result, result.is_error) == (
+        f"server capped: huge failed: it sent a message of more than {64 * 1024} bytes",
+        True,
+    )
+    assert (await mcp.call("mcp__capped__echo", {"text": "x"})).result == "echo: x"
+
+
 @TRANSPORTS
 async def test_a_10_mb_result_is_capped_like_shell_output(servers, server):
     result = await mcp.call(f"mcp__{server}__huge", {"megabytes": 10})

@@ -262,6 +262,8 @@ class Connection:
         self._task: asyncio.Task[None] | None = None
         self._stderr: IO[str] | None = None
         self._not_mcp = ""
+        # Why the server's stream ended, when it was not the server's doing.
+        self.lost = ""
         self.screen = _Screen()
         # Tools the listing (self.tools) left out, and why; how many past the cap.
         self.refused: list[str] = []
@@ -375,7 +377,7 @@ class Connection:
             try:
                 if network is not None and (problem := await network.start()) is not None:
                     raise Unreachable(problem)
-                async with _lines(proc) as streams:
+                async with _lines(proc, self._lose) as streams:
                     yield streams
             finally:
                 await leader.end()
@@ -392,7 +394,7 @@ class Connection:
         cwd = home
         if self.workspace is not None:
             cwd = files.ensure_workspace(self.workspace)
-            if sandbox._within(home.resolve(), cwd):
+            if home.resolve().is_relative_to(cwd):
                 raise Unreachable(f"its home {home} is inside the workspace it would mount")
         env = shell.shell_env(cwd, sandboxed=not self.policy.unsandboxed)
         env.update(self.config.env)
@@ -418,6 +420,10 @@ class Connection:
             # handshake never completes. Redacted before it is cut: a secret the cut
             # went through would no longer be found, and show in part.
             self._not_mcp = self.config.redact(str(message))[:DETAIL_CHARS]
+
+    def _lose(self, why: str) -> None:
+        logger.warning("MCP server %s: connection ended: %s", self.config.name, why)
+        self.lost = why
 
     def _detail(self) -> str:
         parts = []
@@ -630,11 +636,14 @@ def _where(exc: ValidationError, skip: int = 0) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _lines(proc: asyncio.subprocess.Process) -> AsyncIterator[tuple[Any, Any]]:
+async def _lines(
+    proc: asyncio.subprocess.Process, lose: Callable[[str], None]
+) -> AsyncIterator[tuple[Any, Any]]:
     """The session's streams over a stdio server's pipes: a JSON-RPC message a line each
     way. A line that is not a message goes to the session as its error (the SDK's way:
-    the session hands it to the message handler); one past MAX_STDIO_LINE_BYTES, the end
-    of stdout or a broken stdin end the read stream, so waiting requests fail."""
+    the session hands it to the message handler); one past MAX_STDIO_LINE_BYTES (said to
+    `lose`), the end of stdout or a broken stdin end the read stream, so waiting requests
+    fail."""
     assert proc.stdin is not None and proc.stdout is not None
     stdin, stdout = proc.stdin, proc.stdout
     got_send, got = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -646,7 +655,7 @@ async def _lines(proc: asyncio.subprocess.Process) -> AsyncIterator[tuple[Any, A
                 try:
                     line = await stdout.readline()
                 except ValueError:
-                    logger.warning("MCP server sent a line past %d bytes", MAX_STDIO_LINE_BYTES)
+                    lose(f"it sent a message of more than {MAX_STDIO_LINE_BYTES} bytes")
                     return
                 if not line:
                     return
@@ -1196,7 +1205,7 @@ async def call(
         if not isinstance(exc, MCPError | Unreachable) or _lost(exc):
             logger.warning("MCP %s: %s failed", label, spec.tool, exc_info=True)
             await _drop(connection)
-        failed = f"{label}: {spec.tool} failed: {_reason(exc)}"
+        failed = f"{label}: {spec.tool} failed: {connection.lost or _reason(exc)}"
         return ToolOutcome(config.redact(failed), is_error=True)
     finally:
         live.finish()
