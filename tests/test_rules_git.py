@@ -9,10 +9,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from channels.db import database_sync_to_async
 
-from chat import rules
+from chat import rules, turns
+from chat.models import PermissionRule
+from chat.providers.base import Finish, TextDelta, ToolCallEvent
 from chat.rules import ALLOW, ASK, GitRepository
 from chat.tools import gitrepo
+from tests.engine import Watcher, make_tab, owner_workspace, running_worker, submit
 from tests.test_rules import rule
 
 GIT = ["allow shell(git *)"]
@@ -256,3 +260,37 @@ def test_the_repository_is_found_as_git_finds_it(workspace):
         )
         == ALLOW
     )
+
+
+# --- the runner reads the repository before deciding (chat.agent) --------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_runner_asks_before_git_runs_an_alias_its_repository_names(
+    script, tmp_path, settings
+):
+    """`allow shell(git *)` ran `git x` with `alias.x = !touch pwned` in the repository;
+    now the call waits for approval, and a refusal runs nothing."""
+    workspace = await database_sync_to_async(owner_workspace)(settings, tmp_path)
+    git(workspace, "init", "-q")
+    git(workspace, "config", "alias.x", "!touch pwned")
+    script(
+        [ToolCallEvent("g1", "shell", {"command": "git x"}), Finish(stop_reason="tool_use")],
+        [TextDelta("done"), Finish()],
+    )
+    async with running_worker():
+        tab = await make_tab(approve_tools=True)
+        await PermissionRule.objects.acreate(
+            user_id=tab.owner_id, action="allow", pattern="shell(git *)"
+        )
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(
+                lambda m: (
+                    m["op"] == "status"
+                    and (m["status"].get("approval") or {}).get("call_id") == "g1"
+                )
+            )
+            await database_sync_to_async(turns.approve)(tab.pk, "g1", False)
+            await watcher.until_idle()
+    assert not (workspace / "pwned").exists()
