@@ -505,20 +505,29 @@ def _png_strips(im: ImageFile.ImageFile, data: bytes, factor: int, mime: str) ->
         return None
     chunks = list(_png_chunks(data))
     palette = b"".join(data[a:b] for kind, a, b in chunks if kind in (b"PLTE", b"tRNS"))
-    deflated = b"".join(data[a + 8 : b - 4] for kind, a, b in chunks if kind == b"IDAT")
+    deflated = (data[a + 8 : b - 4] for kind, a, b in chunks if kind == b"IDAT")
     stride = 1 + math.ceil(width * depth * {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour] / 8)
     inflate = zlib.decompressobj()
     out: Image.Image | None = None
-    above = b""
+    above = tail = b""
     for y in range(0, height, rows):
         count = min(rows, height - y)
         filtered = b""
         while len(filtered) < count * stride:
-            more = inflate.decompress(deflated, count * stride - len(filtered))
-            deflated = inflate.unconsumed_tail
-            if not more:
-                raise ValueError("its image data ends early")
-            filtered += more
+            # Fed an IDAT at a time (what is left of one is all that is copied again).
+            more = inflate.decompress(tail, count * stride - len(filtered))
+            tail = inflate.unconsumed_tail
+            if more:
+                filtered += more
+            elif tail or inflate.eof or not (tail := next(deflated, b"")):
+                break
+        if len(filtered) < count * stride:
+            # Pixels that end early: the rows there are, the rest left blank, as Pillow
+            # (and a browser) shows such a file read whole.
+            count = len(filtered) // stride
+            if not count:
+                break
+            filtered = filtered[: count * stride]
         head = width.to_bytes(4) + (count + bool(above)).to_bytes(4) + data[24:29]
         strip_png = b"".join(
             (PNG_SIGNATURE, _chunk(b"IHDR", head), palette)
@@ -533,7 +542,8 @@ def _png_strips(im: ImageFile.ImageFile, data: bytes, factor: int, mime: str) ->
         if out is None:
             out = Image.new(part.mode, (-(-width // factor), -(-height // factor)))
         out.paste(part, (0, y // factor))
-    assert out is not None
+    if out is None:
+        raise ValueError("it holds no rows of pixels")
     if "icc_profile" in im.info:
         out.info["icc_profile"] = im.info["icc_profile"]
     exif = next((data[a + 8 : b - 4] for kind, a, b in chunks if kind == b"eXIf"), None)

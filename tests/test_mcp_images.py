@@ -276,3 +276,17 @@ def test_a_49_megapixel_png_is_normalised_within_a_bounded_memory(tmp_path):
     width, height, grew_mb = map(int, done.stdout.split())
     assert (width, height) == (1095, 1095)
     assert grew_mb < PNG_49MP_BUDGET_MB, f"normalising took {grew_mb} MB"
+
+
+def test_a_png_whose_pixels_end_early_shows_what_it_has_read_whole_or_in_strips(monkeypatch):
+    """300 rows declared, 100 stored (whole chunks, right checksums): Pillow shows the
+    rows there are, as browsers do, and the strips give the same bytes."""
+    short = files.png(4000, 100)
+    data = short[:8] + files.png_chunk(b"IHDR", short[16:20] + (300).to_bytes(4) + short[24:29])
+    data += short[33:]
+    whole = blobs.normalise(data, "short.png")
+    monkeypatch.setattr(blobs, "STRIP_BYTES", 4000 * 4 * 37)
+    monkeypatch.setattr(blobs, "DECODE_BUDGET", 1_000_000)
+    assert blobs.normalise(data, "short.png").data == whole.data
+    rows = Image.open(io.BytesIO(whole.data)).convert("L")
+    assert rows.getpixel((0, 0)) > 0 and rows.getpixel((0, whole.height - 1)) == 0
