@@ -812,6 +812,11 @@ class McpServerAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: McpServer | None = None) -> bool:
         return request.user.is_active and request.user.is_superuser
 
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        # One by one: McpServer.delete removes each server's homes.
+        for server in queryset:
+            server.delete()
+
     def get_fields(self, request: HttpRequest, obj: McpServer | None = None) -> list[str]:
         fields = list(super().get_fields(request, obj))
         if self.has_change_permission(request, obj):

@@ -12,7 +12,9 @@ import base64
 import hashlib
 import json
 import secrets
+import shutil
 import uuid
+from pathlib import Path
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken
@@ -373,6 +375,20 @@ class McpServer(models.Model):
 
     def set_headers(self, headers: dict[str, str]) -> None:
         self.headers_encrypted = _encrypt_json(headers)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        server_id = self.pk
+        deleted = super().delete(*args, **kwargs)
+        # Its homes hold what it kept (tokens, caches); a server added later may get its
+        # id (SQLite reuses the highest) and must not find them.
+        shutil.rmtree(self.homes(server_id), ignore_errors=True)
+        return deleted
+
+    @staticmethod
+    def homes(server_id: int) -> Path:
+        """Where the stdio processes of the server with this id have their $HOME
+        (chat.tools.mcp.home_of): outside every workspace, closed to other users."""
+        return Path(settings.DATA_DIR) / "mcp" / str(server_id)
 
 
 def _encrypt_json(value: dict[str, str]) -> str:

@@ -139,6 +139,24 @@ def test_the_admin_sets_whether_a_server_mounts_the_workspace(root):
     assert McpServer.objects.get(name="web").mount_workspace is True
 
 
+def test_removing_a_server_removes_its_homes(root):
+    """A server's homes hold what it kept (tokens, caches): removed with it, on Settings
+    and by the admin's bulk delete, so a server added later with its id finds none."""
+    for name in ("one", "two"):
+        add(root, name=name, command="x")
+    rows = list(McpServer.objects.order_by("name"))
+    for row in rows:
+        McpServer.homes(row.pk).joinpath("home").mkdir(parents=True, exist_ok=True)
+        McpServer.homes(row.pk).joinpath("home", "token").write_text("t")
+    root.post(reverse("mcp_delete", args=[rows[0].pk]))
+    assert not McpServer.homes(rows[0].pk).exists()
+    assert McpServer.homes(rows[1].pk).joinpath("home", "token").exists()
+    bulk = {"action": "delete_selected", "_selected_action": [rows[1].pk], "post": "yes"}
+    root.post(reverse("admin:chat_mcpserver_changelist"), bulk)
+    assert not McpServer.objects.exists()
+    assert not McpServer.homes(rows[1].pk).exists()
+
+
 def test_a_second_server_of_the_same_name_is_refused(root):
     add(root, name="one", command="x")
     response = add(root, name="one", command="y")

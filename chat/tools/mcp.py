@@ -765,7 +765,7 @@ def _made_private(path: Path) -> Path:
 def home_of(config: ServerConfig, owner_id: int | None) -> Path:
     """A stdio server's $HOME under the data directory: never in a workspace, one per
     server, and per user for one that mounts the workspace (its files may hold theirs)."""
-    base = Path(settings.DATA_DIR) / "mcp" / str(config.id)
+    base = McpServer.homes(config.id)
     if config.key(owner_id)[1] is None:
         return base / "home"
     return base / "users" / str(owner_id) / "home"
