@@ -42,10 +42,12 @@ _UUID = r"[0-9a-fA-F-]{32,36}"
 
 @dataclass(frozen=True)
 class Limit:
-    """The most a route takes, and what its body is, as a refusal says it."""
+    """The most a route takes, what its body is as a refusal says it, and the refusal's
+    code (the route's view's own, where it has one)."""
 
     cap: int
     what: str
+    code: str = "body_too_large"
 
 
 # (path, multipart only, limit): the first that matches. Each cap is the route's own
@@ -64,12 +66,14 @@ ROUTES: tuple[tuple[re.Pattern[str], bool, Limit], ...] = (
     (
         re.compile(r"/api/v1/tabs/import"),
         False,
-        Limit(transfer.IMPORT_MAX_BYTES, "an import"),
+        Limit(transfer.IMPORT_MAX_BYTES, "an import", "import_too_large"),
     ),
     (
         re.compile(r"/t/import/"),
         False,
-        Limit(transfer.IMPORT_MAX_BYTES + transfer.MULTIPART_SLACK, "an import"),
+        Limit(
+            transfer.IMPORT_MAX_BYTES + transfer.MULTIPART_SLACK, "an import", "import_too_large"
+        ),
     ),
 )
 DEFAULT = Limit(DEFAULT_BODY_BYTES, "a request here")
@@ -109,7 +113,7 @@ class Refusal:
 def too_large(limit: Limit) -> Refusal:
     return Refusal(
         413,
-        "body_too_large",
+        limit.code,
         f"The request body is larger than {blobs.human_bytes(limit.cap)}, "
         f"the most {limit.what} may be.",
     )

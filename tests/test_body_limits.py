@@ -324,7 +324,9 @@ async def test_daphne_refuses_bodies_before_storing_them(serve, alice):
         request("/api/v1/tabs/import", f"Authorization: Bearer {token}", length=300 * MB),
     )
     assert status == "HTTP/1.1 413 Content Too Large"
-    assert "the most an import may be" in json.loads(answer)["error"]["message"]
+    error = json.loads(answer)["error"]
+    assert error["code"] == "import_too_large"  # the import view's own code
+    assert "the most an import may be" in error["message"]
 
     # A cookie that names no session: held until checked, then refused.
     status, answer, sent = await sync_to_async(exchange)(
