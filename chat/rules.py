@@ -1190,7 +1190,7 @@ def _forms(
 # run `config` to write one), a pager, an editor, a helper, a hook folder, a transport that
 # runs one, or that read more settings from a file. Matched on the whole key, any case.
 _GIT_RUNS = re.compile(
-    r"(alias|include|includeif|pager|sendemail|protocol|uploadpack|receive)\..*"
+    r"(alias|include|includeif|pager|sendemail|protocol|uploadpack)\..*"
     r"|core\.(pager|editor|sshcommand|fsmonitor|hookspath|askpass|gitproxy|worktree)"
     r"|sequence\.editor|diff\.external|gpg\..*program|interactive\.difffilter"
     r"|.*\.(textconv|command|cmd|helper|program|process|clean|smudge|tool|driver|path"
