@@ -32,8 +32,6 @@ from urllib.parse import quote
 from django.conf import settings
 from django.db import connection
 
-from chat.tools import workdir
-
 ROOT = Path(__file__).resolve().parent.parent
 
 LISTENING_LINE = "Listening on TCP address {host}:{port}"
@@ -287,6 +285,10 @@ class Servers:
 
     def workspace_of(self, user: Any) -> Path:
         """The servers' workspace of `user` (made if missing), where their tabs' tools work."""
+        # Imported here: the bench imports this module before Django is set up, and
+        # chat.tools pulls in the models.
+        from chat.tools import workdir
+
         return workdir.user_workspace_under(self.workspace, user.pk)
 
     def start(self, port: int = 0, **env: str) -> Proc:
