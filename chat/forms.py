@@ -573,8 +573,8 @@ class McpServerForm(forms.Form):
     mount_workspace = forms.BooleanField(
         required=False,
         label="Mount the workspace",
-        help_text="stdio: the tab owner's workspace is its working directory, writable (it runs "
-        "once per user). Off, it sees no workspace: only its own home.",
+        help_text="stdio: the tab owner's workspace is at /workspace, writable (name it in the "
+        "arguments; the server runs once per user). Off, it sees no workspace.",
     )
     url = forms.URLField(
         max_length=500,

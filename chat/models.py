@@ -351,8 +351,8 @@ class McpServer(models.Model):
     # Seconds a call (and the connection) may take before it is given up.
     timeout = models.FloatField(default=60.0)
     enabled = models.BooleanField(default=True)
-    # stdio: the tab owner's workspace is mounted (writable, the working directory), so
-    # the server runs once per user; off, it sees no workspace at all.
+    # stdio: the tab owner's workspace is mounted (writable, at chat.tools.mcp's
+    # MCP_WORKSPACE), so the server runs once per user; off, it sees no workspace at all.
     mount_workspace = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

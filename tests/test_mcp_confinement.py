@@ -101,37 +101,39 @@ async def test_a_server_gets_a_home_of_its_own_no_workspace_and_no_secrets(monke
 
 
 async def test_a_server_that_mounts_the_workspace_sees_its_tab_owners_alone():
-    """Configured to mount the workspace, a server works in the tab owner's, through a
-    connection of that user's: another user's workspace is not there, and their tabs
-    get a server process of their own."""
+    """Configured to mount the workspace, a server finds the tab owner's at
+    MCP_WORKSPACE, writable, through a connection of that user's: no other user's
+    workspace is there, and their tabs get a server process (and home) of their own."""
     alice, alices = await user("alice")
     bob, bobs = await user("bob")
-    look = [str(alices / "alice.txt"), str(bobs / "bob.txt")]
-    row = await server("files", env={"MCP_TEST_LOOK": ":".join(look)}, mount_workspace=True)
+    mounted = mcp.MCP_WORKSPACE
+    look = [str(mounted / "alice.txt"), str(mounted / "bob.txt"), str(alices), str(bobs)]
+    env = {"MCP_TEST_LOOK": ":".join(look), "MCP_TEST_WRITE": str(mounted / "written")}
+    row = await server("files", env=env, mount_workspace=True)
     as_alice = await where("files", alice)
     as_bob = await where("files", bob)
-    assert as_alice["cwd"] == str(alices)
-    assert as_alice["looks"] == {look[0]: True, look[1]: False}
-    assert (alices / "written-by-mcp.txt").read_text() == "ok"
-    assert as_bob["cwd"] == str(bobs)
-    assert as_bob["looks"] == {look[0]: False, look[1]: True}
+    assert as_alice["looks"] == dict(zip(look, [True, False, False, False], strict=True))
+    assert as_bob["looks"] == dict(zip(look, [False, True, False, False], strict=True))
+    assert (alices / "written").read_text() == (bobs / "written").read_text() == "ok"
     assert set(mcp._pool().connections) == {("files", alice), ("files", bob)}
     for seen, owner in ((as_alice, alice), (as_bob, bob)):
-        home = Path(settings.DATA_DIR) / "mcp" / str(row.pk) / "users" / str(owner) / "home"
-        assert seen["home"] == str(home)
+        home = McpServer.homes(row.pk) / "users" / str(owner) / "home"
+        assert (seen["home"], seen["cwd"]) == (str(home), str(home.resolve()))
 
 
 async def test_a_turn_calls_and_lists_a_server_in_its_tab_owners_workspace(script, monkeypatch):
     """The runner carries the tab's owner to the listing at the turn's start and to the
     call: both on that user's connection, which mounts their workspace."""
     monkeypatch.setattr(mcp, "TURN_LIST_SECONDS", TIMEOUT)
-    await server("files", mount_workspace=True)
+    look = str(mcp.MCP_WORKSPACE / "mine.txt")
+    await server("files", env={"MCP_TEST_LOOK": look}, mount_workspace=True)
     script(
         [ToolCallEvent("c1", "mcp__files__where", {}), Finish(stop_reason="tool_use")],
         [TextDelta("done"), Finish()],
     )
     async with running_worker():
         tab = await make_tab()
+        workdir.user_workspace(tab.owner_id).joinpath("mine.txt").write_text("mine")
         await submit(tab, "go")
         async with asyncio.timeout(TIMEOUT):
             while not [
@@ -140,8 +142,7 @@ async def test_a_turn_calls_and_lists_a_server_in_its_tab_owners_workspace(scrip
                 await asyncio.sleep(0.05)
         assert set(mcp._pool().connections) == {("files", tab.owner_id)}
     [result] = [c.data for c in await chunks(tab.pk) if c.type == "tool_result"]
-    seen = json.loads(result["result"])
-    assert seen["cwd"] == str(workdir.user_workspace(tab.owner_id).resolve())
+    assert json.loads(result["result"])["looks"] == {look: True}
 
 
 def user_site() -> str:
@@ -157,20 +158,21 @@ def user_site() -> str:
 
 
 async def test_code_planted_in_the_workspace_does_not_run_in_the_server():
-    """What a tab's shell can write into the workspace (a .pth or usercustomize in
+    """What a tab's shell can write into its workspace (a .pth or usercustomize in
     ~/.local's site-packages, were the workspace $HOME) never runs when the server
     starts, even in a server that mounts the workspace."""
     alice, alices = await user("alice")
-    planted = alices / user_site()
-    planted.mkdir(parents=True)
-    ran = alices / "planted-code-ran"
-    code = f"import pathlib; pathlib.Path({str(ran)!r}).write_text('ran')"
-    (planted / "zz.pth").write_text(code + "\n")
-    (planted / "usercustomize.py").write_text(code + "\n")
+    # Run, it writes into $HOME: the workspace it was planted in.
+    code = "import os; open(os.path.join(os.environ['HOME'], 'planted-code-ran'), 'w')"
+    workspaces = [alices, Path(settings.DISPATCH_WORKSPACE).resolve()]
+    for workspace in workspaces:
+        planted = workspace / user_site()
+        planted.mkdir(parents=True)
+        (planted / "zz.pth").write_text(code + "\n")
+        (planted / "usercustomize.py").write_text(code + "\n")
     await server("files", mount_workspace=True)
-    seen = await where("files", alice)
-    assert seen["cwd"] == str(alices)
-    assert not ran.exists()
+    await where("files", alice)
+    assert [w for w in workspaces if (w / "planted-code-ran").exists()] == []
 
 
 @pytest.fixture

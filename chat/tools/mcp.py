@@ -109,6 +109,10 @@ CLOSE_GRACE = 10.0
 # first step, the SDK's 2 s); then its whole sandbox is killed.
 STDIO_EXIT_GRACE = 2.0
 
+# Where a stdio server that mounts the workspace finds it (its tab owner's): one path for
+# every user, so its arguments can name it (`server-filesystem /workspace`).
+MCP_WORKSPACE = Path("/workspace")
+
 # One message from a stdio server is one line of its stdout, kept whole until it ends:
 # as big as an HTTP message may be. A longer one ends the connection.
 MAX_STDIO_LINE_BYTES = MAX_HTTP_EVENT_BYTES
@@ -387,19 +391,23 @@ class Connection:
                 # stay until this process ends).
                 network.close()
 
-    def _stdio_launch(self) -> tuple[list[str], dict[str, str], Path, tuple[Path, ...]]:
-        """The server's argv, environment, working directory (the workspace it mounts,
-        else its home) and the folders bound besides it (its home); its home made."""
+    def _stdio_launch(
+        self,
+    ) -> tuple[list[str], dict[str, str], Path, tuple[tuple[Path, Path], ...]]:
+        """The server's argv, environment, working directory (its home, made) and the
+        workspace it mounts, if any, at MCP_WORKSPACE. Home and working directory are
+        never the workspace: what a tab's shell plants there would run in the server at
+        its next start (a .pth or usercustomize in ~/.local, an .npmrc or node_modules
+        where npx starts)."""
         home = _made_private(self.home)
-        cwd = home
+        binds: tuple[tuple[Path, Path], ...] = ()
         if self.workspace is not None:
-            cwd = files.ensure_workspace(self.workspace)
-            if home.resolve().is_relative_to(cwd):
+            workspace = files.ensure_workspace(self.workspace)
+            if home.resolve().is_relative_to(workspace):
                 raise Unreachable(f"its home {home} is inside the workspace it would mount")
-        env = shell.shell_env(cwd, sandboxed=not self.policy.unsandboxed)
+            binds = ((workspace, MCP_WORKSPACE),)
+        env = shell.shell_env(home, sandboxed=not self.policy.unsandboxed)
         env.update(self.config.env)
-        # Never the workspace: what a tab's shell plants there (a .pth, an .npmrc) would
-        # run in the server at its next start.
         env["HOME"] = str(home)
         argv = [self.config.command, *self.config.args]
         if not self.policy.unsandboxed:
@@ -409,7 +417,7 @@ class Connection:
                     f"not started, since stdio servers run in the shell's sandbox: "
                     f"{verdict.problem}"
                 )
-        return argv, env, cwd, (home,) if cwd != home else ()
+        return argv, env, home, binds
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):

@@ -1,7 +1,7 @@
 """The shell tool's sandbox: bubblewrap (`bwrap`), and whether it can run here.
 
 A command runs as `bwrap ARGS -- bash -c COMMAND`; a stdio MCP server (chat.tools.mcp)
-runs in the same sandbox, with its own home bound besides. What the sandbox sees:
+runs in the same sandbox, its own home in the workspace's place. What the sandbox sees:
 
 - a new read-only root holding only the system directories, read-only
   (SYSTEM_DIRS), the workspace read-write at its own path, a private /tmp,
@@ -634,11 +634,12 @@ def command(
     *,
     root_fd: int | None = None,
     workspace: Path | None = None,
-    binds: Sequence[Path] = (),
+    binds: Sequence[tuple[Path, Path]] = (),
 ) -> list[str]:
     """The bwrap command line that runs `argv` in workspace `root` (resolved), on the
     private `network` if given, under the seccomp program readable on fd `seccomp`;
-    `binds` are more folders bound writable at their own paths (an MCP server's home).
+    `binds` are more folders bound writable, each (folder, where it shows): an MCP
+    server's workspace.
 
     `root` may be a tab's working directory, a folder of `workspace` checked by
     chat.tools.workdir.open_root, which opened it as `root_fd` (passed to bwrap). A
@@ -672,7 +673,7 @@ def command(
         *args,
         *covers,
         *bind,
-        *(arg for path in binds for arg in ("--bind", str(path), str(path))),
+        *(arg for path, shown in binds for arg in ("--bind", str(path), str(shown))),
         # Last: the new root, where bwrap made the mount points, takes no files.
         "--remount-ro",
         "/",

@@ -12,7 +12,8 @@ last N characters hold only the token's end; `silent`: it reads and never answer
 writes a line there each time it starts; with MCP_TEST_LINGER set, it stays after its
 stdin ends (a stuck server). Its tool `where` says what it sees (MCP_TEST_CONNECT: the
 host:port addresses it tries, space-separated; MCP_TEST_LOOK: the paths it looks for,
-colon-separated); `spawn` also leaves a `sleep` running in a session of its own, named
+colon-separated; MCP_TEST_WRITE: the file it writes, default written-by-mcp.txt);
+`spawn` also leaves a `sleep` running in a session of its own, named
 MCP_TEST_SPAWN on its command line."""
 
 import json
@@ -102,7 +103,7 @@ def reaches(address):
 def seen():
     data = os.environ.get("DISPATCH_TEST_DATA_DIR", "")
     try:
-        with open("written-by-mcp.txt", "w") as file:
+        with open(os.environ.get("MCP_TEST_WRITE", "written-by-mcp.txt"), "w") as file:
             file.write("ok")
         writable = "yes"
     except OSError:
