@@ -1109,10 +1109,12 @@ def mcp_server_delete(request: HttpRequest, server_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def mcp_server_test(request: HttpRequest, server_id: int) -> HttpResponse:
-    """Connect to the server as saved (enabled or not), list its tools, disconnect."""
+    """Connect to the server as saved (enabled or not), list its tools, disconnect; one
+    that mounts the workspace mounts the tester's, as a tab of theirs would."""
     _staff(request)
     server = get_object_or_404(McpServer, pk=server_id)
-    names, problems = async_to_sync(mcp.test)(mcp.ServerConfig.from_row(server))
+    config = mcp.ServerConfig.from_row(server)
+    names, problems = async_to_sync(mcp.test)(config, request.user.pk)
     for problem in problems:
         messages.error(request, problem)
     if names:

@@ -18,6 +18,8 @@ import pytest
 import pytest_asyncio
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
 
 from chat.models import McpServer
 from chat.providers.base import Finish, TextDelta, ToolCallEvent
@@ -143,6 +145,23 @@ async def test_a_turn_calls_and_lists_a_server_in_its_tab_owners_workspace(scrip
         assert set(mcp._pool().connections) == {("files", tab.owner_id)}
     [result] = [c.data for c in await chunks(tab.pk) if c.type == "tool_result"]
     assert json.loads(result["result"])["looks"] == {look: True}
+
+
+def test_settings_test_mounts_the_testers_workspace():
+    """Settings' Test of a server that mounts the workspace runs it on the tester's, as
+    a tab of theirs would: one that needs it (server-filesystem /workspace) lists its
+    tools instead of failing to start."""
+    tester = get_user_model().objects.create_superuser("root", password="pw-root-12345")
+    workdir.user_workspace(tester.pk).joinpath("ready").write_text("")
+    row = McpServer(name="files", transport="stdio", command=SYSTEM_PYTHON, args=["-c", BARE])
+    row.mount_workspace = True
+    row.set_env({"MCP_TEST_REQUIRE": str(mcp.MCP_WORKSPACE / "ready")})
+    row.save()
+    client = Client()
+    client.force_login(tester)
+    response = client.post(reverse("mcp_test", args=[row.pk]), follow=True)
+    said = [str(message) for message in response.context["messages"]]
+    assert said == ["Server files offers 1 tools: where."]
 
 
 def user_site() -> str:

@@ -1,6 +1,6 @@
-"""A minimal MCP server on the standard library alone, for the stdio sandbox test: the
-sandbox shows the system's Python but not the project's packages, so this one is copied
-into the workspace and run there. `broken` as its argument: it also lists tools whose
+"""A minimal MCP server on the standard library alone, for the stdio sandbox's tests: the
+sandbox shows the system's Python but not the project's packages, so its source is given
+to the system's python3 with -c (tests/test_mcp_confinement.py). `broken` as its argument: it also lists tools whose
 schemas no provider takes (one the SDK refuses, one it lets through) and one fine;
 `unstorable`: tools with NaN in a schema and NUL in a description; `shapes`: tools
 whose schemas have what providers refuse at their top (oneOf, anyOf, allOf, not,
@@ -9,7 +9,8 @@ writes a line that is not JSON-RPC, then nothing; `exit`: it fails at once, sayi
 on stderr; `leak`: the same, quoting its token; `leak-long N`: quoting it so that its stderr's
 last N characters hold only the token's end; `silent`: it reads and never answers
 (a server hanging in its handshake). With MCP_TEST_STARTS set to a file's path, it
-writes a line there each time it starts; with MCP_TEST_LINGER set, it stays after its
+writes a line there each time it starts; with MCP_TEST_REQUIRE, it fails at once
+unless that path exists; with MCP_TEST_LINGER set, it stays after its
 stdin ends (a stuck server). Its tool `where` says what it sees (MCP_TEST_CONNECT: the
 host:port addresses it tries, space-separated; MCP_TEST_LOOK: the paths it looks for,
 colon-separated; MCP_TEST_WRITE: the file it writes, default written-by-mcp.txt);
@@ -27,6 +28,9 @@ if os.environ.get("MCP_TEST_STARTS"):
     # Counts its starts: a line each.
     with open(os.environ["MCP_TEST_STARTS"], "a") as starts:
         starts.write("started\n")
+if os.environ.get("MCP_TEST_REQUIRE") and not os.path.exists(os.environ["MCP_TEST_REQUIRE"]):
+    sys.stderr.write(f"bare: no {os.environ['MCP_TEST_REQUIRE']}\n")
+    sys.exit(2)
 if sys.argv[1:] == ["exit"]:
     sys.stderr.write("bare: cannot start, no configuration\n")
     sys.exit(2)
