@@ -1,7 +1,8 @@
 """A minimal MCP server on the standard library alone, for the stdio sandbox's tests: the
 sandbox shows the system's Python but not the project's packages, so its source is given
-to the system's python3 with -c (tests/test_mcp_confinement.py). `broken` as its argument: it also lists tools whose
-schemas no provider takes (one the SDK refuses, one it lets through) and one fine;
+to the system's python3 with -c (tests/test_mcp_confinement.py). `broken` as its
+argument: it also lists tools whose schemas no provider takes (one the SDK refuses,
+one it lets through) and one fine;
 `unstorable`: tools with NaN in a schema and NUL in a description; `shapes`: tools
 whose schemas have what providers refuse at their top (oneOf, anyOf, allOf, not,
 enum), and one past the size cap; `bulky`: ten tools past a server's total cap; `garbage`: it
