@@ -7,15 +7,21 @@ from django.db import migrations
 
 from chat.tools import workdir
 
+RAN_KEY = "workspaces_per_user"
+
 
 def move_shared_workspace(apps, schema_editor):
     owner = workdir.first_owner(apps.get_model(settings.AUTH_USER_MODEL))
-    if owner is None:
-        return
+    setting = apps.get_model("chat", "Setting")
+    # The first time, no `users` folder is ours, whatever it holds (every user's tools
+    # could write one, marker and all, into the shared workspace); once this has run
+    # (migrated back and forth), the folder with the marker is the users' workspaces.
+    ran = setting.objects.filter(key=RAN_KEY).exists()
     try:
-        workdir.adopt_shared(owner.pk)
+        workdir.adopt_shared(owner and owner.pk, trust_marker=ran)
     except (workdir.AdoptionClash, OSError) as exc:
         raise RuntimeError(f"The shared workspace was not moved: {exc}") from exc
+    setting.objects.update_or_create(key=RAN_KEY, defaults={"value": True})
 
 
 class Migration(migrations.Migration):

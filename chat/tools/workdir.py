@@ -69,11 +69,26 @@ def user_workspace_under(top: Path, owner_id: int | None) -> Path:
     """user_workspace() of the DISPATCH_WORKSPACE `top` (a test's server has its own)."""
     users = top / USERS
     path = users / (str(int(owner_id)) if owner_id is not None else UNOWNED)
+    # Dispatch never makes a link here: one was planted (in the shared workspace before
+    # the upgrade, or by hand), and would lead a user's tools wherever it points.
+    _set_link_aside(users)
+    _set_link_aside(path)
     if not path.is_dir():
         with contextlib.suppress(OSError):
             _make_users(users)
             make_private(path)
     return path
+
+
+def _set_link_aside(path: Path) -> None:
+    """Rename a symbolic link at `path` out of the way (kept beside it, never followed),
+    so a real folder can be made in its place."""
+    if not path.is_symlink():
+        return
+    aside = path.with_name(f"{ASIDE_PREFIX}link-{path.name}-{os.urandom(4).hex()}")
+    with contextlib.suppress(FileNotFoundError):
+        path.rename(aside)
+        logger.warning("%s was a symbolic link, not a workspace: renamed to %s", path, aside)
 
 
 def _make_users(users: Path) -> None:
@@ -102,15 +117,17 @@ class AdoptionClash(Exception):
     """What adopt_shared would move is already in the owner's workspace: nothing moved."""
 
 
-def shared_entries(top: Path) -> list[str]:
+def shared_entries(top: Path, *, trust_marker: bool = True) -> list[str]:
     """The names at the top of DISPATCH_WORKSPACE `top` that are in no user's workspace:
     the one workspace every user shared before each had their own (a legacy `users`
-    folder, one without MARKER, among them)."""
+    folder, one without MARKER, among them). `trust_marker=False` (the upgrade's
+    migration): any `users` folder is legacy, MARKER or not, since every user's tools
+    could write one, marker included, into the shared workspace."""
     try:
         names = sorted(os.listdir(top))
     except FileNotFoundError:
         return []
-    ours = (top / USERS / MARKER).is_file() and not (top / USERS).is_symlink()
+    ours = trust_marker and (top / USERS / MARKER).is_file() and not (top / USERS).is_symlink()
     return [
         name
         for name in names
@@ -120,13 +137,16 @@ def shared_entries(top: Path) -> list[str]:
     ]
 
 
-def adopt_shared(owner_id: int) -> list[str]:
+def adopt_shared(owner_id: int | None, *, trust_marker: bool = True) -> list[str]:
     """Move what shared_entries names into the workspace of the user `owner_id`, by
     rename (the same filesystem: nothing copied, links and modes kept), and log each.
     Never overwrites: when a name is taken there, AdoptionClash names them all and
-    nothing is moved. Done again it finds nothing to move. The names moved."""
+    nothing is moved. Done again it finds nothing to move. The names moved.
+    `owner_id` None (no user yet): only a legacy `users` folder is set aside, so that no
+    folder planted before the upgrade is ever taken for a user's workspace; the rest
+    waits for the first user (chat.startup)."""
     top = Path(settings.DISPATCH_WORKSPACE)
-    names = shared_entries(top)
+    names = shared_entries(top, trust_marker=trust_marker)
     if not names:
         return []
     moves = {name: top / name for name in names}
@@ -135,6 +155,11 @@ def adopt_shared(owner_id: int) -> list[str]:
         # should this one stop half-way), so that ours can be made in its place.
         aside = Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=top))
         moves[USERS] = (top / USERS).rename(aside / USERS)
+        if owner_id is None:
+            logger.info("set the shared workspace's users folder aside in %s", aside)
+            return [USERS]
+    if owner_id is None:
+        return []
     target = user_workspace(owner_id)
     make_private(target)
     taken = [name for name in names if os.path.lexists(target / name)]
