@@ -189,6 +189,7 @@ def ensure(
                     profile=profile,
                     workdir=parent.workdir,
                     title=title,
+                    profile_by_model=True,
                     **family,
                 )
             except preferences.workdirs.BadWorkdir as exc:
@@ -207,6 +208,7 @@ def ensure(
                 rules=inherited_rules(parent, None),
                 workdir=parent.workdir,
                 profile_id=parent.profile_id,
+                profile_by_model=parent.profile_by_model,
                 **family,
             )
         origin = {"kind": "agent", "parent_tab": str(parent_id), "call_id": call_id}

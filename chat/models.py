@@ -53,6 +53,10 @@ class Tab(models.Model):
     profile = models.ForeignKey(
         "Profile", null=True, blank=True, on_delete=models.SET_NULL, related_name="tabs"
     )
+    # The model chose `profile` (a sub-agent's, chat.children), not a person: its allow
+    # rules never applied here, so nothing may make a tab with it as if a person had
+    # (chat.tools.wake). Kept by branches, which outlive the sub-agent they came from.
+    profile_by_model = models.BooleanField(default=False)
     # The tool set every request of the tab sends, frozen (sorted, sorted-key schemas):
     # [{name, description, input_schema, server?, tool?}]; None until its first turn.
     # Changed only at a turn boundary, with a config-reload chunk (a new list is a

@@ -269,6 +269,7 @@ def branch(
             rules=tab.rules,
             workdir=tab.workdir,
             profile_id=tab.profile_id,
+            profile_by_model=tab.profile_by_model,
             parent=tab,
             fork_seq=at_seq,
             last_seq=at_seq,

@@ -10,16 +10,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import uuid
 
 import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from chat import children, lease, rules, turns
+from chat import children, lease, log, rules, turns
 from chat.models import PermissionRule, Profile, Tab, Wake
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta
+from chat.stream import Block
 from chat.tools import wake
 from chat.tools.base import ToolError
 from chat.tools.workdir import user_workspace
@@ -289,16 +291,21 @@ async def test_a_deny_wake_turn_resumed_after_its_worker_died_stays_unattended(
 @database_sync_to_async
 def wake_from(kind: str, target: str):
     """schedule_wake's effect in a tab with the `staff` profile: a person's tab, a
-    sub-agent's (the model chose the profile), or a branch of that sub-agent."""
+    sub-agent's (the model chose the profile), a branch of that sub-agent, or such a
+    branch once the sub-agent is deleted (nothing links it to a parent any more)."""
     owner = get_user_model().objects.create_user("owner")
     staff = Profile.objects.get(name="staff")
-    tab = new_tab(owner, "scripted/test", profile=staff)
+    # A sub-agent's parent with no profile and no rules: its child inherits none.
+    tab = new_tab(owner, "scripted/test", profile=staff if kind == "person" else None)
     if kind != "person":
-        tab = Tab.objects.create(
-            owner=owner, profile=staff, parent_tab=tab, parent_call_id="c1", tool_allow=["shell"]
-        )
-    if kind == "branch":
-        tab = Tab.objects.create(owner=owner, profile=staff, parent=tab, fork_seq=0)
+        made = {"description": "look", "prompt": "look", "profile": "staff"}
+        tab, _ = children.ensure(tab.pk, "c1", made, call_seq=1)
+    if kind in ("branch", "orphan"):
+        log.append(tab.pk, [Block(uuid.uuid4(), uuid.uuid4(), 0, "user", "text", {"text": "x"})])
+        child, tab = tab, turns.branch(tab, 1).tab
+        if kind == "orphan":
+            child.delete()
+            tab.refresh_from_db()
     args = {"name": "again", "prompt": "go on", "interval_seconds": 3600, "target": target}
     try:
         wake._create(args, tab.pk, timezone.now())
@@ -315,12 +322,14 @@ def wake_from(kind: str, target: str):
         ("child", "this_tab", (None, True)),
         ("child", "new_tab", "A sub-agent's tab"),
         ("branch", "new_tab", "A sub-agent's tab"),
+        ("orphan", "new_tab", "A sub-agent's tab"),
     ],
 )
 async def test_a_sub_agent_cannot_pass_its_profile_on_through_a_wake(kind, target, expected):
     """A wake into new tabs makes them with the scheduling tab's profile: from a person's
-    tab that is their choice; from a sub-agent (or a branch of one) the model's, so it is
-    refused (its new tabs would get the profile's allow rules); its own tab it may wake."""
+    tab that is their choice; from a sub-agent (or a branch of one, even once the
+    sub-agent is gone) the model's, so it is refused (its new tabs would get the
+    profile's allow rules); its own tab it may wake."""
     await staff_profile()
     made = await wake_from(kind, target)
     if isinstance(expected, str):
