@@ -80,6 +80,9 @@ DOWNSCALE_STEP = 0.8
 # decompression bomb (a small file of 100,000 x 100,000 pixels) does not. (Decoding has a
 # memory budget of its own: DECODE_BUDGET.)
 MAX_SOURCE_PIXELS = 50_000_000
+# The longest side a file may declare: decoders keep something per row (a 1 x 16,000,000
+# PNG, 113 KB and within the pixel cap, cost Pillow 0.9 GB), and JPEG's own limit is this.
+MAX_SOURCE_SIDE = 65_535
 # The most memory the pixels of one image may take while it is normalised: decoded, in
 # the mode they are worked on, and what the decoder keeps beside them. A 12 MP HEIC phone
 # photo fits (about 100 MB); a larger image is read at a fraction of its size (a JPEG,
@@ -368,6 +371,11 @@ def _image(data: bytes, shown: str) -> Normalised:
                 f"{shown} is {width}×{height} pixels; the most an image may have is "
                 f"{MAX_SOURCE_PIXELS // 1_000_000} megapixels."
             )
+        if max(width, height) > MAX_SOURCE_SIDE:
+            raise AttachmentError(
+                f"{shown} is {width}×{height} pixels; an image may be at most "
+                f"{MAX_SOURCE_SIDE:,} pixels on a side."
+            )
         if im.format in ANIMATED_FORMATS and getattr(im, "is_animated", False):
             raise AttachmentError(
                 f"{shown} is animated: attach one frame of it as a PNG image instead."
@@ -380,6 +388,11 @@ def _image(data: bytes, shown: str) -> Normalised:
             raise
         except (OSError, ValueError, SyntaxError, zlib.error, Image.DecompressionBombError) as exc:
             raise AttachmentError(f"{shown} is a damaged image ({_reason(exc)}).") from exc
+        except MemoryError as exc:
+            # Past every bound above, a decoder may still ask for more than there is.
+            raise AttachmentError(
+                f"{shown} takes more memory to read than this server has to spare."
+            ) from exc
     sha = hashlib.sha256(encoded).hexdigest()
     return Normalised(encoded, sha, stored, name, width=size[0], height=size[1])
 

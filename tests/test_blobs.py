@@ -223,6 +223,12 @@ REFUSED = [
         id="bomb-past-ours",
     ),
     pytest.param(
+        files.png(1, 1_000_000),
+        "thread.png",
+        "thread.png is 1×1000000 pixels; an image may be at most 65,535 pixels on a side.",
+        id="one-pixel-wide",
+    ),
+    pytest.param(
         files.image()[:3000], "cut.png", "cut.png is a damaged image (", id="truncated-image"
     ),
     pytest.param(
