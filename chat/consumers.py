@@ -116,8 +116,8 @@ class UserSocket(AsyncWebsocketConsumer):
     async def revoked(self, ended: revocation.Ended) -> None:
         """The credential ended: nothing more is sent, and the close says why."""
         self.ended = True
-        tab_gone = ended is revocation.TAB_DELETED
-        await self.close(code=CLOSE_TAB_GONE if tab_gone else CLOSE_SIGNED_OUT)
+        codes = {revocation.TAB_DELETED: CLOSE_TAB_GONE, revocation.TAB_NOT_YOURS: CLOSE_FORBIDDEN}
+        await self.close(code=codes.get(ended, CLOSE_SIGNED_OUT))
 
     async def send(
         self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False

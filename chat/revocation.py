@@ -60,6 +60,7 @@ DEACTIVATED = Ended("deactivated", "The account was deactivated or deleted.")
 PASSWORD_CHANGED = Ended("password_changed", "The account's password was changed: sign in again.")
 SIGNED_OUT = Ended("signed_out", "The session ended (signed out, or expired): sign in again.")
 TAB_DELETED = Ended("tab_deleted", "The tab was deleted.")
+TAB_NOT_YOURS = Ended("tab_not_yours", "The tab was given to another account.")
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,9 @@ def check(credentials: list[Credential]) -> list[Ended | None]:
     if token_ids:
         tokens = set(ApiToken.objects.filter(pk__in=token_ids).values_list("pk", flat=True))
     tab_ids = {c.tab_id for c in credentials if c.tab_id is not None}
-    tabs = set()
+    tabs: dict[uuid.UUID, int | None] = {}
     if tab_ids:
-        tabs = set(Tab.objects.filter(pk__in=tab_ids).values_list("pk", flat=True))
+        tabs = dict(Tab.objects.filter(pk__in=tab_ids).values_list("pk", "owner_id"))
     return [_why(c, sessions, users, tokens, tabs) for c in credentials]
 
 
@@ -124,7 +125,7 @@ def _why(
     sessions: set[str],
     users: dict[int, tuple[bool, str]],
     tokens: set[int],
-    tabs: set[uuid.UUID],
+    tabs: dict[uuid.UUID, int | None],
 ) -> Ended | None:
     if credential.token_id is not None and credential.token_id not in tokens:
         return TOKEN_REVOKED
@@ -135,8 +136,12 @@ def _why(
         return PASSWORD_CHANGED
     if credential.session_key is not None and credential.session_key not in sessions:
         return SIGNED_OUT
-    if credential.tab_id is not None and credential.tab_id not in tabs:
-        return TAB_DELETED
+    if credential.tab_id is not None:
+        if credential.tab_id not in tabs:
+            return TAB_DELETED
+        # The admin can hand a tab to another account: its stream was the old owner's.
+        if tabs[credential.tab_id] != credential.user_id:
+            return TAB_NOT_YOURS
     return None
 
 

@@ -289,6 +289,18 @@ async def test_deleting_a_tab_ends_its_socket_and_events_not_the_user_socket(set
     await user_sock.disconnect()
 
 
+@pytest.mark.asyncio
+async def test_giving_a_tab_to_another_account_ends_the_old_owners_streams(settings):
+    """The admin can change a tab's owner: what its old owner had open stops there."""
+    settings.STREAM_RECHECK_SECONDS = PERIODIC
+    user, tab, session = await owner_with_tab()
+    tab_sock, events = await tab_socket(tab, session), await Events(tab, session=session).open()
+    other = await database_sync_to_async(User.objects.create_user)("other")
+    await Tab.objects.filter(pk=tab.pk).aupdate(owner=other)
+    assert await closed_with(tab_sock) == consumers.CLOSE_FORBIDDEN
+    assert await events.ended_with() == "tab_not_yours"
+
+
 # --- The check ----------------------------------------------------------------------------
 
 
@@ -306,7 +318,7 @@ def test_one_check_costs_the_same_queries_for_one_stream_or_a_hundred(
         for i in range(count):
             user = users[i % 10]
             if i % 2:
-                out.append(revocation.Credential.of_token(tokens[i // 2], tabs[i].pk))
+                out.append(revocation.Credential.of_token(tokens[i % 50], tabs[i].pk))
             else:
                 out.append(revocation.Credential.of_session(sessions[i % 10], user, tabs[i].pk))
         return out
