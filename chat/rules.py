@@ -37,8 +37,10 @@ rules do not know, a wrapper with no command that runs a shell reading its input
 (`chroot /`) and a program's name bash would expand (`/bin/r?`) are unprovable like the
 rest. So are git's own ways to run a command: a config write of a setting that runs one
 (`git config alias.x ...`, `core.pager`, hooks, filters, helpers: _GIT_RUNS), an option
-or subcommand that runs one (`rebase -x`, `submodule foreach`: _GIT_RUN_OPTIONS), and a
-git command whose repository or HOME names one (decide's `repository`). A write to git's
+or subcommand that runs one (`rebase -x`, `submodule foreach`: _GIT_RUN_OPTIONS; a long
+option by any prefix git takes), a git command whose repository or HOME names one
+(decide's `repository`), and a git command after a part of the same command that may
+change files (`git clone SRC x && git -C x/b status`: Shell.writes). A write to git's
 own files (`.git/`, `.gitconfig`) is allowed only by an allow rule that names them.
 
 Paths are judged where they lead as well as as written: `decide` is given `resolve`,
@@ -652,6 +654,12 @@ class Shell:
     hidden: str = ""
     # The folders its git commands run in (`cd`, `git -C`); None when one is not known.
     git_dirs: list[str] | None = field(default_factory=list)
+    # Why a part read so far may have written files (a program that may, a redirection,
+    # a git command that changes the work tree), "" when none may: a git command after
+    # it reads settings and hooks that were not there when rules read them.
+    writes: str = ""
+    # How many of its parts run git.
+    gits: int = 0
 
     def cannot(self, reason: str, *, hides: bool = True) -> None:
         self.unprovable = self.unprovable or reason
@@ -695,6 +703,7 @@ def _collect(node: Any, shell: Shell, source: str) -> None:
             else:
                 _collect(child, shell, source)
     elif kind == "pipeline":
+        gits, writes = shell.gits, shell.writes
         for child in node.parts:
             if child.kind == "pipe":
                 continue
@@ -702,11 +711,16 @@ def _collect(node: Any, shell: Shell, source: str) -> None:
                 shell.cannot(f"the command uses {child.word}", hides=False)
                 continue
             _collect(child, shell, source)
+        if shell.gits > gits and shell.writes and not writes:
+            # A pipeline's parts run together: a writer after git may write before it reads.
+            _git_after_writes(shell, f"git runs beside a part that {shell.writes}")
     else:
         shell.cannot(f"the command uses syntax rules do not read ({_syntax(node)})")
 
 
 def _command(node: Any, shell: Shell, source: str) -> None:
+    # Its own redirections are opened before it runs but write after git has read.
+    writes_before = shell.writes
     written: list[str] = []
     # The words as bash makes them (braces expanded), each with its text in the command.
     words: list[tuple[str, str]] = []
@@ -740,14 +754,31 @@ def _command(node: Any, shell: Shell, source: str) -> None:
         shell.runs = shell.runs or runs
         shell.hidden = shell.hidden or runs
     shell.parts.append(Subject(every, extra, words=tuple(word for word, _ in words[assignments:])))
-    if runs or not inner or inner[0][0] not in MAKES_NO_LINKS:
-        shell.links = True
+    may_link = bool(runs or not inner or inner[0][0] not in MAKES_NO_LINKS)
+    shell.links = shell.links or may_link
     if inner and inner[0][0] == "git":
-        _git_folders(shell, [word for word, _ in inner[1:]])
+        args = [word for word, _ in inner[1:]]
+        _git_folders(shell, args)
+        shell.gits += 1
+        if writes_before:
+            _git_after_writes(shell, f"the command {literal} runs git after a part that "
+                              f"{writes_before}")  # fmt: skip
+        if what := _git_writes(args):
+            shell.writes = shell.writes or f"runs {what}, which may change files"
+    elif may_link and not shell.writes:
+        shell.writes = f"runs {inner[0][0] if inner else words[0][0]}, which may write files"
     if any("CDPATH" in word for word in written):
         shell.dirs = None
     elif inner and inner[0][0] in CHANGES_DIR:
         _change_dir(shell, inner)
+
+
+def _git_after_writes(shell: Shell, why: str) -> None:
+    """A git command that may read what an earlier part wrote: an alias, a pager, a hook
+    its repository names by then was not there when rules read it (`git clone SRC x &&
+    git -C x/b status`, `git checkout evil && git log` with a tracked .gitconfig)."""
+    shell.runs = shell.runs or why
+    shell.hidden = shell.hidden or why
 
 
 def _check_word(word: Any, shell: Shell) -> str:
@@ -792,6 +823,8 @@ def _redirect(node: Any, shell: Shell, source: str) -> None:
             why = "is a pattern bash expands"
     if not why and path in HARMLESS_TARGETS:
         return
+    if "write_file" in REDIRECT_TOOLS[node.type]:
+        shell.writes = shell.writes or f"writes {path}"
     if not why and (problem := _path_problem(path)):
         shell.cannot(f"the command redirects to {path}, outside the workspace", hides=False)
         why = problem
@@ -1187,14 +1220,24 @@ def _forms(
 
 
 # git's settings whose value is a command it runs (`alias.x=!cmd`, or any alias: it may
-# run `config` to write one), a pager, an editor, a helper, a hook folder, a transport that
-# runs one, or that read more settings from a file. Matched on the whole key, any case.
+# run `config` to write one), a pager, an editor, a helper, a hook folder or hook, a
+# transport that runs one, a folder it copies hooks from, a typo it runs corrected
+# (help.autocorrect: `git rebse --exec=cmd`), or that read more settings from a file.
+# A submodule's `update` may be `!cmd`, and a URL rewritten (insteadOf) may make a push
+# one to a folder, whose hooks run (see _local_repository). The rest of
+# git-config(1)'s list, by section and by the last part's name (`*command`, `*cmd`,
+# `*program`: gpg.ssh.defaultKeyCommand, core.alternateRefsCommand, sendemail.ccCmd), so a
+# key added later under such a name is caught too. Matched on the whole key, any case
+# (git reads sections and names in any case; a subsection matched loosely asks more).
 _GIT_RUNS = re.compile(
-    r"(alias|include|includeif|pager|sendemail|protocol|uploadpack)\..*"
-    r"|core\.(pager|editor|sshcommand|fsmonitor|hookspath|askpass|gitproxy|worktree)"
-    r"|sequence\.editor|diff\.external|gpg\..*program|interactive\.difffilter"
-    r"|.*\.(textconv|command|cmd|helper|program|process|clean|smudge|tool|driver|path"
-    r"|uploadpack|receivepack|sshcommand|proxy|browser|editor)",
+    r"(alias|include|includeif|pager|sendemail|protocol|uploadpack|help|man|instaweb|imap"
+    r"|browser|web|hook|difftool|mergetool|guitool)\..*"
+    r"|core\.(fsmonitor|hookspath|worktree)|diff\.external|init\.templatedir"
+    r"|interactive\.difffilter"
+    r"|receive\.procreceiverefs|submodule\..*\.update|url\..*\.(pushinsteadof|insteadof)"
+    r"|.*\.[^.]*(command|cmd|program|helper|editor|pager|proxy|hook|askpass|textconv|tool"
+    r"|browser|viewer)"
+    r"|.*\.(process|clean|smudge|driver|path|uploadpack|receivepack|httpd|tunnel|vcs)",
     re.IGNORECASE | re.S,
 )
 # Variables naming what git reads settings, programs or its repository from.
@@ -1203,14 +1246,20 @@ _GIT_VARIABLES = (
     "GIT_COMMON_DIR", "GIT_EXTERNAL_DIFF", "GIT_SEQUENCE_EDITOR", "GIT_ASKPASS",
     "GIT_PROXY_COMMAND", "GIT_TEMPLATE_DIR", "GIT_WORK_TREE", "GIT_CEILING_DIRECTORIES",
     "GIT_DISCOVERY_ACROSS_FILESYSTEM", "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    # git runs these when its own settings name none
+    "PAGER", "EDITOR", "VISUAL", "BROWSER", "LESSOPEN", "LESSCLOSE", "SSH_ASKPASS",
 )  # fmt: skip
 # git's own options before its subcommand that take the next word as their value.
 _GIT_VALUED = frozenset(
     {"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--super-prefix", "--attr-source"}
 )
 # Options of git's subcommands whose value is a command it runs (or a folder it copies
-# hooks from), and subcommands that run one.
+# hooks from, a repository whose hooks run), the subcommand's own subcommands that run
+# one (a word: `submodule foreach`), and subcommands that run one whatever they are given
+# (""). A long option is matched by any prefix git would take for it (`--exe=`: git's
+# parse-options accepts a unique prefix), a one-letter one anywhere in a cluster (`-iO`).
 _GIT_RUN_OPTIONS = {
+    "grep": ("-O", "--open-files-in-pager"),
     "rebase": ("-x", "--exec"),
     "difftool": ("-x", "--extcmd", "-t", "--tool"),
     "mergetool": ("-t", "--tool"),
@@ -1219,22 +1268,55 @@ _GIT_RUN_OPTIONS = {
     "clone": ("-u", "--upload-pack", "--template", "-c", "--config"),
     "init": ("--template",),
     "ls-remote": ("--upload-pack",),
-    "push": ("--receive-pack", "--exec"),
-    "archive": ("--exec",),
+    "push": ("--receive-pack", "--exec", "--repo"),
+    "archive": ("--exec", "--remote"),
     "send-pack": ("--receive-pack", "--exec"),
     "fetch-pack": ("--upload-pack", "--exec"),
     "submodule": ("foreach",),
     "bisect": ("run",),
-    "filter-branch": ("",),
-    "send-email": ("",),
+    "help": ("-w", "--web"),
     "config": ("-e", "--edit", "edit", "--rename-section", "rename-section"),
+    # servers, browsers and helpers that run programs or another repository's hooks
+    **dict.fromkeys(
+        ("filter-branch", "send-email", "daemon", "instaweb", "web--browse", "credential",
+         "credential-cache", "credential-cache--daemon", "credential-store", "p4", "svn",
+         "cvsimport", "cvsexportcommit", "cvsserver", "archimport", "upload-archive",
+         "upload-pack", "receive-pack", "remote-ext", "shell", "merge-index", "maintenance",
+         "difftool--helper", "for-each-repo", "submodule--helper"),
+        ("",),
+    ),
+}  # fmt: skip
+# git's own options that name a repository or settings rules do not read, or a folder it
+# runs its programs from (--exec-path alone only prints it).
+_GIT_OWN_RUNS = {
+    "--config-env": "reads a setting that may run a string",
+    "--git-dir": "names a repository rules do not read",
+    "--exec-path=": "runs its programs from a folder",
 }
+# Subcommands that change no file outside .git (so a git command after them reads the
+# settings and hooks it was judged by), and subcommands of theirs that do not either:
+# any other may write the work tree (a checkout of a tracked .gitconfig in HOME, of a
+# bare repository's config in a subfolder), make a repository, or remove one.
+_GIT_KEEPS_FILES = frozenset(
+    {"status", "log", "show", "diff", "grep", "blame", "annotate", "shortlog", "describe",
+     "rev-parse", "rev-list", "ls-files", "ls-tree", "ls-remote", "cat-file", "show-ref",
+     "for-each-ref", "show-branch", "branch", "tag", "remote", "config", "add", "commit",
+     "fetch", "push", "version", "help", "whatchanged", "count-objects", "fsck", "name-rev",
+     "var", "check-ignore", "check-attr", "check-ref-format", "merge-base", "cherry",
+     "range-diff", "notes", "hash-object", "update-index", "update-ref", "symbolic-ref",
+     "verify-commit", "verify-tag", "diff-files", "diff-index", "diff-tree", "reflog",
+     "gc", "prune", "repack", "pack-refs", "write-tree", "commit-tree", "mktree"}
+)  # fmt: skip
+_GIT_KEEPS_FILES_VERBS = frozenset(
+    {("stash", "list"), ("stash", "show"), ("worktree", "list"), ("submodule", ""),
+     ("submodule", "status"), ("submodule", "summary"), ("bisect", "log"),
+     ("bisect", "terms")}
+)  # fmt: skip
 # What git's own config command reads, so writes nothing.
 _GIT_CONFIG_READS = frozenset({"--get", "--get-all", "--get-regexp", "--get-urlmatch", "-l",
     "--list", "--get-color", "--get-colorbool", "--unset", "--unset-all", "--remove-section",
     "get", "list", "unset", "remove-section"})  # fmt: skip
-_GIT_CONFIG_VALUED = frozenset({"-f", "--file", "--blob", "--type", "--default", "--comment",
-                                "--value"})  # fmt: skip
+_GIT_CONFIG_VALUED = ("-f", "--file", "--blob", "--type", "--default", "--comment", "--value")
 
 
 @dataclass(frozen=True)
@@ -1278,13 +1360,10 @@ def _git_subcommand(args: list[str]) -> tuple[int, str]:
     i = 0
     while i < len(args) and args[i].startswith("-"):
         arg = args[i]
-        option = arg.split("=", 1)[0]
-        if option == "--config-env":
-            return i, "the command git --config-env reads a setting that may run a string"
-        if option == "--exec-path" and "=" in arg:
-            return i, "the command git --exec-path= runs its programs from a folder"
-        if option == "--git-dir":
-            return i, "the command git --git-dir names a repository rules do not read"
+        # git reads its own options whole, but a prefix costs only an ask: no guessing.
+        for option, why in _GIT_OWN_RUNS.items():
+            if _long_prefix(arg, option.rstrip("=")) and ("=" in arg or option[-1] != "="):
+                return i, f"the command git {option} {why}"
         if arg == "-c" and i + 1 < len(args) and _git_runs(args[i + 1]):
             key = args[i + 1].split("=", 1)[0]
             return i, f"the command git -c {key} runs a string as a command"
@@ -1298,17 +1377,73 @@ def _git_hides(args: list[str]) -> str:
     if why or i >= len(args):
         return why
     sub, rest = args[i], args[i + 1 :]
+    verb = _git_verb(rest)
     for option in _GIT_RUN_OPTIONS.get(sub, ()):
-        if not option or any(
-            arg == option or arg.startswith(option + "=")
-            or (len(option) == 2 and option[1] != "-" and arg.startswith(option))
-            for arg in (rest[:1] if not option.startswith("-") else rest)
-        ):  # fmt: skip
+        if not option or option == verb or any(_git_option(arg, option) for arg in rest):
             shown = f" {option}" if option else ""
             return f"the command git {sub}{shown} runs a command rules do not read"
+    target = _git_verb(rest, valued=("-o", "--push-option"))
+    if sub in ("push", "send-pack") and _local_repository(target):
+        # receive-pack runs in that repository, with its hooks, which no rule has read
+        return f"the command git {sub} {target} runs the hooks of a repository rules do not read"
     if sub == "config":
         return _git_config_write(rest)
     return ""
+
+
+def _git_option(arg: str, option: str) -> bool:
+    """Whether the word `arg` gives git's option `option` (`--exec`, `-x`): a long one by
+    any prefix (`--exe=cmd`), a one-letter one anywhere in a cluster (`-iO'cmd'`). A
+    letter that is another option's value (`-eO`) is asked about too: no guessing."""
+    if option.startswith("--"):
+        return _long_prefix(arg, option)
+    if option.startswith("-"):
+        return arg.startswith("-") and not arg.startswith("--") and option[1] in arg[1:]
+    return False
+
+
+def _long_prefix(arg: str, option: str) -> bool:
+    """Whether `arg` (`--name` or `--name=value`) names a prefix of the long `option`."""
+    name = arg.split("=", 1)[0]
+    return name.startswith("--") and len(name) > 2 and option.startswith(name)
+
+
+def _git_verb(rest: list[str], valued: tuple[str, ...] = ()) -> str:
+    """A git subcommand's own subcommand (`foreach` in `submodule --quiet foreach`), or
+    its first operand (push's repository): its first word that is not an option or the
+    value of one of the `valued` options, or ""."""
+    i = 0
+    while i < len(rest) and rest[i].startswith("-"):
+        given = rest[i] in valued or any(_long_prefix(rest[i], o) for o in valued)
+        i += 2 if given and "=" not in rest[i] else 1
+    return rest[i] if i < len(rest) else ""
+
+
+def _local_repository(target: str) -> bool:
+    """Whether a push's destination is a folder (`../bare`, `file://…`), not a remote's
+    name or a URL (`host:path`, `https://…`)."""
+    if target.startswith("file:"):
+        return True
+    if not target or "://" in target or ":" in target.split("/", 1)[0]:
+        return False
+    return "/" in target or target.startswith((".", "~"))
+
+
+def _git_writes(args: list[str]) -> str:
+    """The git command (`git checkout`) when `args` may change files a later git command
+    reads (its settings in HOME, a repository's config or hooks, where one is), or ""."""
+    i, _ = _git_subcommand(args)
+    if i >= len(args):
+        return ""
+    sub, rest = args[i], args[i + 1 :]
+    if output := next((arg for arg in rest if _long_prefix(arg, "--output")), None):
+        return f"git {sub} {output}"
+    verb = _git_verb(rest)
+    if sub in _GIT_KEEPS_FILES or (sub, verb) in _GIT_KEEPS_FILES_VERBS:
+        return ""
+    if sub in ("checkout", "switch") and len(rest) == 2 and rest[0] in ("-b", "-c"):
+        return ""  # a new branch where HEAD is: the files stay as they are
+    return f"git {sub}"
 
 
 def _git_config_write(args: list[str]) -> str:
@@ -1322,7 +1457,9 @@ def _git_config_write(args: list[str]) -> str:
             if arg in _GIT_CONFIG_READS:
                 return ""
             writes = writes or arg in ("--add", "--replace-all")
-            i += 2 if arg in _GIT_CONFIG_VALUED else 1
+            # `--fil x` is `--file x` to git: its value is not the key
+            valued = arg == "-f" or any(_long_prefix(arg, o) for o in _GIT_CONFIG_VALUED)
+            i += 2 if valued and "=" not in arg else 1
             continue
         positional.append(arg)
         i += 1

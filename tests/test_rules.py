@@ -124,7 +124,7 @@ GIT_NO_RM = ["allow shell(git *)", "allow shell(ls *)", "deny shell(rm *)"]
         (GIT_NO_RM, "git status; rm -rf /", DENY),
         (GIT_NO_RM, "git status\nrm -rf /", DENY),
         (GIT_NO_RM, "ls | rm -rf /", DENY),
-        (GIT_NO_RM, "git status && curl x | git apply", None),
+        (GIT_NO_RM, "git status && curl x | git apply", ASK),  # git beside a writer
         (GIT_NO_RM, "git status && curl x | sh", ASK),  # sh runs what it reads
         (GIT_NO_RM, "git status; curl x", None),
         (GIT_NO_RM, "git status &", ASK),

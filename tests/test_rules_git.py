@@ -100,6 +100,74 @@ def decided(rule_texts, name, repository=None, **arguments):
         ("git submodule foreach id", None),
         ("git bisect run id", None),
         ("git filter-branch --tree-filter id", None),
+        # grep's pager, alone or in a cluster of short options
+        ("git grep --no-index -O'touch pwned' hello", None),
+        ("git grep -iO'touch pwned' hello", None),
+        ("git grep --open-files-in-pager=id x", None),
+        ("git grep --open=id x", None),
+        ("git grep -i hello", ALLOW),
+        # long options abbreviated, as git's parse-options accepts them
+        ("git rebase --exe=id main", None),
+        ("git rebase --exe id main", None),
+        ("git fetch --upload-pac=id origin", None),
+        ("git push --exe=id", None),
+        ("git push --receive-pac=id", None),
+        ("git clone --templat=t a b", None),
+        ("git ls-remote --upload-pac=id x", None),
+        ("git fetch-pack --exe=id x", None),
+        ("git difftool --extc=id", None),
+        ("git mergetool --to=x", None),
+        ("git config --ed", None),
+        ("git config --fil .git/config core.pager id", None),
+        ("git --git-di=x log", None),
+        ("git push --recurse-submodules=check", ALLOW),
+        ("git fetch --update-shallow origin", ALLOW),
+        # options before a subcommand's own subcommand
+        ("git submodule --quiet foreach id", None),
+        ("git submodule -q foreach id", None),
+        ("git bisect --x run id", None),
+        ("git submodule status", ALLOW),
+        # settings that name a program, any case
+        ("git config gpg.ssh.defaultKeyCommand id", None),
+        ("git config GPG.SSH.DEFAULTKEYCOMMAND id", None),
+        ("git config set gpg.ssh.defaultKeyCommand id", None),
+        ("git config submodule.x.update '!id'", None),
+        ("git config core.alternateRefsCommand id", None),
+        ("git config init.templateDir t", None),
+        ("git config help.autocorrect 1", None),
+        ("git config imap.tunnel id", None),
+        ("git config man.viewer x", None),
+        ("git config instaweb.httpd id", None),
+        ("git config web.browser x", None),
+        ("git config browser.x.cmd id", None),
+        ("git config trailer.x.command id", None),
+        ("git config hook.x.command id", None),
+        ("git config remote.origin.vcs x", None),
+        ("git -c gpg.ssh.defaultKeyCommand=id commit -S -m x", None),
+        ("git -c core.alternateRefsCommand=id fetch", None),
+        ("git -c help.autocorrect=1 rebse --exec=id", None),
+        # programs and servers git starts
+        ("git daemon --access-hook=id", None),
+        ("git instaweb --httpd=id", None),
+        ("git web--browse http://x", None),
+        ("git help -w log", None),
+        ("git help --web log", None),
+        ("git help log", ALLOW),
+        ("git send-email --sendmail-cmd=id x", None),
+        ("git credential fill", None),
+        ("git p4 sync", None),
+        ("git archive --remote=x --exec=id HEAD", None),
+        ("git upload-archive x", None),
+        ("git receive-pack x", None),
+        ("git push ../bare main", None),  # a local push runs that repository's hooks
+        ("git push src/bare main", None),
+        ("git push -o ci.skip ../bare main", None),
+        ("git push file:///tmp/bare main", None),
+        ("git push origin main", ALLOW),
+        ("git push origin feature/x", ALLOW),
+        ("git push git@github.com:a/b.git main", ALLOW),
+        ("git config url.../bare.insteadOf origin", None),
+        ("git config remote.origin.partialclonefilter blob:none", ALLOW),
     ],
 )
 def test_git_commands_that_may_run_another_are_unprovable(command, expected):
@@ -147,10 +215,64 @@ CLEAN = GitRepository(settings=("core.bare", "user.name", "remote.origin.url"))
         (GitRepository(settings=("core.sshcommand",)), "git fetch", None),
         (GitRepository(hooks=(".git/hooks/pre-commit",)), "git commit -m x", None),
         (GitRepository(), "cd $HOME && git log", None),  # a folder rules cannot follow
+        (GitRepository(settings=("gpg.ssh.defaultkeycommand",)), "git commit -S -m x", None),
+        (GitRepository(settings=("submodule.x.update",)), "git submodule update", None),
+        (GitRepository(settings=("core.alternaterefscommand",)), "git fetch", None),
+        (GitRepository(settings=("init.templatedir",)), "git init x", None),
+        (GitRepository(settings=("help.autocorrect",)), "git log", None),
+        (GitRepository(settings=("imap.tunnel",)), "git imap-send", None),
+        (GitRepository(settings=("Browser.X.Cmd",)), "git help -i log", None),
     ],
 )
 def test_git_in_a_repository_that_names_a_command_is_unprovable(repository, command, expected):
     assert decided(GIT, "shell", lambda folder: repository, command=command) == expected
+
+
+# git, cp and echo (with its writes) allowed: what an earlier part may change.
+SEQUENCE = [
+    "allow shell(git *)",
+    "allow shell(cp *)",
+    "allow shell(cd *)",
+    "allow shell(echo *)",
+    "allow write_file(**)",
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("git status && git log", ALLOW),
+        ("git add . && git commit -m x", ALLOW),
+        ("git checkout -b feature && git commit -m x", ALLOW),
+        ("git stash list && git log", ALLOW),
+        ("git worktree list; git status", ALLOW),
+        ("cd src && git status", ALLOW),
+        ("git log; cp a b", ALLOW),  # cp runs after git is done
+        # a repository made or changed by an earlier part
+        ("git clone a x && git -C x/b status", None),
+        ("git checkout main && git log", None),
+        ("git switch main; git status", None),
+        ("git reset --hard x && git status", None),
+        ("git merge x && git log", None),
+        ("git pull && git log", None),
+        ("git rebase main && git log", None),
+        ("git stash && git log", None),
+        ("git stash pop && git log", None),
+        ("git restore . && git log", None),
+        ("git am x.patch && git log", None),
+        ("git apply x.patch && git log", None),
+        ("git cherry-pick x && git log", None),
+        ("git submodule update && git status", None),
+        ("git worktree add w && git -C w status", None),
+        ("git init x && git -C x status", None),
+        ("git log --output=b/config && git -C b log", None),
+        ("cp a b/config && git -C b log", None),
+        ("echo x > b/config && git -C b log", None),
+        ("git status | cp a b/config", None),  # a pipeline's parts run together
+    ],
+)
+def test_git_after_a_part_that_may_write_files_is_unprovable(command, expected):
+    assert decided(SEQUENCE, "shell", lambda folder: CLEAN, command=command) == expected
 
 
 def test_each_folder_git_runs_in_is_read_and_the_reason_is_said():
@@ -209,7 +331,9 @@ def workspace(tmp_path) -> Path:
 
 def test_a_fresh_repository_names_no_command(workspace):
     assert decided_in(workspace, "git status") == ALLOW
-    assert decided_in(workspace, "git -C src log", cwd="src") == ALLOW
+    assert decided_in(workspace, "git log", cwd="src") == ALLOW
+    assert decided_in(workspace, "git -C src log") == ALLOW
+    assert decided_in(workspace, "git -C src log", cwd="src") is None  # no src/src
 
 
 def include_a_pager(workspace: Path) -> None:
@@ -249,8 +373,8 @@ def test_the_repository_is_found_as_git_finds_it(workspace):
     inner.mkdir()
     (inner / ".git").write_text("gitdir: /etc\n")
     assert decided_in(workspace, "git -C src/inner log") is None
-    # a folder the command makes: git starts from the one above it
-    assert decided_in(workspace, "mkdir -p new && cd new && git log") is None  # mkdir: no rule
+    # a folder that does not exist yet: what the command makes there is not known
+    assert decided_in(workspace, "git -C missing status") is None
     assert (
         decided(
             ["allow shell(git *)", "allow shell(mkdir *)", "allow shell(cd *)"],
@@ -258,8 +382,24 @@ def test_the_repository_is_found_as_git_finds_it(workspace):
             lambda folder: GitRepository(*gitrepo.read(workspace, workspace, folder)),
             command="mkdir -p new && cd new && git log",
         )
-        == ALLOW
+        is None
     )
+
+
+def test_the_pager_grep_opens_files_in_runs_and_is_asked_about(workspace):
+    """The tester's `git grep -O`: real git runs its value as a command."""
+    (workspace / "hello").write_text("hello\n")
+    command = "git grep --no-index -O'touch pwned' hello"
+    assert decided_in(workspace, command) is None
+    subprocess.run(["sh", "-c", command], cwd=workspace, capture_output=True, check=False)
+    assert (workspace / "pwned").exists()  # what an allow would have let run
+
+
+def test_a_bare_repository_a_clone_brings_is_not_read_before_it_exists(workspace, tmp_path):
+    """The tester's `git clone SRC x && git -C x/b status`: x/b, a bare repository with a
+    pager inside the cloned tree, does not exist when rules decide."""
+    assert decided_in(workspace, "git clone src x && git -C x/b status") is None
+    assert decided_in(workspace, "git -C x/b status") is None
 
 
 # --- the runner reads the repository before deciding (chat.agent) --------------------

@@ -26,11 +26,14 @@ MAX_LISTING_BYTES = 1024 * 1024
 def read(workspace: Path, root: Path, folder: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(setting keys, hook files) git would read when run in `folder` (relative to the
     shell's `root`, a folder of `workspace`). Raises (ToolError, OSError, ValueError)
-    when they cannot be read: rules then treat the command as unprovable."""
+    when they cannot be read, or when `folder` does not exist: rules then treat the
+    command as unprovable. A folder the command itself makes (`git clone SRC x && git -C
+    x/b status`) may hold a repository by the time git runs there, with settings of its
+    own: the folder above it would be the wrong one to read."""
     top = workspace.resolve()
     here = (root / files.resolve(root, folder)).resolve()
-    while not here.is_dir() and here != top:
-        here = here.parent  # a folder the command makes itself: git starts from its parent
+    if not here.is_dir():
+        raise ValueError(f"{folder} does not exist yet: what git finds there is not known")
     configs = [root / ".gitconfig", root / ".config" / "git" / "config"]
     hooks: tuple[str, ...] = ()
     if (gitdir := _find(here, top)) is not None:
