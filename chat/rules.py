@@ -658,8 +658,10 @@ class Shell:
     # a git command that changes the work tree), "" when none may: a git command after
     # it reads settings and hooks that were not there when rules read them.
     writes: str = ""
-    # How many of its parts run git.
+    # How many of its parts run git, and whether one pushes (another repository's
+    # hooks run then: GitRepository.push_targets).
     gits: int = 0
+    pushes: bool = False
 
     def cannot(self, reason: str, *, hides: bool = True) -> None:
         self.unprovable = self.unprovable or reason
@@ -760,6 +762,8 @@ def _command(node: Any, shell: Shell, source: str) -> None:
         args = [word for word, _ in inner[1:]]
         _git_folders(shell, args)
         shell.gits += 1
+        sub = args[_git_subcommand(args)[0] :][:1]
+        shell.pushes = shell.pushes or sub in (["push"], ["send-pack"])
         if writes_before:
             _git_after_writes(shell, f"the command {literal} runs git after a part that "
                               f"{writes_before}")  # fmt: skip
@@ -1327,6 +1331,9 @@ class GitRepository:
     settings: tuple[str, ...] = ()
     # The hooks it would run (`.git/hooks/pre-commit`): any file there but a sample.
     hooks: tuple[str, ...] = ()
+    # Where its pushes may go: remotes' URLs, and the remote names its settings give
+    # (git takes a name no remote has for a URL). A folder's hooks run on a push to it.
+    push_targets: tuple[str, ...] = ()
 
 
 def _git_runs(setting: str) -> bool:
@@ -1512,6 +1519,10 @@ def _git_repository_runs(shell: Shell, repository: Callable[[str], GitRepository
             return f"git's settings for {folder} name a command ({key})"
         if found.hooks:
             return f"the repository git uses in {folder} has the hook {found.hooks[0]}"
+        # "." is this repository, whose hooks were just read
+        local = (url for url in found.push_targets if url != "." and _local_repository(url))
+        if shell.pushes and (url := next(local, None)):
+            return f"git pushes from {folder}, whose settings name the repository {url}"
     return ""
 
 

@@ -222,6 +222,12 @@ CLEAN = GitRepository(settings=("core.bare", "user.name", "remote.origin.url"))
         (GitRepository(settings=("help.autocorrect",)), "git log", None),
         (GitRepository(settings=("imap.tunnel",)), "git imap-send", None),
         (GitRepository(settings=("Browser.X.Cmd",)), "git help -i log", None),
+        # a push to a remote that is a folder runs that repository's hooks
+        (GitRepository(push_targets=("src/bare",)), "git push x main", None),
+        (GitRepository(push_targets=("../bare",)), "git push", None),
+        (GitRepository(push_targets=("file:///w/bare",)), "git push", None),
+        (GitRepository(push_targets=("src/bare",)), "git fetch x", ALLOW),
+        (GitRepository(push_targets=(".", "origin", "git@h:a/b")), "git push", ALLOW),
     ],
 )
 def test_git_in_a_repository_that_names_a_command_is_unprovable(repository, command, expected):
@@ -393,6 +399,15 @@ def test_the_pager_grep_opens_files_in_runs_and_is_asked_about(workspace):
     assert decided_in(workspace, command) is None
     subprocess.run(["sh", "-c", command], cwd=workspace, capture_output=True, check=False)
     assert (workspace / "pwned").exists()  # what an allow would have let run
+
+
+def test_a_push_to_a_remote_that_is_a_folder_is_asked_about(workspace):
+    """`git remote add x src/bare`, then `git push x`: receive-pack runs in src/bare, with
+    hooks a checkout may have put there (executable, as tracked)."""
+    assert decided_in(workspace, "git push x main") == ALLOW
+    git(workspace, "remote", "add", "x", "src/bare")
+    assert decided_in(workspace, "git push x main") is None
+    assert decided_in(workspace, "git status") == ALLOW
 
 
 def test_a_bare_repository_a_clone_brings_is_not_read_before_it_exists(workspace, tmp_path):

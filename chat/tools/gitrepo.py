@@ -1,7 +1,8 @@
 """What git, run by the shell tool in a folder of the workspace, reads that may name a
 command: the keys of its repository's settings and of HOME's (the shell's HOME is its
-root, chat.tools.shell), and the repository's hooks. chat.rules judges them (decide's
-`repository`): an alias, a pager or a hook runs what no rule reads.
+root, chat.tools.shell), the repository's hooks, and where its pushes may go. chat.rules
+judges them (decide's `repository`): an alias, a pager, a hook (a pushed-to folder's too)
+runs what no rule reads.
 
 The repository is found as git finds it: from the folder up to the workspace, the first
 `.git` (a folder, or a file naming one) or bare repository. The settings are listed by
@@ -12,6 +13,7 @@ settings of the server's), so they are read as the git in the sandbox reads them
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -21,11 +23,19 @@ from chat.tools import files
 GIT_TIMEOUT = 10
 # A repository's config is a few KB; the listing of one past this is not a config.
 MAX_LISTING_BYTES = 1024 * 1024
+# Settings whose value says where a push goes (a remote's URL, or a name git takes for a
+# URL when no remote has it): a push to a folder runs that repository's hooks.
+PUSH_TARGETS = re.compile(
+    r"remote\..*\.(url|pushurl)|remote\.pushdefault|branch\..*\.(remote|pushremote)", re.I
+)
 
 
-def read(workspace: Path, root: Path, folder: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(setting keys, hook files) git would read when run in `folder` (relative to the
-    shell's `root`, a folder of `workspace`). Raises (ToolError, OSError, ValueError)
+def read(
+    workspace: Path, root: Path, folder: str
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(setting keys, hook files, push targets) git would read when run in `folder`
+    (relative to the shell's `root`, a folder of `workspace`); push targets are the
+    values of PUSH_TARGETS. Raises (ToolError, OSError, ValueError)
     when they cannot be read, or when `folder` does not exist: rules then treat the
     command as unprovable. A folder the command itself makes (`git clone SRC x && git -C
     x/b status`) may hold a repository by the time git runs there, with settings of its
@@ -40,8 +50,10 @@ def read(workspace: Path, root: Path, folder: str) -> tuple[tuple[str, ...], tup
         common = _common(gitdir, top)
         configs += [gitdir / "config", gitdir / "config.worktree", common / "config"]
         hooks = _hooks(common / "hooks", top)
-    settings = [key for config in dict.fromkeys(configs) for key in _keys(config)]
-    return tuple(dict.fromkeys(settings)), hooks
+    entries = [entry for config in dict.fromkeys(configs) for entry in _entries(config)]
+    settings = tuple(dict.fromkeys(key for key, _ in entries))
+    targets = tuple(dict.fromkeys(value for key, value in entries if PUSH_TARGETS.fullmatch(key)))
+    return settings, hooks, targets
 
 
 def _find(here: Path, top: Path) -> Path | None:
@@ -89,9 +101,9 @@ def _hooks(folder: Path, top: Path) -> tuple[str, ...]:
     )
 
 
-def _keys(config: Path) -> list[str]:
-    """The keys git reads from `config` (and the files it includes); none when it
-    does not exist. ValueError when git refuses it (then the git in the sandbox would
+def _entries(config: Path) -> list[tuple[str, str]]:
+    """The (key, value) pairs git reads from `config` (and the files it includes); none
+    when it does not exist. ValueError when git refuses it (then the git in the sandbox would
     too, or read it otherwise)."""
     if not config.exists():
         return []
@@ -114,4 +126,4 @@ def _keys(config: Path) -> list[str]:
         problem = done.stderr.decode(errors="replace").strip() or "too large"
         raise ValueError(f"git cannot read {config.name}: {problem.splitlines()[0]}")
     entries = done.stdout.decode(errors="replace").split("\0")
-    return [entry.split("\n", 1)[0] for entry in entries if entry]
+    return [(entry.partition("\n")[0], entry.partition("\n")[2]) for entry in entries if entry]
