@@ -1446,6 +1446,10 @@ def _git_writes(args: list[str]) -> str:
     if output := next((arg for arg in rest if _long_prefix(arg, "--output")), None):
         return f"git {sub} {output}"
     verb = _git_verb(rest)
+    if sub == "remote" and verb not in ("", "show", "get-url"):
+        return f"git remote {verb}"  # a remote's URL: where a later push goes
+    if sub == "config" and any(arg.lower().startswith(("remote.", "branch.")) for arg in rest):
+        return "git config"  # the same, by its settings
     if sub in _GIT_KEEPS_FILES or (sub, verb) in _GIT_KEEPS_FILES_VERBS:
         return ""
     if sub in ("checkout", "switch") and len(rest) == 2 and rest[0] in ("-b", "-c"):
