@@ -694,7 +694,7 @@ async def test_a_crash_while_a_shell_command_runs_says_it_ran(script, workspace,
     it was running (so Continue does not tell the model it never ran); the call after
     it was not run."""
 
-    async def breaks_after_output(name, arguments, workspace, *, on_output, policy, cwd, tab_id):
+    async def breaks_after_output(name, arguments, workspace, *, on_output, **context):
         on_output("half the build\n")
         raise RuntimeError("the tool runner broke")
 

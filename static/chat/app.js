@@ -561,7 +561,17 @@
   window.addEventListener('pagehide', function () { conn.leaving = true; });
   window.addEventListener('pageshow', function () { conn.leaving = false; });
 
+  // A form posted the ordinary way (Log out; htmx's forms prevent the default) is about
+  // to replace the page: the close its own request caused (the sign-out's) must not
+  // reload the page over that navigation.
+  var SUBMIT_GRACE_MS = 10000;
+  var submittedAt = 0;
+  document.addEventListener('submit', function (evt) {
+    if (!evt.defaultPrevented) submittedAt = Date.now();
+  });
+
   function signedOutReload() {
+    if (Date.now() - submittedAt < SUBMIT_GRACE_MS) return false;
     var key = 'dispatch-signed-out-reload';
     var last = 0;
     try { last = Number(window.sessionStorage.getItem(key)) || 0; } catch (err) { last = 0; }
