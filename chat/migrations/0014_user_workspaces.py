@@ -7,21 +7,17 @@ from django.db import migrations
 
 from chat.tools import workdir
 
-RAN_KEY = "workspaces_per_user"
-
 
 def move_shared_workspace(apps, schema_editor):
     owner = workdir.first_owner(apps.get_model(settings.AUTH_USER_MODEL))
-    setting = apps.get_model("chat", "Setting")
-    # The first time, no `users` folder is ours, whatever it holds (every user's tools
-    # could write one, marker and all, into the shared workspace); once this has run
-    # (migrated back and forth), the folder with the marker is the users' workspaces.
-    ran = setting.objects.filter(key=RAN_KEY).exists()
     try:
-        workdir.adopt_shared(owner and owner.pk, trust_marker=ran)
+        # No `users` folder is taken for the users' workspaces here, whatever it holds:
+        # the code before this migration let every user's tools write one, marker and
+        # all (also after migrating back to it, so moving forward again merges them all
+        # into the first superuser's, as the README says).
+        workdir.adopt_shared(owner and owner.pk, trust_marker=False)
     except (workdir.AdoptionClash, OSError) as exc:
         raise RuntimeError(f"The shared workspace was not moved: {exc}") from exc
-    setting.objects.update_or_create(key=RAN_KEY, defaults={"value": True})
 
 
 class Migration(migrations.Migration):
