@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -306,3 +307,30 @@ def test_a_private_networks_descriptors_are_closed_once():
     finally:
         for fd in reused:
             os.close(fd)
+
+
+async def test_a_servers_variables_are_set_inside_the_sandbox_not_for_bwrap():
+    """bwrap starts on the host: a server's LD_PRELOAD there would run code before any
+    namespace (the secret key read with it). Its variables are bwrap's --setenv, so the
+    loader's debug output (LD_DEBUG) comes from the sandboxed server alone."""
+    row = await server("loader", env={"LD_DEBUG": "files", "MCP_TEST_TOKEN": "tok"})
+    assert (await where("loader"))["token"] == "tok"
+    said = bytes(mcp._pool().connections[row.name, None]._stderr).decode()
+    assert "python" in said  # applied inside, to the server
+    bwrap = shutil.which(sandbox.policy_from(settings).bwrap)
+    assert f"needed by {bwrap}" not in said
+
+
+async def test_a_servers_stderr_costs_at_most_its_kept_end():
+    """A server may write without end on stderr: only its last STDERR_TAIL_BYTES are kept
+    (in memory, never a file), and its failure still quotes its last words."""
+    await server("flood", "flood", str(8 * 1024 * 1024))
+    tracemalloc.start()
+    try:
+        _, problems = await mcp.specs()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "its stderr ends: xxx" in problems[0], problems
+    assert problems[0].endswith("xxx\nbare: the end)"), problems
+    assert peak < 4 * 1024 * 1024  # it was read whole: 8 MB, and as much again decoded

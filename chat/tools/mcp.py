@@ -40,12 +40,11 @@ import json
 import logging
 import os
 import signal
-import tempfile
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -119,6 +118,10 @@ MAX_STDIO_LINE_BYTES = MAX_HTTP_EVENT_BYTES
 
 # Kept of a failed server's stderr (and of output that was not MCP) for its message.
 DETAIL_CHARS = 300
+# What is kept of a stdio server's stderr: its end, for the message when it fails to
+# start (room for a secret to be redacted whole before the cut). Never more: a server
+# may write without end.
+STDERR_TAIL_BYTES = 64 * 1024
 
 # How long a turn's start waits for a server's tools: a server slower than that (hung,
 # restarting) keeps its last known tools for the turn, and the listing goes on in the
@@ -264,7 +267,7 @@ class Connection:
         self.closed = False
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._stderr: IO[str] | None = None
+        self._stderr = bytearray()
         self._not_mcp = ""
         # Why the server's stream ended, when it was not the server's doing.
         self.lost = ""
@@ -332,9 +335,6 @@ class Connection:
             return streamable_http_client(
                 self.config.url, http_client=client, max_sse_event_size=MAX_HTTP_EVENT_BYTES
             )
-        # Its stderr, for the message when it fails to start: never shown live.
-        # Closed with the connection (its task's end), not by a block here.
-        self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
         return self._stdio()
 
     @contextlib.asynccontextmanager
@@ -347,12 +347,18 @@ class Connection:
         argv, env, cwd, binds = await asyncio.to_thread(self._stdio_launch)
         network: sandbox.Network | None = None
         seccomp: int | None = None
+        variables: int | None = None
         if not self.policy.unsandboxed:
             if sandbox.private_network(self.policy):
                 network = sandbox.Network(self.policy)
             if (program := sandbox.setid_filter()) is not None:
                 seccomp = sandbox.program_fd(program)
             argv = sandbox.command(self.policy, cwd, argv, network, seccomp, binds=binds)
+            # The server's own variables are set inside the sandbox, never in bwrap's
+            # environment: there LD_PRELOAD (say) would run code on the host, before any
+            # namespace. Read from a descriptor, so no other user's `ps` shows them.
+            variables = _setenv_args(self.config.env)
+            argv = [argv[0], "--args", str(variables), *argv[1:]]
         shell.become_subreaper()
         try:
             try:
@@ -362,22 +368,30 @@ class Connection:
                     *argv,
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
-                    stderr=self._stderr,
+                    stderr=asyncio.subprocess.PIPE,
                     cwd=cwd,
                     env=env,
                     start_new_session=True,
-                    pass_fds=(
-                        *(network.child_fds() if network is not None else ()),
-                        *((seccomp,) if seccomp is not None else ()),
+                    pass_fds=tuple(
+                        fd
+                        for fd in (
+                            *(network.child_fds() if network is not None else ()),
+                            seccomp,
+                            variables,
+                        )
+                        if fd is not None
                     ),
                     limit=MAX_STDIO_LINE_BYTES,
                 )
             finally:
                 if network is not None:
                     network.started()
-                if seccomp is not None:
-                    os.close(seccomp)
+                for fd in (seccomp, variables):
+                    if fd is not None:
+                        os.close(fd)
             leader = _Leader(proc, group=self.policy.unsandboxed)
+            assert proc.stderr is not None
+            tail = asyncio.create_task(_keep_tail(proc.stderr, self._stderr))
             try:
                 if network is not None and (problem := await network.start()) is not None:
                     raise Unreachable(problem)
@@ -385,6 +399,10 @@ class Connection:
                     yield streams
             finally:
                 await leader.end()
+                # What it wrote last, for the message, before the failure is reported.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(tail), CLOSE_GRACE)
+                tail.cancel()
         finally:
             if network is not None:
                 # Not awaited: a second cancellation must not skip it (slirp4netns would
@@ -407,7 +425,8 @@ class Connection:
                 raise Unreachable(f"its home {home} is inside the workspace it would mount")
             binds = ((workspace, MCP_WORKSPACE),)
         env = shell.shell_env(home, sandboxed=not self.policy.unsandboxed)
-        env.update(self.config.env)
+        if self.policy.unsandboxed:
+            env.update(self.config.env)  # sandboxed, bwrap sets them inside (_stdio)
         env["HOME"] = str(home)
         argv = [self.config.command, *self.config.args]
         if not self.policy.unsandboxed:
@@ -437,12 +456,9 @@ class Connection:
         parts = []
         if self._not_mcp:
             parts.append(f"it wrote something that is not MCP: {self._not_mcp}")
-        if self._stderr is not None and not self._stderr.closed:
-            with contextlib.suppress(OSError, ValueError):
-                self._stderr.seek(0)
-                said = self.config.redact(self._stderr.read().strip())[-DETAIL_CHARS:]
-                if said:
-                    parts.append(f"its stderr ends: {said}")
+        text = self._stderr.decode("utf-8", "replace").strip()
+        if said := self.config.redact(text)[-DETAIL_CHARS:]:
+            parts.append(f"its stderr ends: {said}")
         return "".join(f"; {part}" for part in parts)
 
     async def list_tools(self) -> tuple[list[types.Tool], list[str], int]:
@@ -496,8 +512,31 @@ class Connection:
                 )
                 task.cancel()
                 await asyncio.wait({task}, timeout=CLOSE_GRACE)
-        if self._stderr is not None:
-            self._stderr.close()
+
+
+async def _keep_tail(stream: asyncio.StreamReader, tail: bytearray) -> None:
+    """Read `stream` to its end, keeping its last STDERR_TAIL_BYTES in `tail`."""
+    while chunk := await stream.read(STDERR_TAIL_BYTES):
+        tail += chunk
+        del tail[:-STDERR_TAIL_BYTES]
+
+
+def _setenv_args(variables: Iterable[tuple[str, str]]) -> int:
+    """A descriptor (a memfd, read from its start) holding bwrap's --setenv arguments for
+    `variables` (name, value), NUL-separated as bwrap's --args reads them."""
+    words: list[str] = []
+    for name, value in variables:
+        if "\0" in name or "\0" in value or "=" in name or not name:
+            raise Unreachable(f"its variable {name!r} cannot be set: a NUL, '=' or no name")
+        words += ["--setenv", name, value]
+    fd = os.memfd_create("bwrap-setenv")
+    try:
+        os.write(fd, b"".join(os.fsencode(word) + b"\0" for word in words))
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class _Screen:

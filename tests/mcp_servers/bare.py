@@ -8,7 +8,8 @@ whose schemas have what providers refuse at their top (oneOf, anyOf, allOf, not,
 enum), and one past the size cap; `bulky`: ten tools past a server's total cap; `garbage`: it
 writes a line that is not JSON-RPC, then nothing; `exit`: it fails at once, saying why
 on stderr; `leak`: the same, quoting its token; `leak-long N`: quoting it so that its stderr's
-last N characters hold only the token's end; `silent`: it reads and never answers
+last N characters hold only the token's end; `flood N`: N bytes on stderr, then
+`bare: the end`, and it fails; `silent`: it reads and never answers
 (a server hanging in its handshake). With MCP_TEST_STARTS set to a file's path, it
 writes a line there each time it starts; with MCP_TEST_REQUIRE, it fails at once
 unless that path exists; with MCP_TEST_LINGER set, it stays after its
@@ -42,6 +43,11 @@ if sys.argv[1:2] == ["leak-long"]:
     # The token, then enough that only its end is in the last DETAIL_CHARS (argv[2]).
     token = os.environ.get("MCP_TEST_TOKEN", "")
     sys.stderr.write(f"bare: token {token}{'.' * (int(sys.argv[2]) - 5)}\n")
+    sys.exit(2)
+if sys.argv[1:2] == ["flood"]:
+    for _ in range(int(sys.argv[2]) // 65536):
+        sys.stderr.write("x" * 65535 + "\n")
+    sys.stderr.write("bare: the end\n")
     sys.exit(2)
 if sys.argv[1:] == ["silent"]:
     sys.stdin.read()
