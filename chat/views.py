@@ -1048,42 +1048,47 @@ def settings_view(request: HttpRequest) -> HttpResponse:
         else:
             return HttpResponseBadRequest("Unknown settings action.")
         status = 422
+    forms = {
+        "settings_form": settings_form,
+        "key_form": key_form,
+        "endpoint_form": endpoint_form,
+        "mcp_form": mcp_form,
+    }
+    return render(
+        request, "chat/settings.html", _settings_page(request, period, forms), status=status
+    )
+
+
+def _settings_page(request: HttpRequest, period: str, forms: dict[str, Any]) -> dict[str, Any]:
+    """The Settings page's context around its forms (as posted, or fresh)."""
     labels = dict(key_providers())
     stored = set(ApiKey.objects.values_list("provider", flat=True))
-    return render(
-        request,
-        "chat/settings.html",
-        {
-            "tabs": _sidebar_tabs(request),
-            "settings_form": settings_form,
-            "key_form": key_form,
-            "endpoint_form": endpoint_form,
-            "keys": [
-                (labels.get(k.provider, k.provider), k, endpoint_now(k.provider))
-                for k in ApiKey.objects.order_by("provider")
-            ],
-            "endpoints": [
-                (labels.get(e.provider, e.provider), e)
-                for e in ProviderEndpoint.objects.order_by("provider")
-            ],
-            "models": known_models(),
-            "providers": _provider_status(stored),
-            "offline_model": OFFLINE_MODEL,
-            "sandbox": sandbox.state(sandbox.policy_from(settings)),
-            "mcp_form": mcp_form,
-            "mcp_servers": [
-                (
-                    server,
-                    masked_pairs({**(server.get_env() or {}), **(server.get_headers() or {})}),
-                    mcp.shown_url(server.url),
-                )
-                for server in McpServer.objects.all()
-            ],
-            "profiles": Profile.objects.all(),
-            **_usage_section(period),
-        },
-        status=status,
-    )
+    return {
+        "tabs": _sidebar_tabs(request),
+        **forms,
+        "keys": [
+            (labels.get(k.provider, k.provider), k, endpoint_now(k.provider))
+            for k in ApiKey.objects.order_by("provider")
+        ],
+        "endpoints": [
+            (labels.get(e.provider, e.provider), e)
+            for e in ProviderEndpoint.objects.order_by("provider")
+        ],
+        "models": known_models(),
+        "providers": _provider_status(stored),
+        "offline_model": OFFLINE_MODEL,
+        "sandbox": sandbox.state(sandbox.policy_from(settings)),
+        "mcp_servers": [
+            (
+                server,
+                masked_pairs({**(server.get_env() or {}), **(server.get_headers() or {})}),
+                mcp.shown_url(server.url),
+            )
+            for server in McpServer.objects.all()
+        ],
+        "profiles": Profile.objects.all(),
+        **_usage_section(period),
+    }
 
 
 def _mcp_server(server_id: str | None) -> McpServer | None:

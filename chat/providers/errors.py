@@ -449,8 +449,12 @@ class _Words:
         self.at = f"`{error.base_url}`" if error.base_url else "the provider's base URL"
 
     def say(self) -> tuple[str, str]:
+        return self.unanswered() or self.refused()
+
+    def unanswered(self) -> tuple[str, str] | None:
+        """What went wrong before the provider answered, or in reading its answer; None
+        when it answered with an error of its own."""
         error, who = self.error, self.who
-        status = error.status_code
         kind = error.error_type or ""
         if kind == KEY_BOUND_ELSEWHERE:
             # Its message names both endpoints and where to enter the key.
@@ -474,6 +478,13 @@ class _Words:
                 f"Retry. If it happens again, check that {self.at} speaks the {self.api} "
                 "API (a proxy or a captive portal answers with something else).",
             )
+        return None
+
+    def refused(self) -> tuple[str, str]:
+        """The provider's own error answer, by its status and type."""
+        error, who = self.error, self.who
+        status = error.status_code
+        kind = error.error_type or ""
         if status == 401 or kind == "authentication_error":
             return f"{who} did not accept the API key", self.fix_key()
         if kind in QUOTA_TYPES or status == 402:
