@@ -668,10 +668,8 @@ def _thumb_path(sha256: str) -> Path:
 def _write(path: Path, data: bytes) -> None:
     """`data` at `path`, whole or not at all: written to a temporary name beside it,
     flushed, then renamed over it."""
-    # The owner's only, as the data dir is (settings.DATA_DIR_MODE): uploads are private.
-    root().mkdir(mode=settings.DATA_DIR_MODE, parents=True, exist_ok=True)
-    for folder in (path.parent.parent, path.parent):
-        folder.mkdir(mode=settings.DATA_DIR_MODE, exist_ok=True)
+    # The owner's only, as the data dir is (0700): uploads are private.
+    make_private(path.parent)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, settings.DATA_FILE_MODE)

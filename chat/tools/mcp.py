@@ -249,14 +249,12 @@ class Connection:
         policy: sandbox.Policy,
         *,
         home: Path,
-        workspace: Path | None = None,
         key: Key | None = None,
     ) -> None:
         self.config = config
         self.policy = policy
-        # A stdio server's $HOME, and the workspace it mounts (None: none).
+        # A stdio server's $HOME.
         self.home = home
-        self.workspace = workspace
         self.key = key or config.key(None)
         self.session: ClientSession | None = None
         self.tools: list[types.Tool] | None = None
@@ -349,11 +347,7 @@ class Connection:
         seccomp: int | None = None
         variables: int | None = None
         if not self.policy.unsandboxed:
-            if sandbox.private_network(self.policy):
-                network = sandbox.Network(self.policy)
-            if (program := sandbox.setid_filter()) is not None:
-                seccomp = sandbox.program_fd(program)
-            argv = sandbox.command(self.policy, cwd, argv, network, seccomp, binds=binds)
+            argv, network, seccomp = sandbox.wrapped(self.policy, cwd, argv, binds=binds)
             # The server's own variables are set inside the sandbox, never in bwrap's
             # environment: there LD_PRELOAD (say) would run code on the host, before any
             # namespace. Read from a descriptor, so no other user's `ps` shows them.
@@ -417,10 +411,11 @@ class Connection:
         never the workspace: what a tab's shell plants there would run in the server at
         its next start (a .pth or usercustomize in ~/.local, an .npmrc or node_modules
         where npx starts)."""
-        home = _made_private(self.home)
+        files.make_private(home := self.home)
         binds: tuple[tuple[Path, Path], ...] = ()
-        if self.workspace is not None:
-            workspace = files.ensure_workspace(self.workspace)
+        # The user whose workspace it mounts (config.key), if any.
+        if (mounted := self.key[1]) is not None:
+            workspace = files.ensure_workspace(workdir.user_workspace(mounted))
             if home.resolve().is_relative_to(workspace):
                 raise Unreachable(f"its home {home} is inside the workspace it would mount")
             binds = ((workspace, MCP_WORKSPACE),)
@@ -798,17 +793,6 @@ class _Leader:
                 await asyncio.sleep(shell.GROUP_POLL_INTERVAL)
 
 
-def _made_private(path: Path) -> Path:
-    """`path` made if missing, with every folder from the data directory's `mcp` down to it
-    closed to other users (0700): a server keeps tokens and caches in its home."""
-    top = Path(settings.DATA_DIR) / "mcp"
-    for folder in [*reversed(path.relative_to(top).parents), path.relative_to(top)]:
-        where = top / folder
-        where.mkdir(mode=0o700, exist_ok=True)
-        where.chmod(0o700)
-    return path
-
-
 def home_of(config: ServerConfig, owner_id: int | None) -> Path:
     """A stdio server's $HOME under the data directory: never in a workspace, one per
     server, and per user for one that mounts the workspace (its files may hold theirs)."""
@@ -875,14 +859,11 @@ def _pool() -> _Pool:
 
 
 def _new_connection(config: ServerConfig, owner_id: int | None = None) -> Connection:
-    key = config.key(owner_id)
-    mounted = key[1]
     return Connection(
         config,
         sandbox.policy_from(settings),
         home=home_of(config, owner_id),
-        workspace=None if mounted is None else workdir.user_workspace(mounted),
-        key=key,
+        key=config.key(owner_id),
     )
 
 

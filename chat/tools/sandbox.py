@@ -625,6 +625,19 @@ def _base_args(policy: Policy, *, private: bool = False) -> tuple[list[str], lis
     return args, exposed
 
 
+def wrapped(
+    policy: Policy, root: Path, argv: Sequence[str], **where: Any
+) -> tuple[list[str], Network | None, int | None]:
+    """`argv` made to run in the sandbox (command, `where` its keywords): the bwrap
+    command line, the private network to start once bwrap runs (None: none), and the
+    seccomp program's descriptor (None: no libseccomp). The caller passes both to the
+    child, then closes them."""
+    network = Network(policy) if private_network(policy) else None
+    program = setid_filter()
+    seccomp = program_fd(program) if program is not None else None
+    return command(policy, root, argv, network, seccomp, **where), network, seccomp
+
+
 def command(
     policy: Policy,
     root: Path,

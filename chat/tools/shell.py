@@ -280,12 +280,8 @@ async def run_shell(
         verdict = await asyncio.to_thread(sandbox.check, policy)
         if not verdict.available:
             return ToolOutcome(verdict.problem, is_error=True)
-        if sandbox.private_network(policy):
-            network = sandbox.Network(policy)
-        if (program := sandbox.setid_filter()) is not None:
-            seccomp = sandbox.program_fd(program)
-        argv = sandbox.command(
-            policy, root, argv, network, seccomp, root_fd=root_fd, workspace=workspace
+        argv, network, seccomp = sandbox.wrapped(
+            policy, root, argv, root_fd=root_fd, workspace=workspace
         )
     try:
         return await _run(root, argv, on_output, timeout, policy, network, seccomp, root_fd)
