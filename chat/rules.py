@@ -354,7 +354,11 @@ def _decide(
     own = [rule for rule in rules if rule.applies_to(name)]
     if name == SHELL:
         shell = read_shell(arguments.get("command"))
-        why = shell.unprovable or shell.runs or _git_repository_runs(shell, repository)
+        why = shell.unprovable or shell.runs
+        if not why and any(rule.spec is not None for rule in own):
+            # Only a rule with a specifier reads the command: no need to read git's
+            # settings (a few git processes) for the others.
+            why = _git_repository_runs(shell, repository)
         main = _judge(own, shell.parts, why) if own else None
         if main is not None and main.action == DENY:
             return main
