@@ -211,7 +211,7 @@ def _results_shown_alone(
     The page below shows them on their own, since their cards were not on it: the
     older page nests them in their cards and takes them from where they were.
     """
-    calls = [i for i in items if i.type == Kind.TOOL_CALL and not i.answered]
+    calls = [i for i in items if isinstance(i, chat_render.ToolCall) and not i.answered]
     if not calls:
         return []
     slots = {call.slot for call in calls}
@@ -222,7 +222,12 @@ def _results_shown_alone(
         turn_id__in={call.turn_id for call in calls},
         step__in={call.step for call in calls},
     ).order_by("seq")
-    return [r for r in results if chat_render.Item.of(r).slot in slots]
+    return [
+        row
+        for row in results
+        if isinstance(result := chat_render.present(row), chat_render.ToolResult)
+        and result.slot in slots
+    ]
 
 
 @login_required
