@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import nh3
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
+from markdown_it.renderer import RendererHTML
+from markdown_it.token import Token
+from markdown_it.utils import EnvType, OptionsDict
 from pygments import highlight as pygments_highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
@@ -36,7 +40,9 @@ def _highlight(code: str, lang: str, _attrs: str) -> str:
     return pygments_highlight(code, lexer, _formatter)
 
 
-def _image_as_link(self, tokens, idx, options, env) -> str:
+def _image_as_link(
+    self: RendererHTML, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType
+) -> str:
     # A remote image loads by itself: a model (or a page it read) could leak
     # the conversation through the image URL. A link needs a click.
     token = tokens[idx]
@@ -53,7 +59,9 @@ ALIGN_CLASSES = {
 }
 
 
-def _cell_align_class(self, tokens, idx, options, env) -> str:
+def _cell_align_class(
+    self: RendererHTML, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType
+) -> str:
     token = tokens[idx]
     style = token.attrs.pop("style", None)
     if style in ALIGN_CLASSES:
@@ -69,11 +77,15 @@ CODE_COPY = (
 )
 
 
-def _fence_with_copy(self, tokens, idx, options, env) -> str:
+def _fence_with_copy(
+    self: RendererHTML, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType
+) -> str:
     return CODE_COPY + self.fence(tokens, idx, options, env) + "</div>\n"
 
 
-def _code_block_with_copy(self, tokens, idx, options, env) -> str:
+def _code_block_with_copy(
+    self: RendererHTML, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType
+) -> str:
     return CODE_COPY + self.code_block(tokens, idx, options, env) + "</div>\n"
 
 

@@ -216,8 +216,8 @@ class Notice(Item):
         """The parent tab at the cut, for a `forked` notice ("" when its data is not one)."""
         try:
             tab_id = uuid.UUID(str(self.data.get("from_tab")))
-            at_seq = int(self.data.get("at_seq"))
-        except (TypeError, ValueError):
+            at_seq = int(self.data["at_seq"])
+        except (KeyError, TypeError, ValueError):
             return ""
         url = reverse("tab", args=[tab_id])
         # The tab page's ?seq= starts at 1: a cut before the first message shows that one.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from chat.render.cards import ToolCall, ToolResult
@@ -23,7 +24,7 @@ def mark_page(
     last_answer: int | None = None,
     resumable: int | None = None,
     forks: Sequence[Fork] = (),
-    gone: set[str] = frozenset(),
+    gone: AbstractSet[str] = frozenset(),
 ) -> None:
     """What a page render offers on its chunks (the view knows the log around them):
     `cuts` (chat.cuts.valid_cuts of the page), the seq that ends the last answer, the seq of

@@ -6,6 +6,7 @@ from django.contrib.auth import get_user_model, login
 from django.contrib.auth import views as auth_views
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 
 from chat.forms import OwnerForm
@@ -38,7 +39,7 @@ def setup(request: HttpRequest) -> HttpResponse:
     return render(request, "chat/setup.html", {"form": form})
 
 
-def login_view(request: HttpRequest) -> HttpResponse:
+def login_view(request: HttpRequest) -> HttpResponseBase:
     if not get_user_model().objects.exists():
         return redirect("setup")
     return auth_views.LoginView.as_view(

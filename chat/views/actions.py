@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -19,10 +19,13 @@ from django_htmx.http import HttpResponseClientRedirect
 from chat import turns
 from chat.models import Tab
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 
 def _branch_view(
-    request: HttpRequest, tab_id: uuid.UUID, make: Callable[[Tab, int], turns.Branched]
+    request: AuthenticatedHttpRequest,
+    tab_id: uuid.UUID,
+    make: Callable[[Tab, int], turns.Branched],
 ) -> HttpResponse:
     """A branch made from the chunk `seq` of the tab: the page goes to it. A cut that
     cannot be made says why where the composer shows its errors, and changes nothing.
@@ -45,7 +48,7 @@ def _branch_view(
 @login_required
 @require_POST
 @common.tab_gone_is_404
-def tab_branch(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_branch(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """A new tab with this one's log up to and including `seq`."""
     return _branch_view(request, tab_id, turns.branch)
 
@@ -53,7 +56,7 @@ def tab_branch(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 @login_required
 @require_POST
 @common.tab_gone_is_404
-def tab_edit(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_edit(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Edit the user's message `seq`: a branch right before it, its text in the composer."""
     return _branch_view(request, tab_id, turns.edit)
 
@@ -61,7 +64,7 @@ def tab_edit(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 @login_required
 @require_POST
 @common.tab_gone_is_404
-def tab_regenerate(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_regenerate(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Answer again the question of the turn chunk `seq` is in, in a new branch."""
     return _branch_view(request, tab_id, turns.regenerate)
 
@@ -69,7 +72,7 @@ def tab_regenerate(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 @login_required
 @require_POST
 @common.tab_gone_is_404
-def tab_retry(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_retry(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Try again after the error chunk `seq`, in a new branch."""
     return _branch_view(request, tab_id, turns.retry)
 
@@ -77,7 +80,7 @@ def tab_retry(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 @login_required
 @require_POST
 @common.tab_gone_is_404
-def tab_continue(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_continue(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Continue the tab's interrupted last turn, here: the new turn shows over the socket."""
     tab = common.tab_for_user(request, tab_id)
     try:
@@ -92,7 +95,7 @@ def tab_continue(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 @login_required
 @require_POST
 @common.tab_gone_is_404
-def tab_compact(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_compact(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Compact the tab's context: through the turn of chunk `seq` ("summarise up to
     here"), or everything; it runs when no turn does, and shows over the socket."""
     tab = common.tab_for_user(request, tab_id)

@@ -9,8 +9,9 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
@@ -20,6 +21,7 @@ from chat.stream import Kind
 from chat.tools import files as workspace_files
 from chat.tools import workdir
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 # The approval form's answers: each names the call it answers.
 APPROVAL_ANSWERS = ("approve", "deny", "always_tab", "always_user")
@@ -27,7 +29,7 @@ APPROVAL_ANSWERS = ("approve", "deny", "always_tab", "always_user")
 
 @login_required
 @require_POST
-def tab_approve(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_approve(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Answer a pending approval: the button says approve=<call_id> or deny=<call_id>, or
     always_tab / always_user=<call_id>: approve it and add the call's rule
     (chat.rules.natural) to this tab or to all the user's tabs."""
@@ -52,7 +54,9 @@ def tab_approve(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     return HttpResponse(status=204)
 
 
-def _always_allow(request: HttpRequest, tab: Tab, call_id: str, source: str) -> dict[str, Any]:
+def _always_allow(
+    request: AuthenticatedHttpRequest, tab: Tab, call_id: str, source: str
+) -> dict[str, Any]:
     """Add the call's own rule for this tab or the user, unless a rule already allows the
     call or an ask or deny rule would still win over it. Returns what the runner logs."""
     call = (
@@ -83,7 +87,7 @@ def _always_allow(request: HttpRequest, tab: Tab, call_id: str, source: str) -> 
 
     with transaction.atomic():
         locked = Tab.objects.select_for_update().get(pk=tab.pk)
-        before = rules.decide(_rules_of(locked), name, arguments, resolve=resolve)
+        before = rules.decide(_rules_of(locked, request.user), name, arguments, resolve=resolve)
         if before is not None and before.action == rules.ALLOW:
             text = f"Approved; no rule added: {before.text} already allows this call"
         elif before is not None:
@@ -101,10 +105,11 @@ def _always_allow(request: HttpRequest, tab: Tab, call_id: str, source: str) -> 
     return {"text": text, "rule": note}
 
 
-def _rules_of(tab: Tab) -> list[rules.Rule]:
-    """The rules that decide the tab's calls, in order: its own, then its owner's."""
+def _rules_of(tab: Tab, owner: User) -> list[rules.Rule]:
+    """The rules that decide the tab's calls, in order: its own, then its owner's (the
+    user answering: a tab is only ever found with its owner)."""
     own, _ = rules.parse_all(tab.rules or [], source=rules.TAB)
-    rows = PermissionRule.objects.filter(user_id=tab.owner_id).values("action", "pattern")
+    rows = PermissionRule.objects.filter(user=owner).values("action", "pattern")
     users, _ = rules.parse_all(rows, source=rules.USER)
     return own + users
 
@@ -112,7 +117,7 @@ def _rules_of(tab: Tab) -> list[rules.Rule]:
 @login_required
 @require_POST
 @common.tab_gone_is_404
-def tab_rule_delete(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_rule_delete(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Remove one of the tab's own rules (the tab menu), named by its action and pattern."""
     tab = common.tab_for_user(request, tab_id)
     action, pattern = request.POST.get("action", ""), request.POST.get("pattern", "")

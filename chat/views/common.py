@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
@@ -19,7 +20,14 @@ from chat import sidebar
 from chat.models import Tab
 
 
-def tab_for_user(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
+class AuthenticatedHttpRequest(HttpRequest):
+    """A request past @login_required: its user is signed in, a User (for the type
+    checker; django-stubs types `request.user` as possibly anonymous)."""
+
+    user: User
+
+
+def tab_for_user(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> Tab:
     return get_object_or_404(Tab, pk=tab_id, owner=request.user)
 
 
@@ -37,11 +45,11 @@ def tab_gone_is_404(view: Callable[..., HttpResponse]) -> Callable[..., HttpResp
     return wrapper
 
 
-def sidebar_tabs(request: HttpRequest) -> list[Tab]:
+def sidebar_tabs(request: AuthenticatedHttpRequest) -> list[Tab]:
     return sidebar.tabs(request.user)
 
 
-def require_staff(request: HttpRequest) -> None:
+def require_staff(request: AuthenticatedHttpRequest) -> None:
     # Settings hold every user's API keys: only the install's staff may see them.
     if not request.user.is_staff:
         raise PermissionDenied("Only staff can change the settings.")

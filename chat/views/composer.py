@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_POST
@@ -13,16 +13,17 @@ from django.views.decorators.http import require_POST
 from chat import turns
 from chat.forms import MessageForm
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 
 @login_required
 @require_POST
 @common.tab_gone_is_404
-def tab_send(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_send(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = common.tab_for_user(request, tab_id)
     form = MessageForm(request.POST)
     if not form.is_valid():
-        return common.composer_error(request, tab, form.errors["text"][0], 422)
+        return common.composer_error(request, tab, str(form.errors["text"][0]), 422)
     untitled = not tab.title
     text = form.cleaned_data["text"]
     try:
@@ -42,7 +43,7 @@ def tab_send(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_POST
-def tab_stop(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_stop(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = common.tab_for_user(request, tab_id)
     try:
         turn_id = uuid.UUID(request.POST["turn"]) if request.POST.get("turn") else None

@@ -11,7 +11,6 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.http import (
     Http404,
-    HttpRequest,
     HttpResponse,
     HttpResponseBadRequest,
     StreamingHttpResponse,
@@ -27,6 +26,7 @@ from chat import render as chat_render
 from chat.models import Attachment, Blob, Chunk, Tab
 from chat.stream import Kind
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 # A tool output's plain-text view goes out in pieces of this many characters: an
 # imported log may hold a huge one, which is then never encoded whole at once.
@@ -36,7 +36,7 @@ OUTPUT_PIECE_CHARS = 64 * 1024
 @login_required
 @require_POST
 @csrf_exempt
-def tab_attachments(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_attachments(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Files for the composer (multipart, field `file`, several allowed): each checked
     and normalised, then all stored, or none (400, one line of plain text saying why).
     The answer is one tray item per file (chat/_attachment.html), whose hidden input
@@ -56,7 +56,7 @@ def tab_attachments(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 
 @csrf_protect
-def _tab_attachments(request: HttpRequest, tab: Tab) -> HttpResponse:
+def _tab_attachments(request: AuthenticatedHttpRequest, tab: Tab) -> HttpResponse:
     try:
         files = blobs.normalise_uploads(request.FILES.getlist("file"))
     except blobs.AttachmentError as exc:
@@ -97,7 +97,7 @@ BLOB_CSP = "default-src 'none'; img-src 'self'; sandbox"
 
 @login_required
 @require_GET
-def blob(request: HttpRequest, sha256: str) -> HttpResponse:
+def blob(request: AuthenticatedHttpRequest, sha256: str) -> HttpResponse:
     """An attachment's bytes, for a user one of whose tabs uses it (else 404): an image
     inline, anything else as a download under its name."""
     row, name = _owned_blob(request, sha256)
@@ -105,13 +105,14 @@ def blob(request: HttpRequest, sha256: str) -> HttpResponse:
     if data is None:
         raise Http404("That file is no longer stored.")
     response = HttpResponse(data, content_type=row.mime)
-    response["Content-Disposition"] = content_disposition_header(row.mime not in INLINE_TYPES, name)
+    as_download = row.mime not in INLINE_TYPES
+    response["Content-Disposition"] = content_disposition_header(as_download, name) or "inline"
     return _blob_headers(response)
 
 
 @login_required
 @require_GET
-def blob_thumb(request: HttpRequest, sha256: str) -> HttpResponse:
+def blob_thumb(request: AuthenticatedHttpRequest, sha256: str) -> HttpResponse:
     """An image attachment's thumbnail (chat.blobs.thumbnail), owner-checked as `blob`."""
     row, _ = _owned_blob(request, sha256)
     path = blobs.thumbnail(row)
@@ -120,7 +121,7 @@ def blob_thumb(request: HttpRequest, sha256: str) -> HttpResponse:
     return _blob_headers(HttpResponse(path.read_bytes(), content_type=row.mime))
 
 
-def _owned_blob(request: HttpRequest, sha256: str) -> tuple[Blob, str]:
+def _owned_blob(request: AuthenticatedHttpRequest, sha256: str) -> tuple[Blob, str]:
     """The blob and the name the user gave it; 404 unless one of their tabs uses it."""
     use = (
         Attachment.objects.filter(blob_id=sha256, tab__owner=request.user)
@@ -142,7 +143,9 @@ def _blob_headers(response: HttpResponse) -> HttpResponse:
 
 @login_required
 @require_GET
-def tab_chunk_output(request: HttpRequest, tab_id: uuid.UUID, seq: int) -> HttpResponse:
+def tab_chunk_output(
+    request: AuthenticatedHttpRequest, tab_id: uuid.UUID, seq: int
+) -> StreamingHttpResponse:
     """A tool result's output as plain text, whole: its card's "Full view" (the card's
     box scrolls). The tab's owner's only; any other chunk is a 404. nosniff: the output
     is whatever a command printed, and must never be taken for HTML."""

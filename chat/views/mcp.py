@@ -9,7 +9,7 @@ from asgiref.sync import async_to_sync
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -17,9 +17,10 @@ from django.views.decorators.http import require_POST
 from chat.models import McpServer
 from chat.tools import mcp
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 
-def require_superuser(request: HttpRequest) -> None:
+def require_superuser(request: AuthenticatedHttpRequest) -> None:
     # A stdio server is a program run on this machine: other staff only see the servers.
     if not request.user.is_superuser:
         raise PermissionDenied("Only superusers can add, change or remove MCP servers.")
@@ -36,7 +37,7 @@ def edited_server(server_id: str | None) -> McpServer | None:
 
 @login_required
 @require_POST
-def mcp_server_delete(request: HttpRequest, server_id: int) -> HttpResponse:
+def mcp_server_delete(request: AuthenticatedHttpRequest, server_id: int) -> HttpResponse:
     common.require_staff(request)
     require_superuser(request)
     server = get_object_or_404(McpServer, pk=server_id)
@@ -47,7 +48,7 @@ def mcp_server_delete(request: HttpRequest, server_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def mcp_server_test(request: HttpRequest, server_id: int) -> HttpResponse:
+def mcp_server_test(request: AuthenticatedHttpRequest, server_id: int) -> HttpResponse:
     """Connect to the server as saved (enabled or not), list its tools, disconnect; one
     that mounts the workspace mounts the tester's, as a tab of theirs would."""
     common.require_staff(request)

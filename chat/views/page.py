@@ -9,7 +9,7 @@ import uuid
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import F
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
@@ -19,6 +19,7 @@ from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, OFFLINE_MODEL
 from chat.models import Chunk, Tab
 from chat.stream import Kind, Role
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 # A tab's menu and its "⑂ N branches" controls list its first this many branches: a
 # tab branched more often than that is rare, and each branch is in the sidebar anyway.
@@ -27,7 +28,7 @@ MAX_BRANCHES_LISTED = 100
 
 @login_required
 @require_GET
-def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """The tab's latest page; with ?seq=N (a search result) the page around that chunk.
 
     A window that ends before the live end is detached, as after scrolling far
@@ -46,8 +47,9 @@ def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
             return HttpResponseBadRequest("?seq= must be at least 1.")
     # Half a page after the hit, the rest before it.
     end = hit + conf.page_size // 2 if hit is not None else None
-    detached = end is not None and end < tab.last_seq
-    chunks = log.page(tab.id, before=end + 1 if detached else None, limit=conf.page_size)
+    before = end + 1 if end is not None and end < tab.last_seq else None
+    detached = before is not None
+    chunks = log.page(tab.id, before=before, limit=conf.page_size)
     has_more, continues = log.page_bounds(tab.id, chunks)
     items, status = chat_render.page_items(chunks, lease.status(tab.id), continues=continues)
     branches = _branches(tab)
@@ -102,7 +104,8 @@ def _branches(tab: Tab) -> list[chat_render.Fork]:
         chat_render.Fork(
             id=row.tab_id,
             action=str((row.data or {}).get("action") or "branch"),
-            fork_seq=row.tab.fork_seq,
+            # The row is the branch's first chunk, right after its fork_seq.
+            fork_seq=row.seq - 1,
             created_at=row.tab.created_at,
         )
         for row in list(rows)[::-1]
@@ -232,7 +235,7 @@ def _results_shown_alone(
 
 @login_required
 @require_GET
-def tab_older(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_older(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """The page of chunks before `?before=<seq>`, and the trigger for the one before it."""
     tab = common.tab_for_user(request, tab_id)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
@@ -14,11 +14,12 @@ from django.views.decorators.http import require_http_methods, require_POST
 from chat.forms import OFFLINE_MODEL, ProfileForm, known_models
 from chat.models import Profile
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def profile_edit(request: HttpRequest, profile_id: int | None = None) -> HttpResponse:
+def profile_edit(request: AuthenticatedHttpRequest, profile_id: int | None = None) -> HttpResponse:
     """Add a profile, or change one (tabs made from it keep their copy)."""
     common.require_staff(request)
     profile = get_object_or_404(Profile, pk=profile_id) if profile_id is not None else None
@@ -39,7 +40,7 @@ def profile_edit(request: HttpRequest, profile_id: int | None = None) -> HttpRes
 
 @login_required
 @require_POST
-def profile_delete(request: HttpRequest, profile_id: int) -> HttpResponse:
+def profile_delete(request: AuthenticatedHttpRequest, profile_id: int) -> HttpResponse:
     common.require_staff(request)
     profile = get_object_or_404(Profile, pk=profile_id)
     profile.delete()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
@@ -14,11 +14,12 @@ from django.views.decorators.http import require_http_methods, require_POST
 from chat import rules
 from chat.models import PermissionRule
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def rules_view(request: HttpRequest) -> HttpResponse:
+def rules_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     """List the user's permission rules, and add one (a bad pattern is refused, saying why)."""
     if request.method != "POST":
         return _rules_page(request)
@@ -34,7 +35,7 @@ def rules_view(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def rule_delete(request: HttpRequest, rule_id: int) -> HttpResponse:
+def rule_delete(request: AuthenticatedHttpRequest, rule_id: int) -> HttpResponse:
     rule = PermissionRule.objects.filter(pk=rule_id, user=request.user).first()
     if rule is None:
         # Another user's rule looks exactly like one that never existed.
@@ -46,7 +47,7 @@ def rule_delete(request: HttpRequest, rule_id: int) -> HttpResponse:
 
 
 def _rules_page(
-    request: HttpRequest,
+    request: AuthenticatedHttpRequest,
     *,
     error: str = "",
     action: str = rules.ALLOW,

@@ -5,17 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from chat import search
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 
 @login_required
 @require_GET
-def search_view(request: HttpRequest) -> HttpResponse:
+def search_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     """The sidebar's search: hits as a fragment (htmx), or the page with them in its sidebar."""
     q = request.GET.get("q", "")
     context: dict[str, Any] = {"q": q, "hits": [], "search_error": "", "searched": bool(q.strip())}

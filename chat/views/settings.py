@@ -11,7 +11,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -34,12 +34,13 @@ from chat.models import ApiKey, McpServer, Profile, ProviderEndpoint, UsageRecor
 from chat.providers.registry import PROVIDERS, endpoint_now
 from chat.tools import mcp, sandbox
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 from chat.views.mcp import edited_server, require_superuser
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def settings_view(request: HttpRequest) -> HttpResponse:
+def settings_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     common.require_staff(request)
     period = request.GET.get("usage", usage.DEFAULT_PERIOD)
     if period not in usage.PERIODS:
@@ -100,7 +101,9 @@ def settings_view(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _settings_page(request: HttpRequest, period: str, forms: dict[str, Any]) -> dict[str, Any]:
+def _settings_page(
+    request: AuthenticatedHttpRequest, period: str, forms: dict[str, Any]
+) -> dict[str, Any]:
     """The Settings page's context around its forms (as posted, or fresh)."""
     labels = dict(key_providers())
     stored = set(ApiKey.objects.values_list("provider", flat=True))
@@ -170,7 +173,7 @@ def _provider_status(stored: set[str]) -> list[dict[str, Any]]:
 
 @login_required
 @require_POST
-def apikey_delete(request: HttpRequest, provider: str) -> HttpResponse:
+def apikey_delete(request: AuthenticatedHttpRequest, provider: str) -> HttpResponse:
     common.require_staff(request)
     deleted, _ = ApiKey.objects.filter(provider=provider).delete()
     if deleted:
@@ -180,7 +183,7 @@ def apikey_delete(request: HttpRequest, provider: str) -> HttpResponse:
     return redirect(reverse("settings"))
 
 
-def _endpoint_superuser(request: HttpRequest) -> None:
+def _endpoint_superuser(request: AuthenticatedHttpRequest) -> None:
     # The stored keys are sent to the endpoints: other staff only see where.
     if not request.user.is_superuser:
         raise PermissionDenied(
@@ -191,7 +194,7 @@ def _endpoint_superuser(request: HttpRequest) -> None:
 
 @login_required
 @require_POST
-def endpoint_delete(request: HttpRequest, provider: str) -> HttpResponse:
+def endpoint_delete(request: AuthenticatedHttpRequest, provider: str) -> HttpResponse:
     common.require_staff(request)
     _endpoint_superuser(request)
     deleted, _ = ProviderEndpoint.objects.filter(provider=provider).delete()

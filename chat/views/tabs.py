@@ -8,7 +8,7 @@ import uuid
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -16,11 +16,12 @@ from chat import blobs, log, preferences, turns
 from chat.forms import NewTabForm, RenameForm, TabModelForm, TabSystemPromptForm
 from chat.tools.workdir import BadWorkdir
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 
 @login_required
 @require_GET
-def home(request: HttpRequest) -> HttpResponse:
+def home(request: AuthenticatedHttpRequest) -> HttpResponse:
     tabs = common.sidebar_tabs(request)
     if tabs:
         return redirect("tab", tab_id=tabs[0].id)
@@ -29,7 +30,7 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def tab_new(request: HttpRequest) -> HttpResponse:
+def tab_new(request: AuthenticatedHttpRequest) -> HttpResponse:
     """A new tab: the sidebar's button posts nothing (the Settings page's defaults);
     GET is the form with a profile and a working directory."""
     form = NewTabForm(request.POST if request.method == "POST" else None)
@@ -50,7 +51,7 @@ def tab_new(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def tab_rename(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_rename(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = common.tab_for_user(request, tab_id)
     form = RenameForm(request.POST)
     if form.is_valid():
@@ -64,7 +65,7 @@ def tab_rename(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 @login_required
 @require_POST
 @common.tab_gone_is_404
-def tab_system_prompt(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_system_prompt(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     """A new tab's own system prompt: saved until its first message, refused after."""
     tab = common.tab_for_user(request, tab_id)
     form = TabSystemPromptForm(request.POST)
@@ -82,7 +83,7 @@ def tab_system_prompt(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def tab_delete(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_delete(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = common.tab_for_user(request, tab_id)
     if request.method == "POST":
         # A running turn must stop writing before its tab goes.
@@ -106,7 +107,7 @@ def tab_delete(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_POST
-def tab_model(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_model(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     tab = common.tab_for_user(request, tab_id)
     form = TabModelForm(request.POST, current=tab.model)
     if form.is_valid():

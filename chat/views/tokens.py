@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from chat.models import ApiToken
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 # ApiToken.name's column.
 API_TOKEN_NAME_MAX_CHARS = 100
@@ -20,7 +21,7 @@ API_TOKEN_NAME_MAX_CHARS = 100
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def api_tokens_view(request: HttpRequest) -> HttpResponse:
+def api_tokens_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     """List, and create, the user's own API tokens."""
     if request.method != "POST":
         return _api_tokens_page(request)
@@ -40,7 +41,7 @@ def api_tokens_view(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+def api_token_revoke(request: AuthenticatedHttpRequest, token_id: int) -> HttpResponse:
     """Revoke one of the user's own API tokens: the row goes, and the token with it."""
     token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
     if token is None:
@@ -53,7 +54,12 @@ def api_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
 
 
 def _api_tokens_page(
-    request: HttpRequest, *, new_token: str = "", error: str = "", name: str = "", status: int = 200
+    request: AuthenticatedHttpRequest,
+    *,
+    new_token: str = "",
+    error: str = "",
+    name: str = "",
+    status: int = 200,
 ) -> HttpResponse:
     context = {
         "tabs": common.sidebar_tabs(request),

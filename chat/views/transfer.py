@@ -6,18 +6,20 @@ import uuid
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpResponse, HttpResponseBadRequest
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods
 
 from chat import transfer
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 
 @login_required
 @require_GET
-def tab_export(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_export(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponseBase:
     """The tab as a download: ?format=jsonl (lossless, importable) or markdown."""
     tab = common.tab_for_user(request, tab_id)
     fmt = request.GET.get("format", "jsonl")
@@ -29,7 +31,7 @@ def tab_export(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 @csrf_exempt
-def tab_import(request: HttpRequest) -> HttpResponse:
+def tab_import(request: AuthenticatedHttpRequest) -> HttpResponse:
     """Upload a JSONL export as a new tab.
 
     The size is checked before anything reads the body, which is why the CSRF
@@ -42,7 +44,7 @@ def tab_import(request: HttpRequest) -> HttpResponse:
 
 
 @csrf_protect
-def _tab_import(request: HttpRequest) -> HttpResponse:
+def _tab_import(request: AuthenticatedHttpRequest) -> HttpResponse:
     if request.method == "GET":
         return _import_page(request, "")
     upload = request.FILES.get("file")
@@ -57,7 +59,7 @@ def _tab_import(request: HttpRequest) -> HttpResponse:
     return redirect("tab", tab_id=tab.id)
 
 
-def _import_page(request: HttpRequest, error: str, status: int = 200) -> HttpResponse:
+def _import_page(request: AuthenticatedHttpRequest, error: str, status: int = 200) -> HttpResponse:
     context = {
         "tabs": common.sidebar_tabs(request),
         "error": error,

@@ -5,10 +5,11 @@ each offers (enable, disable, run now, keep, delete).
 from __future__ import annotations
 
 import zoneinfo
+from dataclasses import dataclass
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -18,6 +19,7 @@ from chat import schedule, wakes
 from chat.forms import WakeForm
 from chat.models import Tab, Wake, WakeRun
 from chat.views import common
+from chat.views.common import AuthenticatedHttpRequest
 
 # Runs listed under each wake on the Wakes page, most recent first.
 WAKE_RUNS_SHOWN = 10
@@ -27,8 +29,19 @@ WAKE_RUNS_SHOWN = 10
 WAKE_TARGET_TABS = 200
 
 
+@dataclass(frozen=True)
+class ShownWake:
+    """A wake as its page lists it: the row, and what the page says of it."""
+
+    wake: Wake
+    when: str
+    every: str
+    expired: bool
+    recent: list[WakeRun]
+
+
 @login_required
-def wakes_view(request: HttpRequest) -> HttpResponse:
+def wakes_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     """The user's wakes, and a new one (each problem shown at its field)."""
     targets = list(
         Tab.objects.filter(owner=request.user).order_by("-updated_at")[:WAKE_TARGET_TABS]
@@ -47,7 +60,7 @@ def wakes_view(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def wake_action(request: HttpRequest, wake_id: int, action: str) -> HttpResponse:
+def wake_action(request: AuthenticatedHttpRequest, wake_id: int, action: str) -> HttpResponse:
     """enable, disable, run (now, once), keep (no expiry), delete."""
     wake = Wake.objects.filter(pk=wake_id, owner=request.user).first()
     if wake is None:
@@ -93,19 +106,26 @@ def _wake_when(wake: Wake) -> str:
     return f"{wake.next_run_at.astimezone(zone):%Y-%m-%d %H:%M %Z}"
 
 
-def _wakes_page(request: HttpRequest, form: WakeForm, status: int = 200) -> HttpResponse:
+def _wakes_page(
+    request: AuthenticatedHttpRequest, form: WakeForm, status: int = 200
+) -> HttpResponse:
     rows = list(
         Wake.objects.filter(owner=request.user).select_related("tab", "profile").order_by("id")
     )
     now = timezone.now()
-    for wake in rows:
-        wake.when = _wake_when(wake)
-        wake.every = schedule.every(wake.interval_seconds or 0)
-        wake.expired = wake.expires_at is not None and wake.expires_at <= now
-        wake.recent = list(wake.runs.select_related("tab")[:WAKE_RUNS_SHOWN])
+    shown = [
+        ShownWake(
+            wake=wake,
+            when=_wake_when(wake),
+            every=schedule.every(wake.interval_seconds or 0),
+            expired=wake.expires_at is not None and wake.expires_at <= now,
+            recent=list(wake.runs.select_related("tab")[:WAKE_RUNS_SHOWN]),
+        )
+        for wake in rows
+    ]
     context = {
         "tabs": common.sidebar_tabs(request),
-        "wakes": rows,
+        "wakes": shown,
         "form": form,
         "timezones": sorted(zoneinfo.available_timezones()),
     }
