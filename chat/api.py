@@ -48,9 +48,9 @@ from chat import (
     turns,
     usage,
 )
+from chat.chunks import Kind
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
-from chat.stream import Kind
 from chat.tools.workdir import BadWorkdir
 
 # A request body is a message or a small command; the largest, a message of

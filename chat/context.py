@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from chat.chunks import Kind, Role
 from chat.providers.base import (
     DocumentPart,
     ImagePart,
@@ -35,7 +36,7 @@ from chat.providers.base import (
     ToolSpec,
 )
 from chat.providers.registry import model_info
-from chat.stream import ChunkLike, Kind, Role
+from chat.stream import ChunkLike
 
 # A turn that would start with the context above this share of the window is
 # preceded by a compaction...

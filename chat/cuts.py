@@ -24,7 +24,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from chat.stream import ChunkLike, Kind, Role
+from chat.chunks import Kind, Role
+from chat.stream import ChunkLike
 
 
 class CutError(ValueError):

@@ -50,6 +50,7 @@ from itertools import islice
 from typing import Any, NamedTuple
 
 from chat import context
+from chat.chunks import Kind, Role
 from chat.providers.base import (
     DocumentPart,
     ImagePart,
@@ -61,7 +62,7 @@ from chat.providers.base import (
     ToolResultPart,
     upload_path,
 )
-from chat.stream import ChunkLike, Kind, Role
+from chat.stream import ChunkLike
 
 # Anthropic's tool_use id pattern is ^[a-zA-Z0-9_-]+$; OpenAI accepts it too.
 UNSAFE_ID_CHARS = re.compile(r"[^a-zA-Z0-9_-]")

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from chat.stream import ChunkLike, Kind, Role
+from chat.chunks import Kind, Role
+from chat.stream import ChunkLike
 
 NOTHING = "Nothing to continue: the last turn finished normally."
 EMPTY = "Nothing to continue: this tab has no turn yet."

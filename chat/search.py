@@ -44,7 +44,8 @@ from django.db.models.signals import pre_delete
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from chat.models import UNTITLED, ChunkType, Role, Tab
+from chat.chunks import Kind, Role
+from chat.models import UNTITLED, Tab
 
 TABLE = "chat_searchentry"
 FTS_TABLE = "chat_searchentry_fts"
@@ -72,11 +73,11 @@ SNIPPET_WORDS = 24
 
 SEARCHABLE_ROLES = (Role.USER, Role.ASSISTANT, Role.TOOL)
 SEARCHABLE_TYPES = (
-    ChunkType.TEXT,
-    ChunkType.THINKING,
-    ChunkType.TOOL_CALL,
-    ChunkType.TOOL_RESULT,
-    ChunkType.ERROR,
+    Kind.TEXT,
+    Kind.THINKING,
+    Kind.TOOL_CALL,
+    Kind.TOOL_RESULT,
+    Kind.ERROR,
 )
 
 # Snippet markers: control characters that never reach the index (`_clean`
@@ -123,16 +124,16 @@ def _argument_text(value: Any) -> str:
 
 def document(type: str, data: dict[str, Any]) -> str:
     """The indexed text of a chunk: "" for a chunk not indexed."""
-    if type in (ChunkType.TEXT, ChunkType.THINKING):
+    if type in (Kind.TEXT, Kind.THINKING):
         return _clean(str(data.get("text") or ""), TEXT_CHARS).strip()
-    if type == ChunkType.TOOL_CALL:
+    if type == Kind.TOOL_CALL:
         args = _argument_text(data.get("arguments") or {})
         return _clean(f"{data.get('name') or ''}\n{args}", ARGUMENT_CHARS).strip()
-    if type == ChunkType.TOOL_RESULT:
+    if type == Kind.TOOL_RESULT:
         output = [str(data.get(k) or "") for k in ("result", "shell_output")]
         body = "\n".join([str(data.get("name") or ""), *(o for o in output if o)])
         return _clean(body, RESULT_CHARS).strip()
-    if type == ChunkType.ERROR:
+    if type == Kind.ERROR:
         return _clean(str(data.get("message") or ""), TEXT_CHARS).strip()
     return ""
 

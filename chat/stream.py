@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from chat.chunks import Kind, Role, body_key
 from chat.providers.base import (
     ErrorEvent,
     Event,
@@ -32,23 +33,6 @@ from chat.providers.base import (
     ToolCallEvent,
     ToolResultEvent,
 )
-
-
-class Role:
-    USER = "user"
-    ASSISTANT = "assistant"
-    TOOL = "tool"
-    SYSTEM = "system"
-
-
-class Kind:
-    TEXT = "text"
-    THINKING = "thinking"
-    TOOL_CALL = "tool_call"
-    TOOL_RESULT = "tool_result"
-    ERROR = "error"
-    SYSTEM = "system"
-    COMPACTION = "compaction"
 
 
 class ChunkLike(Protocol):
@@ -284,7 +268,3 @@ class Reducer:
         if event.shell_output:
             data["shell_output"] = event.shell_output
         return self._single(Role.TOOL, Kind.TOOL_RESULT, data)
-
-
-def body_key(kind: str) -> str:
-    return "shell_output" if kind == Kind.TOOL_RESULT else "text"

@@ -44,8 +44,9 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from chat import blobs, history, log
+from chat.chunks import Kind, Role
 from chat.models import Chunk, Tab
-from chat.stream import Block, Kind, Role
+from chat.stream import Block
 
 FORMAT = "dispatch-tab"
 VERSION = 1
