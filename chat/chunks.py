@@ -10,8 +10,10 @@ end to end (the JSONField reads and writes it, the reducer builds it, ops and
 checkpoints carry it, history and the pages read it), and the log, the requests and
 the pages must stay byte for byte what they are. A TypedDict is that dict, only
 described: nothing is converted at any boundary, no key is renamed or reordered, and
-a type checker still checks every key read against its shape (`cast` the row's
-`data` to the shape its role and kind name). A class would have to be built from the
+a type checker still checks every key against its shape: a writer builds the data
+with the shape's constructor (`ToolCall(call_id=..., ...)`, a plain dict with the keys
+in the order given) and stores `untyped(data)`; a reader `cast`s the row's `data` to
+the shape its role and kind name. A class would have to be built from the
 dict and turned back into one wherever the data crosses a boundary, and would drop or
 reorder keys it does not know (system and error chunks carry open sets of them).
 The shapes are also the import's schema: `check_data` derives each key's JSON type and
@@ -100,10 +102,21 @@ class SystemKind:
     ENDINGS: Final = frozenset({CANCELLED, INTERRUPTED, OUTPUT_LIMIT, CONTEXT_LIMIT, STEP_LIMIT})
 
 
+class OriginKind:
+    """Who sent a message other than its user at the composer (UserText's `origin`)."""
+
+    WAKE: Final = "wake"
+    # A parent tab's `agent` call: the message is its sub-agent's prompt.
+    AGENT: Final = "agent"
+
+    ALL: Final = (WAKE, AGENT)
+
+
 # --- The shapes of `data` -------------------------------------------------------------
 # Key order in each class is the order the import checks them in. A key's annotation
-# is its JSON type: str, bool, int, float (any JSON number), list[...] (an array) or
-# dict[...] (an object). What is inside an array or object is its reader's to check.
+# is its JSON type: str, bool, int, float (any JSON number), list[...] (an array),
+# dict[...] or a TypedDict (an object). What is inside an array or object is its
+# reader's to check.
 
 
 class FileRef(TypedDict, total=False):
@@ -121,15 +134,29 @@ class FileRef(TypedDict, total=False):
     path: str
 
 
+class Origin(TypedDict, total=False):
+    """Who sent a message (QueuedMessage.origin, kept in its user chunk)."""
+
+    kind: str  # an OriginKind
+    # A wake's: which wake and time (recovery's dedup key), and what the page shows.
+    wake_id: int
+    scheduled_for: str
+    name: str
+    timezone: str
+    # A sub-agent's prompt: the parent tab and its `agent` call.
+    parent_tab: str
+    call_id: str
+    # A Wake.Approval: "deny" answers every call needing approval without asking.
+    approval: str
+
+
 class UserText(TypedDict):
     text: str
     interrupted: NotRequired[bool]
     # Before the text in the request (chat.history).
     attachments: NotRequired[list[FileRef]]
-    # Who sent it when not the user at the composer (QueuedMessage.origin):
-    # {kind: wake, wake_id, scheduled_for, name, timezone, approval} or
-    # {kind: agent, parent_tab, call_id, approval}.
-    origin: NotRequired[dict[str, Any]]
+    # Absent when the user sent it from the composer.
+    origin: NotRequired[Origin]
 
 
 class AssistantText(TypedDict):
@@ -238,6 +265,12 @@ SHAPES: Final[Mapping[tuple[str, str], type[Any]]] = {
 OPEN_SHAPES: Final = frozenset({(Role.ASSISTANT, Kind.ERROR), (Role.SYSTEM, Kind.SYSTEM)})
 
 
+def untyped(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` (a TypedDict of this module) itself, no copy, as the dict a Block or a
+    Chunk row holds: a type checker takes a TypedDict for a read-only Mapping only."""
+    return typing.cast(dict[str, Any], data)
+
+
 def body_key(kind: str) -> str:
     """The key of the body a block of `kind` streams into: text, thinking, live output."""
     return "shell_output" if kind == Kind.TOOL_RESULT else "text"
@@ -262,11 +295,13 @@ _JSON_NAMES: Final[Mapping[type, str]] = {
 
 
 def _json_type(annotation: Any) -> type:
-    """The JSON type an annotation of a shape stands for (list[X] -> list)."""
-    outer = typing.get_origin(annotation) or annotation
+    """The JSON type an annotation of a shape stands for (list[X] -> list, a TypedDict
+    -> dict)."""
+    outer = dict if typing.is_typeddict(annotation) else typing.get_origin(annotation)
+    outer = outer or annotation
     if outer not in _JSON_NAMES:
         raise TypeError(f"{annotation!r} is not a JSON type a shape may use")
-    return outer
+    return typing.cast(type, outer)
 
 
 def _fields(shape: type[Any]) -> tuple[tuple[str, type, bool], ...]:

@@ -22,7 +22,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
 from django.db import models
 
-from chat.chunks import Kind, Role
+from chat import chunks
 
 # What a tab without a title is called (until its first message names it).
 UNTITLED = "New tab"
@@ -104,8 +104,8 @@ class Chunk(models.Model):
     seq = models.BigIntegerField()
     turn_id = models.UUIDField(null=True, blank=True, db_index=True)
     step = models.PositiveIntegerField(default=0)
-    role = models.CharField(max_length=16, choices=_choices(Role.ALL))
-    type = models.CharField(max_length=16, choices=_choices(Kind.ALL))
+    role = models.CharField(max_length=16, choices=_choices(chunks.Role.ALL))
+    type = models.CharField(max_length=16, choices=_choices(chunks.Kind.ALL))
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -676,7 +676,10 @@ def agent_children(
     if old:
         first: dict[str, int] = {}
         rows = Chunk.objects.filter(
-            tab_id=parent_id, type="tool_call", data__name="agent", data__call_id__in=list(old)
+            tab_id=parent_id,
+            type=chunks.Kind.TOOL_CALL,
+            data__name="agent",
+            data__call_id__in=list(old),
         ).values_list("data__call_id", "seq")
         for call_id, seq in rows:
             first[call_id] = min(seq, first.get(call_id, seq))

@@ -37,14 +37,23 @@ import unicodedata
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection
 from django.db.models.signals import pre_delete
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from chat.chunks import Kind, Role
+from chat.chunks import (
+    AssistantText,
+    Error,
+    Kind,
+    Role,
+    Thinking,
+    ToolCall,
+    ToolResult,
+    UserText,
+)
 from chat.models import UNTITLED, Tab
 
 TABLE = "chat_searchentry"
@@ -125,16 +134,19 @@ def _argument_text(value: Any) -> str:
 def document(type: str, data: dict[str, Any]) -> str:
     """The indexed text of a chunk: "" for a chunk not indexed."""
     if type in (Kind.TEXT, Kind.THINKING):
-        return _clean(str(data.get("text") or ""), TEXT_CHARS).strip()
+        text = cast(UserText | AssistantText | Thinking, data).get("text")
+        return _clean(str(text or ""), TEXT_CHARS).strip()
     if type == Kind.TOOL_CALL:
-        args = _argument_text(data.get("arguments") or {})
-        return _clean(f"{data.get('name') or ''}\n{args}", ARGUMENT_CHARS).strip()
+        call = cast(ToolCall, data)
+        args = _argument_text(call.get("arguments") or {})
+        return _clean(f"{call.get('name') or ''}\n{args}", ARGUMENT_CHARS).strip()
     if type == Kind.TOOL_RESULT:
-        output = [str(data.get(k) or "") for k in ("result", "shell_output")]
-        body = "\n".join([str(data.get("name") or ""), *(o for o in output if o)])
+        result = cast(ToolResult, data)
+        output = [str(result.get("result") or ""), str(result.get("shell_output") or "")]
+        body = "\n".join([str(result.get("name") or ""), *(o for o in output if o)])
         return _clean(body, RESULT_CHARS).strip()
     if type == Kind.ERROR:
-        return _clean(str(data.get("message") or ""), TEXT_CHARS).strip()
+        return _clean(str(cast(Error, data).get("message") or ""), TEXT_CHARS).strip()
     return ""
 
 

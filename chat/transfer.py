@@ -35,7 +35,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from asgiref.sync import sync_to_async
 from django.db import connection
@@ -44,7 +44,23 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from chat import blobs, history, log
-from chat.chunks import Kind, Role, ShapeError, check_data, check_kind, json_kind, must_be
+from chat.chunks import (
+    AssistantText,
+    Compaction,
+    Error,
+    Kind,
+    Role,
+    ShapeError,
+    SystemNotice,
+    Thinking,
+    ToolCall,
+    ToolResult,
+    UserText,
+    check_data,
+    check_kind,
+    json_kind,
+    must_be,
+)
 from chat.models import Chunk, Tab
 from chat.stream import Block
 
@@ -196,41 +212,45 @@ def markdown_chunk(chunk: Any) -> str:
     data = chunk.data
     match chunk.type:
         case Kind.TEXT:
-            text = data.get("text", "")
+            text = cast(UserText | AssistantText, data).get("text", "")
             return (f"{text.rstrip()}\n\n" if text.strip() else "") + _attachment_list(data)
         case Kind.THINKING:
-            text = data.get("text", "")
+            text = cast(Thinking, data).get("text", "")
             if not text.strip():
                 return "*Reasoning not shown by the provider.*\n\n"
             return f"<details><summary>Thinking</summary>\n\n{text.rstrip()}\n\n</details>\n\n"
         case Kind.TOOL_CALL:
-            arguments = json.dumps(data.get("arguments") or {}, ensure_ascii=False, indent=2)
+            call = cast(ToolCall, data)
+            arguments = json.dumps(call.get("arguments") or {}, ensure_ascii=False, indent=2)
             return (
-                f"**Tool call** {_code(str(data.get('name', '')))}\n\n"
+                f"**Tool call** {_code(str(call.get('name', '')))}\n\n"
                 + fenced(arguments, "json", limit=MARKDOWN_TOOL_CHARS)
                 + "\n"
             )
         case Kind.TOOL_RESULT:
-            name = _code(str(data.get("name", "")))
-            if "result" in data:
-                label = "Error from" if data.get("is_error") else "Result of"
-                body = str(data["result"])
+            result = cast(ToolResult, data)
+            name = _code(str(result.get("name", "")))
+            if "result" in result:
+                label = "Error from" if result.get("is_error") else "Result of"
+                body = str(result["result"])
             else:
-                label, body = "Output so far (no result) of", data.get("shell_output", "")
+                label, body = "Output so far (no result) of", result.get("shell_output", "")
             return f"**{label}** {name}\n\n" + fenced(body, "", limit=MARKDOWN_TOOL_CHARS) + "\n"
         case Kind.ERROR:
-            status = data.get("status_code")
+            error = cast(Error, data)
+            status = error.get("status_code")
             prefix = f"Error {status}" if status else "Error"
-            return f"*{prefix}: {_italic(str(data.get('message', '')))}*\n\n"
+            return f"*{prefix}: {_italic(str(error.get('message', '')))}*\n\n"
         case Kind.SYSTEM:
-            kind = str(data.get("kind", "")).replace("-", " ").capitalize() or "Notice"
-            return f"*{_italic(kind)}: {_italic(str(data.get('text', '')))}*\n\n"
+            notice = cast(SystemNotice, data)
+            kind = str(notice.get("kind", "")).replace("-", " ").capitalize() or "Notice"
+            return f"*{_italic(kind)}: {_italic(str(notice.get('text', '')))}*\n\n"
         case Kind.COMPACTION:
             return _compaction(data)
     return f"*A chunk of unknown type {_italic(chunk.type)}.*\n\n"
 
 
-def _compaction(data: dict[str, Any]) -> str:
+def _compaction(data: Compaction) -> str:
     """A compaction as a notice, its summary (the model's Markdown) folded under it."""
     what = [f"through #{data.get('through_seq')}"]
     if data.get("trigger"):

@@ -68,10 +68,11 @@ def fields(pair: tuple[str, str]) -> list[tuple[str, type, bool]]:
     """(key, JSON type, required) of a shape, read from the TypedDict here too."""
     shape = SHAPES[pair]
     hints = typing.get_type_hints(shape)
-    return [
-        (key, typing.get_origin(hint) or hint, key in shape.__required_keys__)
-        for key, hint in hints.items()
-    ]
+    return [(key, _outer(hint), key in shape.__required_keys__) for key, hint in hints.items()]
+
+
+def _outer(hint: Any) -> type:
+    return dict if typing.is_typeddict(hint) else typing.get_origin(hint) or hint
 
 
 def where(pair: tuple[str, str]) -> str:
