@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chat.chunks import Role
+from chat.chunks import Kind, Role
 from chat.providers.base import (
     Event,
     Finish,
@@ -113,13 +113,13 @@ class OfflineProvider:
         plan = make_plan(request)
         delay = 1 / self.pace if self.pace else 0.0
         output = 0
-        for kind, text in (("thinking", plan.thinking), ("text", plan.text)):
+        for kind, text in ((Kind.THINKING, plan.thinking), (Kind.TEXT, plan.text)):
             for token in TOKEN_RE.findall(text):
                 if delay:
                     await asyncio.sleep(delay)
                 output += 1
-                yield ReasoningDelta(token) if kind == "thinking" else TextDelta(token)
-            if kind == "thinking":
+                yield ReasoningDelta(token) if kind == Kind.THINKING else TextDelta(token)
+            if kind == Kind.THINKING:
                 yield ReasoningEnd()
         prefix = call_id_prefix(request)
         for i, call in enumerate(plan.calls):
