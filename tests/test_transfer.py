@@ -493,6 +493,16 @@ CHUNK_CASES = [
         "unknown field(s) in the data of this text chunk (user): colour",
     ),
     (1, {"data": ["text"]}, "data must be a JSON object, not an array"),
+    (
+        1,
+        {"data": {"text": "x", "attachments": "a.png"}},
+        "the data of this text chunk (user): 'attachments' must be an array, not a string",
+    ),
+    (
+        1,
+        {"data": {"text": "x", "origin": "wake"}},
+        "the data of this text chunk (user): 'origin' must be an object, not a string",
+    ),
     (1, {"step": -1}, "step -1 is out of range"),
     (1, {"step": 1.5}, "step must be an integer, not a number"),
     (1, {"turn_id": "not-a-uuid"}, "turn_id is not a UUID: 'not-a-uuid'"),
