@@ -207,12 +207,12 @@ class QueuedMessage(models.Model):
     def chunk_data(self) -> dict[str, Any]:
         """Its user chunk's data: the text, its files and who sent it (a wake, a parent
         agent) when it has them."""
-        data: dict[str, Any] = {"text": self.text}
+        data = chunks.UserText(text=self.text)
         if self.attachments:
             data["attachments"] = self.attachments
         if self.origin:
             data["origin"] = self.origin
-        return data
+        return chunks.untyped(data)
 
     @property
     def label(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import typing
 import uuid
 from typing import Any
@@ -266,3 +268,15 @@ def test_what_the_reducer_writes_has_its_shape():
 def test_body_keys():
     assert chunks.body_key(Kind.TOOL_RESULT) == "shell_output"
     assert chunks.body_key(Kind.TEXT) == chunks.body_key(Kind.THINKING) == "text"
+
+
+def test_the_module_is_pure():
+    """No Django and nothing else of chat's: every layer may import it."""
+    code = (
+        "import sys, chat.chunks; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'chat')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "['chat', 'chat.chunks']"
