@@ -25,15 +25,17 @@ from chat.chunks import (
     ChunkData,
     Error,
     FileRef,
-    Kind,
-    Role,
     SystemNotice,
     Thinking,
     ToolCall,
     ToolResult,
-    body_key,
     untyped,
 )
+
+# Defined in chat.chunks; re-exported for the modules that import them from here.
+from chat.chunks import Kind as Kind
+from chat.chunks import Role as Role
+from chat.chunks import body_key as body_key
 from chat.providers.base import (
     ErrorEvent,
     Event,
