@@ -56,6 +56,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m lint.sizes
 	DISPATCH_DATA_DIR=$(CURDIR)/.mypy_cache/django-data SECRET_KEY=type-check $(VENV)/bin/mypy
 
 bench: $(VENV)/.installed chromium bubblewrap

@@ -31,6 +31,7 @@ from pygments.lexers import JsonLexer
 
 from chat import log, schedule, usage, wakes
 from chat import render as chat_render
+from chat.chunks import Kind
 from chat.forms import (
     McpServerForm,
     ProfileForm,
@@ -43,7 +44,6 @@ from chat.models import (
     ApiKey,
     ApiToken,
     Chunk,
-    ChunkType,
     McpServer,
     Profile,
     ProviderEndpoint,
@@ -104,21 +104,21 @@ def payload_preview(chunk_type: str, data: Any, limit: int = PREVIEW_CHARS) -> s
     """One line that says what the chunk holds, cut to `limit` characters."""
     if not isinstance(data, dict):
         line = json.dumps(data, ensure_ascii=False)
-    elif chunk_type in (ChunkType.TEXT, ChunkType.THINKING):
+    elif chunk_type in (Kind.TEXT, Kind.THINKING):
         line = data.get("text") or ""
-        if not line and chunk_type == ChunkType.THINKING:
+        if not line and chunk_type == Kind.THINKING:
             line = "[redacted thinking]" if data.get("redacted_data") else "[signature only]"
-    elif chunk_type == ChunkType.TOOL_CALL:
+    elif chunk_type == Kind.TOOL_CALL:
         line = f"{data.get('name', '?')}({_compact(data.get('arguments', {}))})"
-    elif chunk_type == ChunkType.TOOL_RESULT:
+    elif chunk_type == Kind.TOOL_RESULT:
         result = data.get("result")
         body = result if isinstance(result, str) else _compact(result)
         mark = "error: " if data.get("is_error") else ""
         line = f"{data.get('name', '?')} → {mark}{body}"
-    elif chunk_type == ChunkType.ERROR:
+    elif chunk_type == Kind.ERROR:
         status = data.get("status_code")
         line = f"[{status}] {data.get('message', '')}" if status else str(data.get("message", ""))
-    elif chunk_type == ChunkType.SYSTEM:
+    elif chunk_type == Kind.SYSTEM:
         line = f"{data.get('kind', '?')}: {data.get('text', '')}"
     else:
         line = _compact(data)

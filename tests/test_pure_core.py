@@ -14,6 +14,7 @@ import sys
 from harness.servers import ROOT
 
 PURE = (
+    "chat.chunks",
     "chat.stream",
     "chat.history",
     "chat.cuts",
