@@ -44,6 +44,7 @@ import re
 import stat
 from contextlib import ExitStack
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from chat.tools.base import ImageFile, ToolError, ToolOutcome, display_name
 
@@ -485,7 +486,7 @@ def read_file(
             raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
 
 
-def _read_image(f, shown: str, size: int) -> ToolOutcome:
+def _read_image(f: BinaryIO, shown: str, size: int) -> ToolOutcome:
     if size > READ_IMAGE_MAX_BYTES:
         raise ToolError(
             f"{shown}: an image of {size} bytes, more than the {READ_IMAGE_MAX_BYTES} an "
@@ -510,7 +511,7 @@ def _check_readable(info: os.stat_result | None, shown: str) -> None:
         raise ToolError(f"{shown}: not a regular file")
 
 
-def _read_lines(f, shown: str, size: int, offset: int, limit: int) -> ToolOutcome:
+def _read_lines(f: BinaryIO, shown: str, size: int, offset: int, limit: int) -> ToolOutcome:
     if b"\x00" in f.read(BINARY_SNIFF_BYTES):
         raise ToolError(
             f"{shown}: looks like a binary file ({size} bytes); inspect it with the shell tool"
@@ -523,9 +524,9 @@ def _read_lines(f, shown: str, size: int, offset: int, limit: int) -> ToolOutcom
             )
     pieces: list[bytes] = []
     used = 0
-    shown = 0
+    lines = 0
     cut = False
-    while shown < limit:
+    while lines < limit:
         budget = READ_MAX_BYTES - used
         if budget == 0:
             break
@@ -538,15 +539,15 @@ def _read_lines(f, shown: str, size: int, offset: int, limit: int) -> ToolOutcom
             break
         pieces.append(line)
         used += len(line)
-        shown += 1
+        lines += 1
     more = cut or bool(f.read(1))
     text = b"".join(pieces).decode("utf-8", errors="replace")
-    if shown == 0 and not cut:
+    if lines == 0 and not cut:
         return ToolOutcome("(empty file)", is_error=False)
     if not more:
         return ToolOutcome(text, is_error=False)
-    last = offset + shown - 1
-    if cut and shown == 0:
+    last = offset + lines - 1
+    if cut and lines == 0:
         note = (
             f"[truncated: line {offset} alone is longer than {READ_MAX_BYTES // 1024} KiB; "
             "read it in pieces with the shell tool (e.g. head -c, cut -c)]"
@@ -562,7 +563,7 @@ def _read_lines(f, shown: str, size: int, offset: int, limit: int) -> ToolOutcom
     return ToolOutcome(text + separator + note, is_error=False, truncated=True)
 
 
-def _skip_line(f) -> bool:
+def _skip_line(f: BinaryIO) -> bool:
     """Read past one line; False when the file had already ended."""
     started = False
     while True:

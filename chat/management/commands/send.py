@@ -37,7 +37,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from chat import blobs, bus, lease, startup, turns
 from chat.chunks import Kind, Role, SystemKind
@@ -49,7 +49,7 @@ from chat.worker import run_worker
 class Command(BaseCommand):
     help = "Send a message to a tab and stream the turn to the terminal."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         target = parser.add_mutually_exclusive_group(required=True)
         target.add_argument("--tab", help="id of an existing tab")
         target.add_argument("--new", action="store_true", help="create a new tab")
@@ -84,7 +84,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("message", nargs="?")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         _check_arguments(options)
         startup.check()
         files = _read_files(options["attach"])
@@ -105,7 +105,7 @@ class Command(BaseCommand):
         if failure is not None:
             raise CommandError(failure)
 
-    def _tab(self, options) -> Tab:
+    def _tab(self, options: dict[str, Any]) -> Tab:
         model = options["model"]
         if options["new"]:
             owner = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
@@ -126,7 +126,12 @@ class Command(BaseCommand):
         return tab
 
     async def _run(
-        self, tab: Tab, start: Callable[[], QueuedMessage], printer, *, echo: bool = False
+        self,
+        tab: Tab,
+        start: Callable[[], QueuedMessage],
+        printer: JsonPrinter | TextPrinter,
+        *,
+        echo: bool = False,
     ) -> str | None:
         """Queue the message `start` makes and follow its turn; `echo` prints the
         message first (one the user did not type: a continue)."""
@@ -150,7 +155,14 @@ class Command(BaseCommand):
                 worker.cancel()
                 await asyncio.gather(worker, return_exceptions=True)
 
-    async def _follow(self, layer, channel, tab, queued_id, printer) -> str | None:
+    async def _follow(
+        self,
+        layer: Any,
+        channel: str,
+        tab: Tab,
+        queued_id: int,
+        printer: JsonPrinter | TextPrinter,
+    ) -> str | None:
         """Print the turn's ops until it is idle; why it failed, or None."""
         taken = False
         failure: str | None = None
