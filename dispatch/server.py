@@ -126,7 +126,9 @@ class LimitedRequest(WebRequest):
         head += b"".join(name + b": " + value + b"\r\n" for name, value in headers)
         self.transport.write(head + b"\r\n" + body)
         self.transport.resumeProducing()
-        reactor.callLater(LINGER_SECONDS, self.transport.loseConnection)
+        # Twisted's interfaces declare their methods without `self`, and mypy, without the
+        # zope plugin, takes the first parameter (the delay) for it.
+        reactor.callLater(LINGER_SECONDS, self.transport.loseConnection)  # type: ignore[arg-type]
 
 
 class LimitedHTTPFactory(HTTPFactory):

@@ -18,7 +18,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from dispatch.envcheck import masked_url, url_problem
+from chat.envcheck import masked_url, url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -151,6 +151,8 @@ INSTALLED_APPS = [
     "daphne",
     # Before channels: chat's runworker command replaces Channels' own.
     "chat",
+    # The project itself, for its `serve` command (daphne with bounded request bodies).
+    "dispatch",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
