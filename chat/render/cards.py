@@ -12,9 +12,9 @@ from functools import cached_property
 from typing import Any
 
 from chat import rules
+from chat.chunks import Kind, Role
 from chat.render.figures import counts, line_count, output_text, size
 from chat.render.item import Attachment, Item
-from chat.stream import Kind, Role
 from chat.tools import shell
 
 # Tool arguments longer than this many lines start collapsed (a write_file call

@@ -17,9 +17,9 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
+from chat.chunks import Role
 from chat.render.figures import count
 from chat.render.markup import markdown, stream_text
-from chat.stream import Role
 
 # The long edge of an image attachment's thumbnail in a message, in CSS pixels: a
 # screenshot is recognisable at this size, and two side by side fit a phone's bubble.

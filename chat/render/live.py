@@ -27,8 +27,8 @@ from typing import Any
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from chat.chunks import Kind
 from chat.render.markup import cleaner, md, md_tail
-from chat.stream import Kind
 
 # The tail is rendered again (when new text may render otherwise, see _MARKUP) once the
 # text that came since its last rendering is at least 1/TAIL_RENDER_FACTOR of it. A

@@ -13,29 +13,26 @@ from typing import ClassVar
 from django.urls import reverse
 from django.utils.safestring import SafeString
 
-from chat import context, schedule
+from chat import schedule
+from chat.chunks import OriginKind, Role, SystemKind
 from chat.render.figures import count, tokens
 from chat.render.item import Attachment, Item
 from chat.render.markup import code_spans, markdown
-from chat.stream import Role
 
 SYSTEM_LABELS = {
-    "notice": "Notice",
-    "model-changed": "Model changed",
-    "config-reload": "Settings reloaded",
-    "cancelled": "Cancelled",
-    "interrupted": "Interrupted",
-    "forked": "Branch",
-    "step-limit": "Step limit",
-    "rule": "Rule",
-    context.ELIDE: "Context trimmed",
+    SystemKind.NOTICE: "Notice",
+    SystemKind.MODEL_CHANGED: "Model changed",
+    SystemKind.CONFIG_RELOAD: "Settings reloaded",
+    SystemKind.CANCELLED: "Cancelled",
+    SystemKind.INTERRUPTED: "Interrupted",
+    SystemKind.FORKED: "Branch",
+    SystemKind.STEP_LIMIT: "Step limit",
+    SystemKind.RULE: "Rule",
+    SystemKind.ELIDE: "Context trimmed",
 }
 # The system notices that end a turn early: with an error chunk, what Continue
-# applies to (chat.resume.ENDINGS, which this layer may not import; a test holds
-# the two equal).
-ENDING_KINDS = frozenset(
-    {"interrupted", "cancelled", "output-limit", "context-limit", "step-limit"}
-)
+# applies to (as chat.resume reads them).
+ENDING_KINDS = SystemKind.ENDINGS
 # How a compaction chunk says it was asked for (chat.agent writes one of these).
 COMPACTION_TRIGGERS = ("auto", "manual")
 
@@ -77,7 +74,7 @@ class UserText(Text):
     def wake(self) -> dict[str, str] | None:
         """A wake's message: its name and scheduled time in its zone, for the clock badge."""
         origin = self.data.get("origin")
-        if not isinstance(origin, dict) or origin.get("kind") != "wake":
+        if not isinstance(origin, dict) or origin.get("kind") != OriginKind.WAKE:
             return None
         when = str(origin.get("scheduled_for", ""))
         with suppress(ValueError, schedule.ScheduleError):
@@ -175,7 +172,7 @@ class Notice(Item):
 
     @property
     def kind(self) -> str:
-        return str(self.data.get("kind") or "notice")
+        return str(self.data.get("kind") or SystemKind.NOTICE)
 
     @property
     def kind_label(self) -> str:
@@ -188,7 +185,7 @@ class Notice(Item):
 
     @property
     def forked(self) -> bool:
-        return self.kind == "forked"
+        return self.kind == SystemKind.FORKED
 
     @property
     def ends_turn(self) -> bool:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from chat.chunks import Kind, Role
 from chat.render.cards import ToolCall, ToolResult
 from chat.render.item import Item
 from chat.render.messages import Compaction, Error, Notice, Text, Thinking, UserText
-from chat.stream import Kind, Role
 
 # Where the role decides: a user's message is not an answer.
 BY_ROLE_AND_KIND: dict[tuple[str, str], type[Item]] = {

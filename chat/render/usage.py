@@ -8,9 +8,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from chat.chunks import Kind
 from chat.render.figures import tokens
 from chat.render.item import Item
-from chat.stream import Kind
 from chat.usage import Totals, format_usd
 
 # Chunks a finished turn's usage line never goes in: a thinking block's line would hide

@@ -16,8 +16,8 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from chat import rules, turns
+from chat.chunks import Kind
 from chat.models import Chunk, PermissionRule, Tab
-from chat.stream import Kind
 from chat.tools import files as workspace_files
 from chat.tools import workdir
 from chat.views import common

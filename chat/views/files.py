@@ -23,8 +23,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from chat import blobs
 from chat import render as chat_render
+from chat.chunks import Kind
 from chat.models import Attachment, Blob, Chunk, Tab
-from chat.stream import Kind
 from chat.views import common
 from chat.views.common import AuthenticatedHttpRequest
 

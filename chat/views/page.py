@@ -15,9 +15,9 @@ from django.views.decorators.http import require_GET
 
 from chat import cuts, lease, log, preferences, resume, usage
 from chat import render as chat_render
+from chat.chunks import Kind, Role, SystemKind
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, OFFLINE_MODEL, model_choices
 from chat.models import Chunk, Tab
-from chat.stream import Kind, Role
 from chat.views import common
 from chat.views.common import AuthenticatedHttpRequest
 
@@ -195,7 +195,7 @@ def _gone_origins(tab: Tab, chunks: list[Chunk]) -> set[str]:
     named = set()
     for chunk in chunks:
         data = chunk.data or {}
-        if chunk.type == Kind.SYSTEM and data.get("kind") == "forked":
+        if chunk.type == Kind.SYSTEM and data.get("kind") == SystemKind.FORKED:
             try:
                 named.add(uuid.UUID(str(data.get("from_tab"))))
             except ValueError:
