@@ -320,7 +320,7 @@ def test_a_call_card_carries_its_running_indicator_and_when_it_was_made():
     call = {"call_id": "c1", "name": "shell", "arguments": {"command": "sleep 9"}}
     made = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     row = render.ToolCall(uuid.uuid4(), 3, TURN, 1, Role.ASSISTANT, Kind.TOOL_CALL, call,
-                      created_at=made)  # fmt: skip
+                          created_at=made)  # fmt: skip
     tree = parse(fragments.insert([row]))
     [run] = classed(tree, "tool-run")
     assert classed(run, "spinner")[0].get("aria-hidden") == "true"
