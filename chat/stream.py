@@ -51,14 +51,23 @@ from chat.providers.base import (
 
 
 class ChunkLike(Protocol):
-    """What the pure modules read of a chunk: a Chunk row or a Block."""
+    """What the pure modules read of a chunk: a Chunk row or a Block. Read-only
+    properties, so that a field declared narrower (a Chunk row's `seq: int`) or as the
+    model's column type (its `data` JSONField) still fits: a plain attribute here would
+    also promise that any value of these types may be written back."""
 
-    seq: int | None
-    turn_id: Any
-    step: int
-    role: str
-    type: str
-    data: dict[str, Any]
+    @property
+    def seq(self) -> int | None: ...
+    @property
+    def turn_id(self) -> Any: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def data(self) -> dict[str, Any]: ...
 
 
 @dataclass(slots=True)
