@@ -9,13 +9,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar, cast
 
-from chat import rules
+from chat import chunks, rules
 from chat.chunks import Kind, Role
 from chat.render.figures import counts, line_count, output_text, size
 from chat.render.item import Attachment, Item
-from chat.tools import shell
+from chat.tools import registry, shell
 
 # Tool arguments longer than this many lines start collapsed (a write_file call
 # carries a whole file; the card should still fit on a screen).
@@ -54,12 +54,16 @@ class CallPart(Item):
     call's slot."""
 
     @property
+    def fields(self) -> chunks.ToolCall | chunks.ToolResult:
+        return cast(chunks.ToolCall | chunks.ToolResult, self.data)
+
+    @property
     def call_id(self) -> str:
-        return str(self.data.get("call_id") or "")
+        return str(self.fields.get("call_id") or "")
 
     @property
     def name(self) -> str:
-        return str(self.data.get("name") or "")
+        return str(self.fields.get("name") or "")
 
     @property
     def slot(self) -> str:
@@ -70,13 +74,24 @@ class CallPart(Item):
 class ToolCall(CallPart):
     """A tool call's card: what it runs, its approval, and its results (`results`)."""
 
+    kind_is_tool_call: ClassVar[bool] = True
+
+    @property
+    def fields(self) -> chunks.ToolCall:
+        return cast(chunks.ToolCall, self.data)
+
     @property
     def approve(self) -> str:
         return approve_key(self.call_id)
 
     @property
+    def spawns_agent(self) -> bool:
+        """An `agent` call: its card shows the sub-agent's progress as it runs."""
+        return self.name == registry.AGENT
+
+    @property
     def arguments(self) -> Any:
-        return self.data.get("arguments") or {}
+        return self.fields.get("arguments") or {}
 
     @property
     def always_rule(self) -> str | None:
@@ -171,32 +186,52 @@ class ToolResult(CallPart):
     """A tool's result in its call's card (or alone, `orphan`): its output's box, its
     size, the plain-text view, what was cut, the images it brought."""
 
+    kind_is_tool_result: ClassVar[bool] = True
+
+    @property
+    def fields(self) -> chunks.ToolResult:
+        return cast(chunks.ToolResult, self.data)
+
     @property
     def css_states(self) -> list[str]:
         states = []
         if self.has_result:
             states.append("has-result")
-        if self.data.get("is_error"):
+        if self.failed:
             states.append("is-error")
         return states
 
     @property
+    def failed(self) -> bool:
+        return bool(self.fields.get("is_error"))
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.fields.get("truncated"))
+
+    @property
+    def child_tab(self) -> object:
+        """An `agent` call's result: the sub-agent's tab (chat.agent adds it to the
+        data; the ToolResult shape does not name it)."""
+        return self.data.get("child_tab")
+
+    @property
     def text(self) -> str:
-        return self.data.get("shell_output") or ""
+        return self.fields.get("shell_output") or ""
 
     @cached_property
     def attachments(self) -> list[Attachment]:
         """The images a tool result brought (read_file's, an MCP tool's), as the model
         got them."""
-        return Attachment.all_of(self.data)
+        return Attachment.all_of(self.fields)
 
     @property
     def has_result(self) -> bool:
-        return "result" in self.data
+        return "result" in self.fields
 
     @property
     def result(self) -> str:
-        return str(self.data.get("result") or "")
+        return str(self.fields.get("result") or "")
 
     @property
     def has_output(self) -> bool:
@@ -206,15 +241,13 @@ class ToolResult(CallPart):
     @cached_property
     def output(self) -> str:
         """The text of a sealed result's box (and of its plain-text view)."""
-        return output_text(self.data)
+        return output_text(self.fields)
 
     @property
     def shows_counts(self) -> bool:
         """A sealed result says how big its output is; not a bare error message
         (denied, cancelled, refused), which is one short line."""
-        return self.sealed and (
-            bool(self.text) or (self.has_result and not self.data.get("is_error"))
-        )
+        return self.sealed and (bool(self.text) or (self.has_result and not self.failed))
 
     @property
     def output_counts(self) -> str:
@@ -229,10 +262,10 @@ class ToolResult(CallPart):
     @property
     def cut_note(self) -> str:
         """What a truncated result left out, as far as the log knows."""
-        cut = self.data.get("truncated_bytes")
+        cut: Any = self.fields.get("truncated_bytes")
         if not isinstance(cut, int) or isinstance(cut, bool) or cut <= 0:
             return "The output was cut to fit; the model was told how to get the rest."
-        lines = self.data.get("truncated_lines")
+        lines: Any = self.fields.get("truncated_lines")
         amount = size(cut)
         if isinstance(lines, int) and not isinstance(lines, bool) and lines > 0:
             amount += f" ({lines:,} line{'s' if lines != 1 else ''})"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from chat import chunks
+
 # Up to this size an output's size is given in bytes, exactly; past it in KiB or MiB.
 EXACT_BYTES_BELOW = 100_000
 
@@ -15,7 +17,7 @@ def count(value: Any) -> int | None:
     return None
 
 
-def output_text(data: dict[str, Any]) -> str:
+def output_text(data: chunks.ToolResult) -> str:
     """A tool result's output as its card shows it: the command's output, else the result."""
     return str(data.get("shell_output") or data.get("result") or "")
 

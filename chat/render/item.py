@@ -10,13 +10,14 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
+from chat import chunks
 from chat.chunks import Role
 from chat.render.figures import count
 from chat.render.markup import markdown, stream_text
@@ -93,6 +94,15 @@ class Item:
     # A kind whose chunk may be the last of a turn that ended (an answer, an error, a
     # notice): it carries "Regenerate" and "Branch from here" for CSS to show there.
     may_end_turn: ClassVar[bool] = False
+    # Which branch of the `chunk` partial shows it: the presenter's kind, so the
+    # template compares no kind strings (a bare Item is none of them).
+    kind_is_thinking: ClassVar[bool] = False
+    kind_is_text: ClassVar[bool] = False
+    kind_is_tool_call: ClassVar[bool] = False
+    kind_is_tool_result: ClassVar[bool] = False
+    kind_is_error: ClassVar[bool] = False
+    kind_is_notice: ClassVar[bool] = False
+    kind_is_compaction: ClassVar[bool] = False
 
     @property
     def seq_attr(self) -> str:
@@ -134,7 +144,9 @@ class Item:
 
     @property
     def text(self) -> str:
-        return self.data.get("text") or ""
+        # The kinds whose data has a `text` (an unknown kind's too, if it has one).
+        data = cast(chunks.UserText | chunks.AssistantText | chunks.Thinking, self.data)
+        return data.get("text") or ""
 
     @property
     def body(self) -> SafeString:
@@ -236,23 +248,27 @@ class Attachment:
     @classmethod
     def of(cls, value: Any) -> Attachment | None:
         """None for an entry without a blob address to link to."""
-        if not isinstance(value, dict) or not SHA256_HEX.fullmatch(str(value.get("sha256"))):
+        if not isinstance(value, dict):
+            return None
+        ref = cast(chunks.FileRef, value)
+        if not SHA256_HEX.fullmatch(str(ref.get("sha256"))):
             return None
         return cls(
-            sha256=value["sha256"],
-            name=str(value.get("name") or "attachment"),
-            mime=str(value.get("mime") or ""),
-            size=count(value.get("size")) or 0,
-            width=count(value.get("width")),
-            height=count(value.get("height")),
+            sha256=ref["sha256"],
+            name=str(ref.get("name") or "attachment"),
+            mime=str(ref.get("mime") or ""),
+            size=count(ref.get("size")) or 0,
+            width=count(ref.get("width")),
+            height=count(ref.get("height")),
         )
 
     @classmethod
-    def all_of(cls, data: dict[str, Any]) -> list[Attachment]:
-        """A chunk's attachments that link to a blob."""
-        if not isinstance(data.get("attachments"), list):
+    def all_of(cls, data: chunks.UserText | chunks.ToolResult) -> list[Attachment]:
+        """A message's or a tool result's attachments that link to a blob."""
+        attachments: Any = data.get("attachments")
+        if not isinstance(attachments, list):
             return []
-        found = (cls.of(value) for value in data["attachments"])
+        found = (cls.of(value) for value in attachments)
         return [a for a in found if a is not None]
 
     @property

@@ -8,12 +8,12 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 from django.urls import reverse
 from django.utils.safestring import SafeString
 
-from chat import schedule
+from chat import chunks, schedule
 from chat.chunks import OriginKind, Role, SystemKind
 from chat.render.figures import count, tokens
 from chat.render.item import Attachment, Item
@@ -42,6 +42,7 @@ class Text(Item):
     """A text chunk: the model's answer (a user's message is `UserText`)."""
 
     may_end_turn: ClassVar[bool] = True
+    kind_is_text: ClassVar[bool] = True
 
     @property
     def wake(self) -> dict[str, str] | None:
@@ -70,11 +71,18 @@ class Text(Item):
 class UserText(Text):
     """A user's message: its files, the wake that sent it, and Edit."""
 
+    @property
+    def fields(self) -> chunks.UserText:
+        return cast(chunks.UserText, self.data)
+
     @cached_property
     def wake(self) -> dict[str, str] | None:
         """A wake's message: its name and scheduled time in its zone, for the clock badge."""
-        origin = self.data.get("origin")
-        if not isinstance(origin, dict) or origin.get("kind") != OriginKind.WAKE:
+        found: Any = self.fields.get("origin")
+        if not isinstance(found, dict):
+            return None
+        origin = cast(chunks.Origin, found)
+        if origin.get("kind") != OriginKind.WAKE:
             return None
         when = str(origin.get("scheduled_for", ""))
         with suppress(ValueError, schedule.ScheduleError):
@@ -86,7 +94,7 @@ class UserText(Text):
     @cached_property
     def attachments(self) -> list[Attachment]:
         """The message's files, shown under it as the model got them."""
-        return Attachment.all_of(self.data)
+        return Attachment.all_of(self.fields)
 
     @property
     def offers_edit(self) -> bool:
@@ -97,13 +105,19 @@ class UserText(Text):
 class Thinking(Item):
     """The model's reasoning: shown folded, or said to be encrypted or hidden."""
 
+    kind_is_thinking: ClassVar[bool] = True
+
+    @property
+    def fields(self) -> chunks.Thinking:
+        return cast(chunks.Thinking, self.data)
+
     @property
     def redacted(self) -> bool:
-        return bool(self.data.get("redacted_data")) and not self.text
+        return bool(self.fields.get("redacted_data")) and not self.text
 
     @property
     def duration(self) -> str:
-        ms = self.data.get("duration_ms")
+        ms: Any = self.fields.get("duration_ms")
         if not isinstance(ms, int | float) or ms < 0:
             return ""
         seconds = ms / 1000
@@ -119,6 +133,11 @@ class Error(Item):
     """A provider's or the runner's error, as a card: what happened, what to do."""
 
     may_end_turn: ClassVar[bool] = True
+    kind_is_error: ClassVar[bool] = True
+
+    @property
+    def fields(self) -> chunks.Error:
+        return cast(chunks.Error, self.data)
 
     @property
     def assistant_side(self) -> bool:
@@ -127,27 +146,27 @@ class Error(Item):
 
     @property
     def message(self) -> str:
-        return str(self.data.get("message") or "")
+        return str(self.fields.get("message") or "")
 
     @property
     def status_code(self) -> object:
-        return self.data.get("status_code")
+        return self.fields.get("status_code")
 
     @property
     def summary(self) -> str:
         """What happened, in words (providers.errors.explain); older errors have none."""
-        return str(self.data.get("summary") or "")
+        return str(self.fields.get("summary") or "")
 
     @property
     def hint(self) -> SafeString:
         """What to do about the error: its text escaped, `names` as code."""
-        return code_spans(str(self.data.get("hint") or ""))
+        return code_spans(str(self.fields.get("hint") or ""))
 
     @property
     def base_url(self) -> str:
         """The endpoint tried, when the hint does not already say it."""
-        url = str(self.data.get("base_url") or "")
-        return "" if url in str(self.data.get("hint") or "") else url
+        url = str(self.fields.get("base_url") or "")
+        return "" if url in str(self.fields.get("hint") or "") else url
 
     @property
     def ends_turn(self) -> bool:
@@ -164,6 +183,11 @@ class Notice(Item):
     (its `kind`)."""
 
     may_end_turn: ClassVar[bool] = True
+    kind_is_notice: ClassVar[bool] = True
+
+    @property
+    def fields(self) -> chunks.SystemNotice:
+        return cast(chunks.SystemNotice, self.data)
 
     @property
     def assistant_side(self) -> bool:
@@ -172,7 +196,7 @@ class Notice(Item):
 
     @property
     def kind(self) -> str:
-        return str(self.data.get("kind") or SystemKind.NOTICE)
+        return str(self.fields.get("kind") or SystemKind.NOTICE)
 
     @property
     def kind_label(self) -> str:
@@ -181,11 +205,26 @@ class Notice(Item):
     @property
     def rule_text(self) -> SafeString:
         """A rule's decision (chat.rules.Decision.text): its `patterns` as code."""
-        return code_spans(str(self.data.get("text") or ""))
+        return code_spans(str(self.fields.get("text") or ""))
+
+    @property
+    def is_rule(self) -> bool:
+        return self.kind == SystemKind.RULE
+
+    @property
+    def notice_text(self) -> object:
+        """The notice's text as the data holds it (the template shows None as "None",
+        as it always has; "" when there is none)."""
+        return self.fields.get("text", "")
 
     @property
     def forked(self) -> bool:
         return self.kind == SystemKind.FORKED
+
+    @property
+    def from_tab(self) -> str:
+        """The tab a `forked` notice names, as a string ("None" when it names none)."""
+        return str(self.fields.get("from_tab"))
 
     @property
     def ends_turn(self) -> bool:
@@ -201,7 +240,7 @@ class Notice(Item):
     def fork_text(self) -> tuple[str, str, str]:
         """A `forked` notice's text around the parent's title: (before, title, after).
         ("", "", text) when the text does not quote a title."""
-        text = str(self.data.get("text") or "")
+        text = str(self.fields.get("text") or "")
         before, quote, rest = text.partition("“")
         title, close, after = rest.rpartition("”")
         if not quote or not close:
@@ -212,8 +251,8 @@ class Notice(Item):
     def origin_url(self) -> str:
         """The parent tab at the cut, for a `forked` notice ("" when its data is not one)."""
         try:
-            tab_id = uuid.UUID(str(self.data.get("from_tab")))
-            at_seq = int(self.data["at_seq"])
+            tab_id = uuid.UUID(str(self.fields.get("from_tab")))
+            at_seq = int(self.fields["at_seq"])
         except (KeyError, TypeError, ValueError):
             return ""
         url = reverse("tab", args=[tab_id])
@@ -226,6 +265,12 @@ class Compaction(Item):
     """A compaction (chat.context): a thin notice that opens to the summary the model is
     sent instead of the log before it."""
 
+    kind_is_compaction: ClassVar[bool] = True
+
+    @property
+    def fields(self) -> chunks.Compaction:
+        return cast(chunks.Compaction, self.data)
+
     @property
     def assistant_side(self) -> bool:
         # A compaction splits a turn it happens in.
@@ -233,7 +278,7 @@ class Compaction(Item):
 
     @property
     def compaction_summary(self) -> str:
-        return str(self.data.get("summary") or "")
+        return str(self.fields.get("summary") or "")
 
     @cached_property
     def compaction_html(self) -> SafeString:
@@ -245,11 +290,11 @@ class Compaction(Item):
         """What the folded notice says after its label: how it was asked for, how much,
         up to where."""
         parts = []
-        if (trigger := self.data.get("trigger")) in COMPACTION_TRIGGERS:
-            parts.append(trigger)
-        if before := count(self.data.get("tokens_before")):
+        if (trigger := self.fields.get("trigger")) in COMPACTION_TRIGGERS:
+            parts.append(str(trigger))
+        if before := count(self.fields.get("tokens_before")):
             parts.append(f"{tokens(before)} tokens summarised")
-        if through := count(self.data.get("through_seq")):
+        if through := count(self.fields.get("through_seq")):
             parts.append(f"up to #{through}")
         return " · ".join(parts)
 
@@ -259,8 +304,8 @@ class Compaction(Item):
         notes = [
             "The model is sent this summary instead of the messages before it; the log keeps them."
         ]
-        if model := str(self.data.get("model") or ""):
+        if model := str(self.fields.get("model") or ""):
             notes.append(f"Written by {model}.")
-        if focus := " ".join(str(self.data.get("instructions") or "").split()):
+        if focus := " ".join(str(self.fields.get("instructions") or "").split()):
             notes.append(f"Focus: {focus}")
         return " ".join(notes)

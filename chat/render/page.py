@@ -12,6 +12,7 @@ from typing import Any
 
 from chat.render.cards import ToolCall, ToolResult
 from chat.render.item import Fork, Item
+from chat.render.messages import Notice
 from chat.render.presenters import present
 from chat.render.status import status_context
 
@@ -46,7 +47,9 @@ def mark_page(
             candidate.cut_before = seq - 1 in cuts
             candidate.last_answer = seq == last_answer
             candidate.resumable = seq == resumable
-            candidate.origin_gone = candidate.forked and str(candidate.data.get("from_tab")) in gone
+            candidate.origin_gone = (
+                isinstance(candidate, Notice) and candidate.forked and candidate.from_tab in gone
+            )
             item.forks.extend(at.get(seq, ()))
         if n == 0 and item.seq == 1:
             item.forks_before.extend(at.get(0, ()))

@@ -5,7 +5,7 @@ user), and the tab's own rules in its menu.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -16,7 +16,7 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from chat import rules, turns
-from chat.chunks import Kind
+from chat.chunks import Kind, ToolCall
 from chat.models import Chunk, PermissionRule, Tab
 from chat.tools import files as workspace_files
 from chat.tools import workdir
@@ -66,7 +66,8 @@ def _always_allow(
     )
     if call is None:
         raise rules.RuleError(f"There is no call {call_id!r} in this tab.")
-    name, arguments = str(call.data.get("name") or ""), call.data.get("arguments") or {}
+    data = cast(ToolCall, call.data)
+    name, arguments = str(data.get("name") or ""), data.get("arguments") or {}
     pattern = rules.natural(name, arguments) if isinstance(arguments, dict) else None
     if pattern is None:
         raise rules.RuleError(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.auth.decorators import login_required
 from django.http import (
@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from chat import blobs
 from chat import render as chat_render
-from chat.chunks import Kind
+from chat.chunks import Kind, ToolResult
 from chat.models import Attachment, Blob, Chunk, Tab
 from chat.views import common
 from chat.views.common import AuthenticatedHttpRequest
@@ -152,7 +152,7 @@ def tab_chunk_output(
     chunk = get_object_or_404(
         Chunk, tab_id=tab_id, tab__owner=request.user, seq=seq, type=Kind.TOOL_RESULT
     )
-    text = chat_render.output_text(chunk.data or {})
+    text = chat_render.output_text(cast(ToolResult, chunk.data or {}))
     response = StreamingHttpResponse(_pieces(text), content_type="text/plain; charset=utf-8")
     response["X-Content-Type-Options"] = "nosniff"
     response["Content-Disposition"] = f'inline; filename="tool-output-{seq}.txt"'

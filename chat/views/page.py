@@ -6,6 +6,7 @@ resumable turn, branches, usage).
 from __future__ import annotations
 
 import uuid
+from typing import cast
 
 from django.contrib.auth.decorators import login_required
 from django.db.models import F
@@ -15,7 +16,7 @@ from django.views.decorators.http import require_GET
 
 from chat import cuts, lease, log, preferences, resume, usage
 from chat import render as chat_render
-from chat.chunks import Kind, Role, SystemKind
+from chat.chunks import Kind, Role, SystemKind, SystemNotice
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, OFFLINE_MODEL, model_choices
 from chat.models import Chunk, Tab
 from chat.views import common
@@ -103,7 +104,7 @@ def _branches(tab: Tab) -> list[chat_render.Fork]:
     return [
         chat_render.Fork(
             id=row.tab_id,
-            action=str((row.data or {}).get("action") or "branch"),
+            action=str(cast(SystemNotice, row.data or {}).get("action") or "branch"),
             # The row is the branch's first chunk, right after its fork_seq.
             fork_seq=row.seq - 1,
             created_at=row.tab.created_at,
@@ -194,7 +195,7 @@ def _gone_origins(tab: Tab, chunks: list[Chunk]) -> set[str]:
     """The tabs named by `forked` notices among `chunks` that no longer exist (as strings)."""
     named = set()
     for chunk in chunks:
-        data = chunk.data or {}
+        data = cast(SystemNotice, chunk.data or {})
         if chunk.type == Kind.SYSTEM and data.get("kind") == SystemKind.FORKED:
             try:
                 named.add(uuid.UUID(str(data.get("from_tab"))))

@@ -13,6 +13,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from chat import blobs, log, preferences, turns
+from chat.chunks import SystemKind
 from chat.forms import NewTabForm, RenameForm, TabModelForm, TabSystemPromptForm
 from chat.tools.workdir import BadWorkdir
 from chat.views import common
@@ -114,7 +115,9 @@ def tab_model(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpRespo
         previous, tab.model = tab.model, form.cleaned_data["model"]
         tab.save(update_fields=["model", "updated_at"])
         if tab.model != previous:
-            turns.notice(tab.id, "model-changed", f"Model changed from {previous} to {tab.model}.")
+            turns.notice(
+                tab.id, SystemKind.MODEL_CHANGED, f"Model changed from {previous} to {tab.model}."
+            )
     else:
         common.form_errors(request, form)
     return redirect("tab", tab_id=tab.id)
