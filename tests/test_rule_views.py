@@ -19,6 +19,7 @@ from chat import render as chat_render
 from chat.models import PermissionRule, Tab
 from chat.stream import Block, Kind, Role
 from chat.tools.workdir import user_workspace
+from tests.ui_helpers import tidy_tags
 
 pytestmark = pytest.mark.django_db
 
@@ -283,7 +284,7 @@ def test_the_approval_card_offers_the_calls_rule(arguments, rule):
         "approval": {"call_id": "c1", "name": "shell", "arguments": arguments},
     }
     s = chat_render.status_context(status)
-    html = render_to_string("chat/tab.html#approval", {"s": s})
+    html = tidy_tags(render_to_string("chat/tab.html#approval", {"s": s}))
     if rule is None:
         assert "Always allow" not in html and 'name="approve" value="c1"' in html
         return

@@ -30,6 +30,7 @@ from chat.providers.base import (
 )
 from chat.providers.replay import ScriptedProvider
 from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
+from tests.ui_helpers import tidy_tags
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -634,7 +635,7 @@ async def test_the_status_frame_puts_a_childs_approval_in_the_bar_and_its_state_
             }
         ],
     }
-    html = render.fragment_status(status)
+    html = tidy_tags(render.fragment_status(status))
     assert '<span class="sep child-status">sub-agent asks approval</span>' in html
     assert '<div id="approval" class="approval" hx-swap-oob="true">' in html  # not hidden
     form = f'<form id="approve-form-{child}" class="child-approval" data-child="{child}"'
@@ -655,7 +656,9 @@ async def test_the_status_frame_puts_a_childs_approval_in_the_bar_and_its_state_
     assert '<span class="child-step">step 2</span>' in html
 
     running = {**status["children"][0], "state": "running", "approval": None, "children": []}
-    html = render.fragment_status({**status, "children": [running, {**running, "tab": str(grand)}]})
+    html = tidy_tags(
+        render.fragment_status({**status, "children": [running, {**running, "tab": str(grand)}]})
+    )
     assert '<span class="sep child-status">2 sub-agents</span>' in html
     assert '<div id="approval" class="approval" hx-swap-oob="true" hidden>' in html
     assert "child-approval" not in html
@@ -756,7 +759,7 @@ async def test_a_grandchilds_approval_reaches_the_top_tab_and_is_answered_there(
             asking = await watcher.until(asks)
             middle = await child_pk(tab.pk, "c1")
             bottom = await child_pk(middle, "g1")
-            html = render.fragment_status(asking["status"])
+            html = tidy_tags(render.fragment_status(asking["status"]))
             assert 'Bottom</a> <span class="muted">(under Middle)</span>' in html
             action = f"/t/{bottom}/approve/"
             assert f'hx-post="{action}"' in html
@@ -827,6 +830,6 @@ async def test_a_childs_page_links_back_to_its_parent_and_the_sidebar_marks_it(t
         client.force_login(tab.owner)
         return client.get(f"/t/{child}/").content.decode()
 
-    html = await database_sync_to_async(page)()
+    html = tidy_tags(await database_sync_to_async(page)())
     assert f'A sub-agent of <a href="/t/{tab.pk}/">go</a>' in html
     assert html.count('class="child-mark"') == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -142,3 +143,21 @@ def seed_every_type(tab_id: uuid.UUID) -> dict[str, Block]:
     }
     log.append(tab_id, list(blocks.values()))
     return blocks
+
+
+# A tag, its quoted attribute values kept whole (a `>` or `<` may be inside one).
+_TAG = re.compile(r"""<(/?[A-Za-z][^\s/>]*)((?:"[^"]*"|'[^']*'|[^'">])*)>""")
+_QUOTED_OR_SPACE = re.compile(r"""("[^"]*"|'[^']*')|\s+""")
+
+
+def tidy_tags(html: str) -> str:
+    """`html` with every tag written the one way a browser reads it all: attributes one
+    space apart, nothing before its `>` (the templates break long tags across lines
+    there). Attribute values and the text between tags stay exactly as they are, so an
+    assertion on the result checks the same markup, wherever a tag's line breaks."""
+
+    def tag(m: re.Match[str]) -> str:
+        rest = _QUOTED_OR_SPACE.sub(lambda q: q.group(1) or " ", m.group(2)).rstrip()
+        return f"<{m.group(1)}{rest}>"
+
+    return _TAG.sub(tag, html)
