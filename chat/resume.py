@@ -150,7 +150,8 @@ def _call(data: Mapping[str, Any]) -> str:
     """A call named as the model would recognise it (its result names the call when the
     call itself is not in the turn)."""
     name = str(data.get("name") or "a tool")
-    args = data.get("arguments") if isinstance(data.get("arguments"), dict) else {}
+    arguments = data.get("arguments")
+    args: Mapping[str, Any] = arguments if isinstance(arguments, dict) else {}
     for key in CALL_KEYS:
         value = args.get(key)
         if isinstance(value, str) and value.strip():
