@@ -207,8 +207,8 @@ def _uuid(value: Any) -> uuid.UUID | None:
 
 
 class TabSocket(UserSocket):
-    """Streams a tab's ops to one page, with no gap and no duplicate (DESIGN §5), and
-    the user channel."""
+    """Streams a tab's ops to one page, with no gap and no duplicate (ARCHITECTURE.md,
+    One turn), and the user channel."""
 
     follower: Follower | None = None
 
