@@ -1,6 +1,6 @@
-"""Context-window management (DESIGN §12): how full a tab's context is, when to
-compact it and through where, what the summary request asks, which old tool
-outputs to elide.
+"""Context-window management (ARCHITECTURE.md, Context management): how full a
+tab's context is, when to compact it and through where, what the summary request
+asks, which old tool outputs to elide.
 
 Pure: no Django imports. The turn runner asks; history.py applies the answers
 (it starts from the newest compaction chunk and sends elided results as one-line

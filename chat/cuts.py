@@ -4,7 +4,7 @@ Pure: no Django imports. Chunks are anything with `seq, turn_id, step, role,
 type, data` (a `chat.models.Chunk` or a `chat.stream.Block`).
 
 A cut at seq N keeps the chunks with seq <= N. It is valid where the log is a
-complete history the model could be asked to go on from (DESIGN §11):
+complete history the model could be asked to go on from (ARCHITECTURE.md, Branches and continue):
 
 - right before a user chunk (N = 0 when the first chunk is the user's),
 - right after a user chunk (the question, to be answered again), or

@@ -1,4 +1,4 @@
-"""Following a tab's log live, with no gap and no duplicate (DESIGN §5): one
+"""Following a tab's log live, with no gap and no duplicate (ARCHITECTURE.md, One turn): one
 implementation, two transports.
 
 A `Follower` joins the tab's group before it reads anything, so ops from then on

@@ -399,7 +399,7 @@ def _decrypt_json(token: str) -> dict[str, str] | None:
 
 
 class Wake(models.Model):
-    """A scheduled prompt (DESIGN §16): at each due time its prompt is submitted to
+    """A scheduled prompt (ARCHITECTURE.md, Wakes): at each due time its prompt is submitted to
     `tab` (or to a new tab each time) as if its owner sent it. Kept state:
     `wipe_history` keeps it. `next_run_at` (UTC) is the claim: a worker fires a time
     by moving it on in the same transaction that inserts that time's WakeRun (chat.wakes)."""

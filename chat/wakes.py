@@ -1,4 +1,4 @@
-"""Wakes (DESIGN §16): claiming a due time, firing it into a tab, recovering a firing a
+"""Wakes (ARCHITECTURE.md, Wakes): claiming a due time, firing it into a tab, recovering a firing a
 crash cut short, and the scheduler every worker runs.
 
 Exactly one firing per scheduled time, whatever the number of workers: a worker claims

@@ -66,8 +66,8 @@ class ModelInfo:
     OpenAI-compatible adapter send reasoning back as `reasoning_content` on
     assistant messages with tool calls (DeepSeek's thinking mode requires it).
     `available` is whether a key is configured (set by `list_models`). `images` and
-    `pdf` say what files the model takes (DESIGN §13); a file it does not take is sent
-    as a line of text saying where it is in the workspace (a PDF: with its text).
+    `pdf` say what files the model takes (ARCHITECTURE.md, Attachments); a file it does
+    not take is sent as a line of text saying where it is in the workspace (a PDF: with its text).
     """
 
     id: str
