@@ -124,12 +124,13 @@ def main(port: int, tokens: int, pace: float) -> None:
     from daphne.server import Server
     from django.urls import path
 
-    from chat import agent, pacing
+    from chat import pacing
+    from chat.turn import step
     from chat.worker import start_embedded_worker
     from dispatch import asgi
     from harness.servers import LISTENING_LINE
 
-    real_provider_for = agent.provider_for
+    real_provider_for = step.provider_for
 
     async def provider_for(model):
         if model == DELTAS_MODEL:
@@ -138,7 +139,7 @@ def main(port: int, tokens: int, pace: float) -> None:
             return StampedProvider(tokens, pace)
         return await real_provider_for(model)
 
-    agent.provider_for = provider_for
+    step.provider_for = provider_for
     raw_frames = {"each": deltas, "coalesced": coalesced(deltas, pacing.COALESCE_MAX_CHARS)}
 
     class BareStream(AsyncWebsocketConsumer):

@@ -38,7 +38,6 @@ from chat import (
     blobs,
     cuts,
     follow,
-    lease,
     log,
     preferences,
     revocation,
@@ -52,6 +51,7 @@ from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_mode
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
 from chat.stream import Kind
 from chat.tools.workdir import BadWorkdir
+from chat.turn import lease
 
 # A request body is a message or a small command; the largest, a message of
 # forms.MAX_MESSAGE_CHARS characters, is at most ~1.2 MB as JSON even with every

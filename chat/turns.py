@@ -24,10 +24,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from chat import blobs, bus, children, cuts, lease, log, resume
+from chat import blobs, bus, cuts, log, resume
 from chat.cuts import CutError
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block, Kind, Role
+from chat.turn import agents, lease
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def cancel(tab_id: uuid.UUID, turn_id: uuid.UUID | None = None) -> bool:
     if not lease.request_cancel(tab_id, turn_id):
         # A sub-agent's tab whose prompt no worker took yet (its parent's other children
         # hold the workers): its Stop stops it before it starts, as its parent's would.
-        return turn_id is None and children.cancel(tab_id)
+        return turn_id is None and agents.cancel(tab_id)
     message = {"type": "turn.cancel", "tab_id": str(tab_id)}
     if turn_id is not None:
         message["turn_id"] = str(turn_id)

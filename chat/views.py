@@ -42,7 +42,6 @@ from django_htmx.http import HttpResponseClientRedirect
 from chat import (
     blobs,
     cuts,
-    lease,
     log,
     preferences,
     resume,
@@ -99,6 +98,7 @@ from chat.stream import Kind, Role
 from chat.tools import files as workspace_files
 from chat.tools import mcp, sandbox, workdir
 from chat.tools.workdir import BadWorkdir
+from chat.turn import lease
 
 # The row whose lock makes "no user yet, create the owner" one step across processes.
 SETUP_LOCK_KEY = "owner_setup"
@@ -657,7 +657,7 @@ def _always_allow(request: HttpRequest, tab: Tab, call_id: str, source: str) -> 
     note: dict[str, Any] = {"action": rules.ALLOW, "pattern": pattern, "source": source}
 
     def resolve(path: str) -> str:
-        # The runner's own (chat.agent): decided as the runner decides, an ask rule that
+        # The runner's own (chat.turn.calls): decided as the runner decides, an ask rule that
         # matches where a link leads still decides first, so no rule is added for it.
         return workspace_files.resolve(
             workdir.ensure(workdir.user_workspace(tab.owner_id), tab.workdir), path

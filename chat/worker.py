@@ -22,10 +22,11 @@ from channels.routing import ChannelNameRouter
 from channels.worker import Worker
 from django.conf import settings
 
-from chat import bus, lease, sidebar, wakes
-from chat.agent import TurnRunner
+from chat import bus, sidebar, wakes
 from chat.providers import aclose_clients
 from chat.tools import mcp
+from chat.turn import lease
+from chat.turn.loop import TurnRunner
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from chat.lease import is_stale
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.tools import sandbox
+from chat.turn.lease import is_stale
 
 
 @dataclass(frozen=True)
