@@ -115,9 +115,9 @@ def compact_command(text: str) -> str | None:
 
 
 def compact(tab: Tab, *, through: int | None = None, instructions: str = "") -> QueuedMessage:
-    """Ask for a compaction of the tab's context (DESIGN §12): through the end of
-    the turn of chunk `through`, or of everything. It runs as a turn of its own, so
-    asked while a turn runs it waits for that turn's end (queued, as a message
+    """Ask for a compaction of the tab's context ("Context management" in ARCHITECTURE.md):
+    through the end of the turn of chunk `through`, or of everything. It runs as a turn of
+    its own, so asked while a turn runs it waits for that turn's end (queued, as a message
     does). ValueError (for the user) for a chunk that does not exist, or when a
     compaction is already waiting."""
     with transaction.atomic():
@@ -210,7 +210,7 @@ def approve(
     )
 
 
-# --- Branches and continue (DESIGN §11) ----------------------------------------------
+# --- Branches and continue (ARCHITECTURE.md) -----------------------------------------
 
 # The same branch asked for again within this long (a double click, a client
 # retrying a request) is the branch made the first time, not a second one.

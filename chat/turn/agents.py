@@ -57,8 +57,9 @@ from chat.providers.base import ToolResultEvent
 from chat.stream import Block, Kind, Reducer, Role
 from chat.tools import shell, toolset
 from chat.tools.registry import AGENT, AGENT_SCHEMA, check_arguments
+from chat.tools.workdir import BadWorkdir
 from chat.turn import lease
-from chat.turn.ending import End, end_ops
+from chat.turn.ending import End, end_ops, last_sealed, sealed
 from chat.turn.outbox import Outbox
 from chat.turn.state import TurnState, unattended_message
 
@@ -193,14 +194,14 @@ def ensure(
         queued = QueuedMessage.objects.create(
             tab=child, text=arguments["prompt"].strip(), origin=origin
         )
+
         # As turns.submit does: the page of the child, if open, sees it queued, and a
         # worker is asked once the row is there to take.
-        transaction.on_commit(
-            lambda: (
-                bus.publish(child.pk, {"op": "queued", "id": queued.pk, "text": queued.text}),
-                bus.request_run(child.pk),
-            )
-        )
+        def tell() -> None:
+            bus.publish(child.pk, {"op": "queued", "id": queued.pk, "text": queued.text})
+            bus.request_run(child.pk)
+
+        transaction.on_commit(tell)
     return child, True
 
 
@@ -220,7 +221,7 @@ def _new_child(parent: Tab, profile_name: str, title: str, family: dict[str, Any
                 profile_by_model=True,
                 **family,
             )
-        except preferences.workdirs.BadWorkdir as exc:
+        except BadWorkdir as exc:
             raise ValueError(str(exc)) from exc
         child.tool_allow, child.rules = allow, inherited_rules(parent, profile)
         child.save(update_fields=["tool_allow", "rules"])
@@ -241,14 +242,14 @@ def _new_child(parent: Tab, profile_name: str, title: str, family: dict[str, Any
     )
 
 
-def inherited_rules(parent: Tab, profile: Profile | None) -> list[dict[str, str]]:
+def inherited_rules(parent: Tab, profile: Profile | None) -> list[dict[str, Any]]:
     """A child's rules: the deny and ask rules of the profile the model chose for it, then
     every rule of its parent tab, each marked with where it came from (the audit names
     it). The profile's allow rules are left out: a person never chose that profile for
     this tab, so they would let the model give its child what the parent's tab would have
     asked about. The parent's allow rules hold (the child may do what its parent may),
     and its deny and ask rules too, so the child's decisions are at most the parent's."""
-    own = [
+    own: list[dict[str, Any]] = [
         {"action": r.action, "pattern": r.pattern, "source": rules.PROFILE}
         for r in (profile.rules.all() if profile is not None else [])
         if r.action != rules.ALLOW
@@ -434,7 +435,7 @@ def cancel(tab_id: uuid.UUID, call_id: str | None = None, why: str = "") -> bool
         blocks = [
             Block(uuid.uuid4(), turn_id, 0, Role.USER, Kind.TEXT, q.chunk_data()) for q in queued
         ]
-        blocks += [op.block for op in end_ops(Reducer(turn_id), End.stopped_before_start(why))]
+        blocks += sealed(end_ops(Reducer(turn_id), End.stopped_before_start(why)))
         log.append(tab_id, blocks)
         ids = [q.pk for q in queued]
         QueuedMessage.objects.filter(pk__in=ids).delete()
@@ -786,8 +787,9 @@ class Agents:
                     )
                 )
                 if outcome.child_tab:
-                    ops[-1].block.data["child_tab"] = outcome.child_tab
-                    ops[-1].block.data["child_status"] = outcome.status
+                    block = last_sealed(ops)
+                    block.data["child_tab"] = outcome.child_tab
+                    block.data["child_status"] = outcome.status
                 await self.outbox.apply(ops)
                 for why in self.repeats.pop(call_id, []):
                     event = ToolResultEvent(call_id, AGENT, why, True)

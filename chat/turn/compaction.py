@@ -26,7 +26,7 @@ from chat.providers.base import Finish, ProviderError, Request, TextDelta, ToolC
 from chat.providers.errors import explain
 from chat.stream import Block, Kind, Role
 from chat.turn import step
-from chat.turn.outbox import Outbox
+from chat.turn.outbox import Outbox, appended_seq
 from chat.turn.state import COMPACTING, TurnState
 from chat.turn.step import STOP_NOTICES, Stepper, Watch
 
@@ -198,7 +198,7 @@ class Compactor:
         await self.outbox.flush_deltas()
         await self.outbox.append(blocks)
         for block in blocks:
-            self.state.last_seq = block.seq
+            self.state.last_seq = appended_seq(block)
             await self.outbox.publish({"op": "seal", "block": block.to_dict()})
         await self.rebuild_history()
 

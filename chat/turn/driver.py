@@ -36,6 +36,7 @@ from channels.db import database_sync_to_async
 
 from chat.models import QueuedMessage, Tab
 from chat.tools import toolset
+from chat.tools.registry import AGENT
 from chat.turn import agents, lease
 from chat.turn.agents import Agents
 from chat.turn.calls import Calls
@@ -192,7 +193,7 @@ class ProviderDriver:
         state.check_cancel()
         fresh, problems, failed = listing.result()
         if not await database_sync_to_async(agents.may_nest)(tab):
-            fresh = [entry for entry in fresh if entry["name"] != agents.AGENT]
+            fresh = [entry for entry in fresh if entry["name"] != AGENT]
         for problem in problems:
             logger.warning("tab %s: %s", state.tab_id, problem)
         self.calls.tool_names = frozenset(entry["name"] for entry in fresh)

@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from chat.providers.base import ErrorEvent, SystemEvent, ToolResultEvent
-from chat.stream import Kind, Op, Reducer
+from chat.stream import Block, Kind, Op, Reducer, Seal
 
 
 class Ending(StrEnum):
@@ -109,6 +109,19 @@ class End:
         return cls(Ending.LIMIT, text, kind=kind)
 
 
+def sealed(ops: list[Op]) -> list[Block]:
+    """The blocks these ops seal, in order (what goes into the log)."""
+    return [op.block for op in ops if isinstance(op, Seal)]
+
+
+def last_sealed(ops: list[Op]) -> Block:
+    """The block the last op seals: a single event's own block (a result, a notice)."""
+    last = ops[-1]
+    if not isinstance(last, Seal):
+        raise TypeError(f"not a seal: {last!r}")
+    return last.block
+
+
 def interrupt_ops(reducer: Reducer, why: str, *, running_why: str | None = None) -> list[Op]:
     """Close a step cut short: the open block sealed as it is and marked `interrupted`
     (history does not send unsigned thinking cut off so; Continue says where it
@@ -125,10 +138,11 @@ def interrupt_ops(reducer: Reducer, why: str, *, running_why: str | None = None)
     for call_id, name in list(reducer.pending_calls):
         ran = call_id == running
         result = reducer.feed(ToolResultEvent(call_id, name, (ran and running_why) or why, True))
-        result[-1].block.data["interrupted"] = True
+        block = last_sealed(result)
+        block.data["interrupted"] = True
         if ran:
             # The reducer drops an empty output; kept, it says the call ran.
-            result[-1].block.data.setdefault("shell_output", "")
+            block.data.setdefault("shell_output", "")
             running = None  # ids may repeat: only the first such call ran
         ops += result
     return ops + reducer.seal(interrupted=True)

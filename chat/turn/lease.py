@@ -21,14 +21,14 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from chat import bus, context, log, sidebar
 from chat.history import History
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, UsageRecord, agent_children
 from chat.providers import registry
-from chat.stream import Block, Kind, Reducer, Seal
+from chat.stream import Block, Kind, Reducer
 from chat.tools.registry import AGENT
 from chat.turn import ending
 from chat.turn.ending import RESUMING  # noqa: F401 (tests and the runner's notice)
@@ -263,7 +263,7 @@ def _recover(running: RunningTurn) -> list[Block]:
     # Read before the ending's results go in: they answer every call but those.
     waiting = open_children(tab_id, has_children)
     end = ending.End.recovered(checkpoint_lost=checkpoint_lost, resuming=bool(waiting))
-    blocks = [op.block for op in ending.end_ops(reducer, end) if isinstance(op, Seal)]
+    blocks = ending.sealed(ending.end_ops(reducer, end))
     log.append(tab_id, blocks)
     running.delete()
     if waiting:
@@ -334,7 +334,7 @@ def open_children(tab_id: uuid.UUID, has_children: bool) -> list[str]:
 # --- The running turn's own writes (from its runner, on the database thread) --------
 
 
-def _mine(tab_id: uuid.UUID, turn_id: uuid.UUID):
+def _mine(tab_id: uuid.UUID, turn_id: uuid.UUID) -> QuerySet[RunningTurn]:
     """This turn's lease row: after a recovery the tab's lease may be another's."""
     return RunningTurn.objects.filter(tab_id=tab_id, turn_id=turn_id)
 

@@ -22,13 +22,14 @@ from chat import context, log
 from chat import usage as chat_usage
 from chat.history import History
 from chat.models import Tab
-from chat.stream import Reducer, Seal
+from chat.stream import Reducer
 from chat.tools import workdir
+from chat.tools.registry import AGENT
 from chat.turn import agents, lease
 from chat.turn.driver import Driver, ProviderDriver
-from chat.turn.ending import End, end_ops
+from chat.turn.ending import End, end_ops, sealed
 from chat.turn.messages import Messages
-from chat.turn.outbox import Outbox, Publish
+from chat.turn.outbox import Outbox, Publish, appended_seq
 from chat.turn.state import TurnCancelled, TurnConfig, TurnState
 
 logger = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class TurnRunner:
         agent_calls = [
             (cid, state.seqs[cid])
             for cid, name in state.reducer.pending_calls
-            if name == agents.AGENT and cid in state.seqs
+            if name == AGENT and cid in state.seqs
         ]
         waiting = await database_sync_to_async(agents.made)(state.tab_id, agent_calls)
         state.reducer.pending_calls = [
@@ -300,13 +301,13 @@ class TurnRunner:
             state.reducer = Reducer(state.turn_id, state.reducer.step)
             state.reducer.pending_calls = pending
             ops = end_ops(state.reducer, end)
-        blocks = [op.block for op in ops if isinstance(op, Seal)]
+        blocks = sealed(ops)
         await self.outbox.checkpoint_landed()
         await self.outbox.append(blocks, clear_checkpoint=True)
         state.crash_logged = True
         self.outbox.shown = None
         for block in blocks:
-            state.last_seq = block.seq
+            state.last_seq = appended_seq(block)
             if state.history is not None:
                 try:
                     state.history.add(block)

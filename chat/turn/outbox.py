@@ -22,12 +22,20 @@ from chat import log
 from chat.pacing import Coalescer, Debouncer
 from chat.providers.base import SystemEvent
 from chat.stream import Block, Delta, Kind, Op, Open, Seal
+from chat.turn.ending import last_sealed
 from chat.turn.state import TurnState
 
 Publish = Callable[[dict[str, Any]], Awaitable[None]]
 # Told of each tool call before it is appended; True for the first call of its id in the
 # step (its seq is then kept in TurnState.seqs).
 OnCall = Callable[[Block], bool]
+
+
+def appended_seq(block: Block) -> int:
+    """The seq the log gave the block (log.append sets it)."""
+    if block.seq is None:
+        raise RuntimeError(f"block {block.id} is not in the log")
+    return block.seq
 
 
 class Outbox:
@@ -100,8 +108,8 @@ class Outbox:
             first = self.on_call(block)
         await self.append([block], clear_checkpoint=True)
         if first:
-            state.seqs[block.data["call_id"]] = block.seq
-        state.last_seq = block.seq
+            state.seqs[block.data["call_id"]] = appended_seq(block)
+        state.last_seq = appended_seq(block)
         state.history_built.add(block)
         await self.publish({"op": "seal", "block": block.to_dict()})
         if self.shown == block.id:
@@ -109,7 +117,7 @@ class Outbox:
 
     async def system(self, kind: str, text: str, **extra: Any) -> None:
         ops = self.state.reducer.feed(SystemEvent(kind, text))
-        ops[-1].block.data.update(extra)
+        last_sealed(ops).data.update(extra)
         await self.apply(ops)
 
     async def status(self) -> None:
@@ -121,7 +129,7 @@ class Outbox:
         watchers; a history that has not been built yet takes them at its build."""
         state = self.state
         for block in blocks:
-            state.last_seq = block.seq
+            state.last_seq = appended_seq(block)
             if state.history is not None:
                 state.history.add(block)
             await self.publish({"op": "seal", "block": block.to_dict()})

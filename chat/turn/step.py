@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from contextlib import aclosing, suppress
 from dataclasses import dataclass
 from datetime import timedelta
@@ -120,7 +120,7 @@ class Watch:
         return cls(idle, lambda: getattr(provider, "alive_at", None), model)
 
 
-Produce = Callable[["asyncio.Queue[Any]"], Awaitable[None]]
+Produce = Callable[["asyncio.Queue[Any]"], Coroutine[Any, Any, None]]
 
 
 class Stepper:
@@ -134,6 +134,8 @@ class Stepper:
         # Loop time since when the runner waits for the stream's next event; None while
         # it is busy with one (that is not the stream's silence).
         self._wait_start: float | None = None
+        # When the watchdog looks next (loop time), as its last look decided.
+        self._wake_at: float | None = None
 
     async def run(
         self, req: Request, model: str, config: TurnConfig, *, overflow: bool = True
@@ -246,7 +248,9 @@ class Stepper:
         """A stream starts: its silence counts from now."""
         self._last_event_at = asyncio.get_running_loop().time()
 
-    async def produced(self, produce: Produce, watch: Watch | None = None) -> AsyncIterator[Event]:
+    async def produced(
+        self, produce: Produce, watch: Watch | None = None
+    ) -> AsyncGenerator[Event, None]:
         """Run `produce` as a cancellable producer; yield what it queues, in order. With
         `watch`, a timer looks at the silence now and then (pacing.check_silence): the
         status says since when the model is silent, and a stream silent past its idle
@@ -306,8 +310,6 @@ class Stepper:
             with suppress(BaseException):
                 await producer
             state.producer = None
-
-    _wake_at: float | None = None
 
     def _look(self, now: float, watch: Watch) -> list[_Silent | _Stalled]:
         """What the watchdog sees at `now`; sets when it looks next."""
