@@ -54,6 +54,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m lint.sizes
 
 bench: $(VENV)/.installed chromium bubblewrap
 	$(PY) -m bench

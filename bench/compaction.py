@@ -1,10 +1,10 @@
-"""Context compaction over a long session (issue 16, DESIGN §12): a scripted 300-turn
-session of a tab whose model has a 30k-token window, through the real turn runner,
-Anthropic adapter and SDK, against the fake Anthropic server billing each request
+"""Context compaction over a long session (issue 16; ARCHITECTURE.md, Context management): a
+scripted 300-turn session of a tab whose model has a 30k-token window, through the real turn
+runner, Anthropic adapter and SDK, against the fake Anthropic server billing each request
 from its body (harness.fakeprovider.SimulatedCache: a prefix cache with breakpoints,
-Anthropic's 20-block look-back and its 1,024-token minimum; its 5-minute lifetime runs
-on the real clock, so nothing expires: requests follow each other within seconds, as
-for a user who answers within 5 minutes).
+Anthropic's 20-block look-back and its 1,024-token minimum; its 5-minute lifetime runs on
+the real clock, so nothing expires: requests follow each other within seconds, as for a user
+who answers within 5 minutes).
 
 Each turn: the user asks about a workspace file, the model reads it (read_file, 2 to
 6 KB of real tool output), then answers. A summary request (the one ending with

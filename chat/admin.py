@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -31,6 +31,7 @@ from pygments.lexers import JsonLexer
 
 from chat import log, schedule, usage, wakes
 from chat import render as chat_render
+from chat.chunks import Error, Kind, SystemNotice, Thinking, ToolCall, ToolResult
 from chat.forms import (
     McpServerForm,
     ProfileForm,
@@ -42,7 +43,6 @@ from chat.models import (
     ApiKey,
     ApiToken,
     Chunk,
-    ChunkType,
     McpServer,
     Profile,
     ProviderEndpoint,
@@ -104,22 +104,27 @@ def payload_preview(chunk_type: str, data: Any, limit: int = PREVIEW_CHARS) -> s
     """One line that says what the chunk holds, cut to `limit` characters."""
     if not isinstance(data, dict):
         line = json.dumps(data, ensure_ascii=False)
-    elif chunk_type in (ChunkType.TEXT, ChunkType.THINKING):
-        line = data.get("text") or ""
-        if not line and chunk_type == ChunkType.THINKING:
-            line = "[redacted thinking]" if data.get("redacted_data") else "[signature only]"
-    elif chunk_type == ChunkType.TOOL_CALL:
-        line = f"{data.get('name', '?')}({_compact(data.get('arguments', {}))})"
-    elif chunk_type == ChunkType.TOOL_RESULT:
-        result = data.get("result")
+    elif chunk_type in (Kind.TEXT, Kind.THINKING):
+        thinking = cast(Thinking, data)
+        line = thinking.get("text") or ""
+        if not line and chunk_type == Kind.THINKING:
+            line = "[redacted thinking]" if thinking.get("redacted_data") else "[signature only]"
+    elif chunk_type == Kind.TOOL_CALL:
+        call = cast(ToolCall, data)
+        line = f"{call.get('name', '?')}({_compact(call.get('arguments', {}))})"
+    elif chunk_type == Kind.TOOL_RESULT:
+        tool_result = cast(ToolResult, data)
+        result = tool_result.get("result")
         body = result if isinstance(result, str) else _compact(result)
-        mark = "error: " if data.get("is_error") else ""
-        line = f"{data.get('name', '?')} → {mark}{body}"
-    elif chunk_type == ChunkType.ERROR:
-        status = data.get("status_code")
-        line = f"[{status}] {data.get('message', '')}" if status else str(data.get("message", ""))
-    elif chunk_type == ChunkType.SYSTEM:
-        line = f"{data.get('kind', '?')}: {data.get('text', '')}"
+        mark = "error: " if tool_result.get("is_error") else ""
+        line = f"{tool_result.get('name', '?')} → {mark}{body}"
+    elif chunk_type == Kind.ERROR:
+        error = cast(Error, data)
+        status = error.get("status_code")
+        line = f"[{status}] {error.get('message', '')}" if status else str(error.get("message", ""))
+    elif chunk_type == Kind.SYSTEM:
+        notice = cast(SystemNotice, data)
+        line = f"{notice.get('kind', '?')}: {notice.get('text', '')}"
     else:
         line = _compact(data)
     line = " ".join(str(line).split())

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib.auth.signals import user_login_failed
@@ -47,9 +47,9 @@ from chat import (
     turns,
     usage,
 )
+from chat.chunks import Kind, ToolCall, ToolResult
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
-from chat.stream import Kind
 from chat.tools.workdir import BadWorkdir
 from chat.turn import lease
 
@@ -397,23 +397,23 @@ def waiting_call(tab_id: uuid.UUID, turn_id: uuid.UUID) -> JsonDict | None:
         .order_by("seq")
         .values_list("type", "data")
     )
-    calls: list[JsonDict] = []
+    calls: list[ToolCall] = []
     answered: dict[str, int] = {}
     for kind, data in rows:
         if kind == Kind.TOOL_CALL:
-            calls.append(data)
+            calls.append(cast(ToolCall, data))
         else:
-            call_id = str(data.get("call_id", ""))
+            call_id = str(cast(ToolResult, data).get("call_id", ""))
             answered[call_id] = answered.get(call_id, 0) + 1
-    for data in calls:
-        call_id = str(data.get("call_id", ""))
+    for call in calls:
+        call_id = str(call.get("call_id", ""))
         if answered.get(call_id, 0) > 0:
             answered[call_id] -= 1
             continue
         return {
             "call_id": call_id,
-            "name": data.get("name", ""),
-            "arguments": data.get("arguments", {}),
+            "name": call.get("name", ""),
+            "arguments": call.get("arguments", {}),
         }
     return None
 

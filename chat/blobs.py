@@ -1,4 +1,4 @@
-"""Attachments' bytes (DESIGN §13): what a file becomes (`normalise`), where it is
+"""Attachments' bytes (ARCHITECTURE.md, Attachments): what a file becomes (`normalise`), where it is
 kept (`store`), who may read it, and when it goes (`collect`).
 
 A file is normalised once, when it arrives: its real type is sniffed (Pillow, the PDF

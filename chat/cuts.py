@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from chat.stream import ChunkLike, Kind, Role
+from chat.chunks import Kind, Role, ToolCall, ToolResult
+from chat.stream import ChunkLike
 
 
 class CutError(ValueError):
@@ -129,9 +130,9 @@ def _answer(waiting: list[str], chunk: ChunkLike) -> None:
     """Fold one chunk into the calls waiting for a result: a call joins them, a
     result answers the first with its id (ids may repeat); live output answers none."""
     if chunk.type == Kind.TOOL_CALL:
-        waiting.append(chunk.data.get("call_id"))
+        waiting.append(cast(ToolCall, chunk.data).get("call_id"))
     elif chunk.type == Kind.TOOL_RESULT and "result" in chunk.data:
-        call_id = chunk.data.get("call_id")
+        call_id = cast(ToolResult, chunk.data).get("call_id")
         if call_id in waiting:
             waiting.remove(call_id)
 

@@ -20,8 +20,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from chat import search
-from chat.models import CheckpointPiece, Chunk, ChunkType, RunningTurn, Tab
-from chat.stream import Block, body_key
+from chat.chunks import Kind, body_key
+from chat.models import CheckpointPiece, Chunk, RunningTurn, Tab
+from chat.stream import Block
 
 
 class LeaseLost(Exception):
@@ -165,7 +166,7 @@ def context_tail(tab_id: uuid.UUID) -> list[Chunk]:
     newest compaction chunk and every chunk after the seq it summarises through,
     or the whole log when it was never compacted."""
     newest = (
-        Chunk.objects.filter(tab_id=tab_id, type=ChunkType.COMPACTION)
+        Chunk.objects.filter(tab_id=tab_id, type=Kind.COMPACTION)
         .order_by("-seq")
         .values_list("data", flat=True)
         .first()

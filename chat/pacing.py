@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 COALESCE_SECONDS = 0.03
 # ...or earlier once this much text is waiting, so big deltas are not held back.
 COALESCE_MAX_CHARS = 4096
-# Checkpoint debounce (DESIGN §2): save the open block after this much idle...
+# Checkpoint debounce (ARCHITECTURE.md, One turn, step 3): save the open block after
+# this much idle...
 CHECKPOINT_IDLE = 0.25
 # ...and never later than this after its first unsaved delta: a crash loses at
 # most about a second of streamed text.

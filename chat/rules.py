@@ -1,5 +1,5 @@
 """Permission rules: which tool calls run, wait for the user, or are refused without
-asking (DESIGN §14).
+asking (ARCHITECTURE.md, Permission rules).
 
 Pure: no Django. A rule is an action (`allow`, `ask`, `deny`) and a pattern: a tool
 name, where `*` matches any run of characters (`read_file`, `mcp__github__*`),

@@ -1,5 +1,5 @@
-"""PURE: when a wake is due (DESIGN §16). No Django, no clock: every function takes the
-times it works on (UTC in, UTC out), so tests drive it with any instant.
+"""PURE: when a wake is due (ARCHITECTURE.md, Wakes). No Django, no clock: every function
+takes the times it works on (UTC in, UTC out), so tests drive it with any instant.
 
 A schedule is a cron expression read in an IANA time zone (cronsim), an interval, or
 one time. Daylight saving time is cronsim's (Debian cron's) rule, which is what a cron

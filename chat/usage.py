@@ -54,6 +54,7 @@ from django.db.models.lookups import GreaterThan, GreaterThanOrEqual
 from genai_prices import data_snapshot
 from genai_prices import types as price_types
 
+from chat.chunks import Kind, OriginKind, Role
 from chat.models import Chunk, Tab, UsageRecord, agent_children
 from chat.providers.registry import PROVIDERS
 
@@ -520,7 +521,7 @@ def _child_turns(
     level = {turn: turn for turn in turn_ids}
     while level:
         calls = Chunk.objects.filter(
-            turn_id__in=level, type="tool_call", data__name="agent"
+            turn_id__in=level, type=Kind.TOOL_CALL, data__name="agent"
         ).values_list("tab_id", "data__call_id", "seq", "turn_id")
         by_tab: dict[uuid.UUID, list[tuple[str, int, uuid.UUID]]] = {}
         for tab, call_id, seq, turn in calls:
@@ -534,7 +535,7 @@ def _child_turns(
         if not kids:
             break
         starts = Chunk.objects.filter(
-            tab_id__in=kids, role="user", data__origin__kind="agent"
+            tab_id__in=kids, role=Role.USER, data__origin__kind=OriginKind.AGENT
         ).values_list("tab_id", "turn_id")
         level = {}
         for child, turn in starts:

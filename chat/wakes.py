@@ -37,6 +37,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from chat import bus, preferences, schedule, turns
+from chat.chunks import Origin, OriginKind, Role, untyped
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, Wake, WakeRun
 
 logger = logging.getLogger(__name__)
@@ -138,14 +139,15 @@ def origin_of(wake: Wake, scheduled_for: datetime) -> dict[str, Any]:
     """The user chunk's origin: which wake and time (the dedup key of recovery), and
     what the page and the runner need without reading the wake (its name, its approval
     policy as it was when it fired)."""
-    return {
-        "kind": "wake",
-        "wake_id": wake.pk,
-        "scheduled_for": scheduled_for.isoformat(),
-        "name": str(wake),
-        "timezone": wake.timezone,
-        "approval": wake.approval,
-    }
+    origin = Origin(
+        kind=OriginKind.WAKE,
+        wake_id=wake.pk,
+        scheduled_for=scheduled_for.isoformat(),
+        name=str(wake),
+        timezone=wake.timezone,
+        approval=wake.approval,
+    )
+    return untyped(origin)
 
 
 # --- claim ---------------------------------------------------------------------------
@@ -330,7 +332,7 @@ def _already_sent(tab: Tab, origin: dict[str, Any]) -> int | None:
     if queued is not None:
         return queued.pk
     logged = Chunk.objects.filter(
-        tab=tab, role="user", **{f"data__origin__{k}": v for k, v in key.items()}
+        tab=tab, role=Role.USER, **{f"data__origin__{k}": v for k, v in key.items()}
     ).exists()
     return 0 if logged else None
 

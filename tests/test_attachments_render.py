@@ -1,7 +1,7 @@
-"""Attachments on the page (issue 17, DESIGN §13): a user message's files under its text
-(thumbnails that open the image, chips that download the rest), the composer tray's
-markup (chat/_attachment.html), and the Markdown export's list of names. A page carries
-references to blobs, never their bytes; an SVG is never shown; a name is text."""
+"""Attachments on the page (issue 17; ARCHITECTURE.md, Attachments): a user message's files
+under its text (thumbnails that open the image, chips that download the rest), the composer
+tray's markup (chat/_attachment.html), and the Markdown export's list of names. A page
+carries references to blobs, never their bytes; an SVG is never shown; a name is text."""
 
 from __future__ import annotations
 

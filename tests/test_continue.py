@@ -1,13 +1,12 @@
-"""Continue (DESIGN §11) through the real turn runner and the Anthropic SDK against the
-fake server: for each way a turn is cut short (Stop during text, thinking or a shell
-call; a server crash during text or a shell call, or a shutdown during one; the output
-or context limit; an error; the step limit), the message Continue sends says what was
-interrupted and where, and the continue turn's request follows the rules: interrupted
-text is sent as the user saw it, thinking cut off before its signature is not sent, an
-interrupted call is answered with an is_error result and never run again. A turn
-recovered after a crash or a shutdown waits for the user. Continue with nothing to
-continue is refused and queues nothing.
-"""
+"""Continue (ARCHITECTURE.md, Branches and continue) through the real turn runner and the
+Anthropic SDK against the fake server: for each way a turn is cut short (Stop during text,
+thinking or a shell call; a server crash during text or a shell call, or a shutdown during
+one; the output or context limit; an error; the step limit), the message Continue sends says
+what was interrupted and where, and the continue turn's request follows the rules:
+interrupted text is sent as the user saw it, thinking cut off before its signature is not
+sent, an interrupted call is answered with an is_error result and never run again. A turn
+recovered after a crash or a shutdown waits for the user. Continue with nothing to continue
+is refused and queues nothing."""
 
 from __future__ import annotations
 

@@ -246,9 +246,9 @@ async def test_a_change_reads_the_tab_once_however_many_pages_are_open(script, m
 async def test_a_slow_sidebar_read_holds_up_no_turn_and_the_states_keep_their_order(
     script, monkeypatch
 ):
-    """The runner never waits for its owner's pages: a hundred turns starting at once
-    queued their entry reads ahead of their own writes (the bench's p99 token delay went
-    from 0.1 s to 1.8 s). The announcements still arrive in order once the reads go on."""
+    """The runner never waits for its owner's pages: if it did, a hundred turns starting
+    at once would queue their entry reads ahead of their own writes and hold up their
+    streams. The announcements still arrive in order once the reads go on."""
     script([TextDelta("hi"), Finish()])
     tab = await make_tab()
     gate = threading.Event()

@@ -1,7 +1,7 @@
 """Children made before calls were keyed on their seq (id uuid5(parent, call id)): a tab
 that crossed that upgrade still finds each one from the call that made it — its usage in
 the parent's turn, its result for a resumed turn, no second child — and a later call that
-repeats the id does not take it (the bug the seq fixed)."""
+repeats the id does not take it (call ids repeat; seqs do not)."""
 
 from __future__ import annotations
 

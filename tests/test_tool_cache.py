@@ -1,8 +1,8 @@
-"""The tab's tool set is frozen (DESIGN §14): every request of a tab sends the same tools,
-byte for byte, through the real turn runner and the official Anthropic SDK against the
-fake server; a change (an admin's edit of the tab's allowed tools, as an MCP server's new
-list would be) takes effect at the next turn's start with a config-reload chunk, never
-within a turn."""
+"""The tab's tool set is frozen (ARCHITECTURE.md, Tool sets, profiles and working
+directories): every request of a tab sends the same tools, byte for byte, through the real
+turn runner and the official Anthropic SDK against the fake server; a change (an admin's
+edit of the tab's allowed tools, as an MCP server's new list would be) takes effect at the
+next turn's start with a config-reload chunk, never within a turn."""
 
 from __future__ import annotations
 

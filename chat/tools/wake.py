@@ -1,5 +1,5 @@
-"""The `schedule_wake` tool: the model asks for a prompt to be sent later (a Wake row,
-DESIGN §16). It always waits for the user's approval (registry.ALWAYS_ASK: no allow
+"""The `schedule_wake` tool: the model asks for a prompt to be sent later (a Wake row;
+ARCHITECTURE.md, Wakes). It always waits for the user's approval (registry.ALWAYS_ASK: no allow
 rule and no "don't ask" setting lets it through), since a wake acts later with nobody
 watching. A recurring wake it makes expires after AGENT_WAKE_LIFETIME unless the user
 keeps it on the Wakes page.

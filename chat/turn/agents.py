@@ -584,7 +584,7 @@ def live_status(status: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# What an entry of a status's `children` holds (chat.agent.Status.children).
+# What an entry of a status's `children` holds (chat.turn.state.TurnStatus.children).
 CHILD_KEYS = ("tab", "title", "call_id", "state", "step", "approval", "children")
 
 

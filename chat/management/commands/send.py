@@ -40,6 +40,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from chat import blobs, bus, startup, turns
+from chat.chunks import Kind, Role, SystemKind
 from chat.models import QueuedMessage, Tab
 from chat.preferences import new_tab, profile_named
 from chat.turn import lease
@@ -245,15 +246,18 @@ def _continue(tab: Tab, *, auto_approve: bool) -> QueuedMessage:
 
 
 # What a sealed system chunk of these kinds says about how the turn ended.
-ENDINGS = {"interrupted": "the turn was interrupted", "cancelled": "the turn was stopped"}
+ENDINGS = {
+    SystemKind.INTERRUPTED: "the turn was interrupted",
+    SystemKind.CANCELLED: "the turn was stopped",
+}
 
 
 def _failure(block: dict[str, Any]) -> str | None:
     """The one-line reason a chunk gives for a failed turn, or None."""
     data = block["data"]
-    if block["type"] == "error":
+    if block["type"] == Kind.ERROR:
         reason = f"the turn ended with an error: {data.get('message', '')}"
-    elif block["type"] == "system" and data.get("kind") in ENDINGS:
+    elif block["type"] == Kind.SYSTEM and data.get("kind") in ENDINGS:
         reason = f"{ENDINGS[data['kind']]}: {data.get('text', '')}"
     else:
         return None
@@ -303,9 +307,9 @@ class TextPrinter:
         match message["op"]:
             case "open":
                 self.open_type = message["block"]["type"]
-                if self.open_type == "thinking":
+                if self.open_type == Kind.THINKING:
                     self.write("[thinking] ")
-                elif self.open_type == "tool_result":
+                elif self.open_type == Kind.TOOL_RESULT:
                     self.write(f"[{message['block']['data'].get('name', 'tool')} output]\n")
             case "delta":
                 self.write(message["text"])
@@ -318,25 +322,26 @@ class TextPrinter:
         data, kind, was_open = block["data"], block["type"], self.open_type == block["type"]
         self.open_type = None
         match kind:
-            case "text" if block["role"] == "user":
+            case Kind.TEXT if block["role"] == Role.USER:
                 self.write(f"> {data['text']}\n")
-            case "text" | "thinking":
+            case Kind.TEXT | Kind.THINKING:
                 if not was_open:
-                    self.write(("[thinking] " if kind == "thinking" else "") + data.get("text", ""))
+                    prefix = "[thinking] " if kind == Kind.THINKING else ""
+                    self.write(prefix + data.get("text", ""))
                 self.write("\n")
-            case "tool_call":
+            case Kind.TOOL_CALL:
                 args = json.dumps(data.get("arguments", {}), ensure_ascii=False, sort_keys=True)
                 self.write(f"→ {data['name']} {args}\n")
-            case "tool_result":
+            case Kind.TOOL_RESULT:
                 if was_open and not data.get("shell_output", "").endswith("\n"):
                     self.write("\n")
                 first = (data.get("result") or "").strip().splitlines()[:1]
                 mark = "✗" if data.get("is_error") else "←"
                 self.write(f"{mark} {data['name']}: {first[0] if first else '(empty)'}\n")
-            case "error":
+            case Kind.ERROR:
                 code = f" ({data['status_code']})" if data.get("status_code") else ""
                 self.err.write(terminal_safe(f"✗ error{code}: {data['message']}"))
-            case "system":
+            case Kind.SYSTEM:
                 self.write(f"· {data.get('kind')}: {data.get('text')}\n")
 
     def sent(self, text: str) -> None:

@@ -1,4 +1,5 @@
-"""`manage.py wake add|list|remove|run|run-due`: wakes from the command line (DESIGN §16)."""
+"""`manage.py wake add|list|remove|run|run-due`: wakes from the command line
+(ARCHITECTURE.md, Wakes)."""
 
 from __future__ import annotations
 
