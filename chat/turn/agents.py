@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from chat import bus, log, preferences, resume, rules
 from chat import usage as chat_usage
+from chat.chunks import Kind, OriginKind, Role, SystemKind
 from chat.models import (
     Chunk,
     Profile,
@@ -54,7 +55,7 @@ from chat.models import (
     agent_children,
 )
 from chat.providers.base import ToolResultEvent
-from chat.stream import Block, Kind, Reducer, Role
+from chat.stream import Block, Reducer
 from chat.tools import shell, toolset
 from chat.tools.registry import AGENT, AGENT_SCHEMA, check_arguments
 from chat.tools.workdir import BadWorkdir
@@ -80,11 +81,11 @@ NO_TEXT = "(the sub-agent returned no text)"
 TITLE_CHARS = 200
 # The ways a child's turn ends that are not a finished task, and what the parent is told.
 FAILURES = {
-    "cancelled": "it was stopped",
-    "interrupted": "its server stopped in the middle of its turn",
-    "step-limit": "it stopped at its step limit ({steps} steps)",
-    "output-limit": "its answer was cut off at the model's output limit",
-    "context-limit": "it filled its model's context window",
+    SystemKind.CANCELLED: "it was stopped",
+    SystemKind.INTERRUPTED: "its server stopped in the middle of its turn",
+    SystemKind.STEP_LIMIT: "it stopped at its step limit ({steps} steps)",
+    SystemKind.OUTPUT_LIMIT: "its answer was cut off at the model's output limit",
+    SystemKind.CONTEXT_LIMIT: "it filled its model's context window",
 }
 
 
@@ -188,7 +189,7 @@ def ensure(
         title = " ".join(arguments["description"].split())[:TITLE_CHARS]
         family = {"id": pk, "parent_tab": parent, "parent_call_id": call_id}
         child = _new_child(parent, (arguments.get("profile") or "").strip(), title, family)
-        origin = {"kind": "agent", "parent_tab": str(parent_id), "call_id": call_id}
+        origin = {"kind": OriginKind.AGENT, "parent_tab": str(parent_id), "call_id": call_id}
         if unattended:
             origin["approval"] = "deny"
         queued = QueuedMessage.objects.create(
@@ -425,7 +426,7 @@ def cancel(tab_id: uuid.UUID, call_id: str | None = None, why: str = "") -> bool
             message = {"type": "turn.cancel", "tab_id": str(tab_id), "why": why}
             transaction.on_commit(lambda: bus.group_send(bus.control_group(tab_id), message))
             return True
-        waiting = QueuedMessage.objects.filter(tab_id=tab_id, origin__kind="agent")
+        waiting = QueuedMessage.objects.filter(tab_id=tab_id, origin__kind=OriginKind.AGENT)
         if call_id is not None:
             waiting = waiting.filter(origin__call_id=call_id)
         queued = list(waiting)

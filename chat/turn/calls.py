@@ -23,6 +23,7 @@ from django.conf import settings as django_settings
 from django.db import transaction
 
 from chat import blobs, rules, tools
+from chat.chunks import SystemKind
 from chat.models import PermissionRule, Tab
 from chat.providers.base import ShellOutput, ToolResultEvent
 from chat.stream import Block
@@ -40,6 +41,9 @@ logger = logging.getLogger(__name__)
 # The same call (name and arguments) this many times in a row in one turn stops and asks
 # the user: a model that repeats itself is likely stuck, and each repeat costs a step.
 REPEATS_TO_ASK = 3
+# The notice before the doom-loop guard asks (not in chunks.SystemKind yet: the page shows
+# it with its kind as its label, "Repeated call").
+REPEATED_CALL = "repeated-call"
 # What an unattended turn's calls get when they would need an answer.
 UNATTENDED = "Not approved: unattended wake turn."
 REPEAT_UNATTENDED = (
@@ -272,14 +276,16 @@ class Calls:
         if verdict == Gate.ASK:
             if repeated:
                 await self.outbox.system(
-                    "repeated-call",
+                    REPEATED_CALL,
                     f"The model made the same {name} call {self.repeats.count} times in a "
                     "row: approve to run it again, deny to refuse it.",
                     call_id=call_id,
                 )
             approved = await self.approvals.ask(call_id, name, call, repeated=repeated)
             if added := self.approvals.rule_added(call_id):
-                await self.outbox.system("rule", added["text"], call_id=call_id, **added["rule"])
+                await self.outbox.system(
+                    SystemKind.RULE, added["text"], call_id=call_id, **added["rule"]
+                )
                 await self._load_rules()
             if not approved:
                 await self._answer(
@@ -317,7 +323,7 @@ class Calls:
         self._rules, problems = await database_sync_to_async(self._read_rules)()
         for problem in problems:
             logger.warning("tab %s: %s", self.state.tab_id, problem)
-            await self.outbox.system("rule", problem)
+            await self.outbox.system(SystemKind.RULE, problem)
 
     def _read_rules(self) -> tuple[list[rules.Rule], list[str]]:
         tab_rules, owner_id = Tab.objects.values_list("rules", "owner_id").get(pk=self.state.tab_id)
@@ -330,7 +336,7 @@ class Calls:
         """A rule decided a call: the log says which (the audit trail)."""
         rule = decision.rule
         await self.outbox.system(
-            "rule",
+            SystemKind.RULE,
             decision.text,
             call_id=call_id,
             action=decision.action,
@@ -420,6 +426,4 @@ class Calls:
         so (its output key, even empty), not one of a call never run, which
         Continue would tell the model it can run again."""
         await self.outbox.apply(self.state.reducer.feed(ShellOutput(call_id, "")))
-        snapshot = self.outbox.open_copy()
-        if snapshot is not None:
-            await self.outbox.write_checkpoint(snapshot)
+        await self.outbox.checkpoint_now()

@@ -20,11 +20,12 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from chat import blobs, context, log, retry, tools
+from chat.chunks import Kind, Role, SystemKind
 from chat.history import History
 from chat.models import Tab, UsageRecord
 from chat.providers.base import Finish, ProviderError, Request, TextDelta, ToolCallEvent
 from chat.providers.errors import explain
-from chat.stream import Block, Kind, Role
+from chat.stream import Block
 from chat.turn import step
 from chat.turn.outbox import Outbox, appended_seq
 from chat.turn.state import COMPACTING, TurnState
@@ -88,7 +89,7 @@ class Compactor:
         through = context.plan_through(chunks, context.window(model)[0], keep_current=True)
         if through is None:
             await self.outbox.system(
-                "compaction-failed",
+                SystemKind.COMPACTION_FAILED,
                 "This turn alone fills the model's context window: there is nothing "
                 "before it left to summarise. Stop it, or start a new tab.",
             )
@@ -127,7 +128,7 @@ class Compactor:
         through = self._plan(chunks, trigger, through, model)
         if through is None:
             await self.outbox.system(
-                "compaction-failed",
+                SystemKind.COMPACTION_FAILED,
                 "Nothing to compact: no message since the last compaction reaches that far."
                 if chunks
                 else "Nothing to compact yet.",
@@ -152,7 +153,7 @@ class Compactor:
         finally:
             state.status.state = "running"
         if isinstance(summary, str):
-            await self.outbox.system("compaction-failed", summary)
+            await self.outbox.system(SystemKind.COMPACTION_FAILED, summary)
             await self.outbox.status()
             return False
         data: dict[str, Any] = {

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
 
+from chat.chunks import SystemKind
 from chat.models import QueuedMessage, Tab
 from chat.tools import toolset
 from chat.tools.registry import AGENT
@@ -117,7 +118,8 @@ class ProviderDriver:
             state.check_cancel()
             if step >= config.max_steps:
                 end = End.limit(
-                    "step-limit", f"Stopped after {config.max_steps} steps (the step limit)."
+                    SystemKind.STEP_LIMIT,
+                    f"Stopped after {config.max_steps} steps (the step limit).",
                 )
                 await self.outbox.apply(end_ops(state.reducer, end))
                 return
@@ -173,7 +175,7 @@ class ProviderDriver:
         fresh = await database_sync_to_async(TurnConfig.load)(tab)
         if fresh == state.config:
             return False
-        await self.outbox.system("config-reload", state.turn_config.describe_change(fresh))
+        await self.outbox.system(SystemKind.CONFIG_RELOAD, state.turn_config.describe_change(fresh))
         state.config = fresh
         return True
 
@@ -201,12 +203,18 @@ class ProviderDriver:
             # A server down keeps its tools; each turn it is down says so.
             if failed:
                 listed = "".join(f" {f}." for f in failed)
-                await self.outbox.system("tool-problem", "MCP servers not listed:" + listed)
+                await self.outbox.system(
+                    SystemKind.TOOL_PROBLEM, "MCP servers not listed:" + listed
+                )
             return
         trouble = "".join(f" {p}." for p in problems)
         if tab.tools is not None:
-            await self.outbox.system("config-reload", toolset.describe(tab.tools, fresh) + trouble)
+            await self.outbox.system(
+                SystemKind.CONFIG_RELOAD, toolset.describe(tab.tools, fresh) + trouble
+            )
         elif problems:
-            await self.outbox.system("tool-problem", "Some tools are not available:" + trouble)
+            await self.outbox.system(
+                SystemKind.TOOL_PROBLEM, "Some tools are not available:" + trouble
+            )
         tab.tools = fresh
         await Tab.objects.filter(pk=tab.pk).aupdate(tools=fresh)

@@ -11,6 +11,8 @@ How a turn ends (`Ending`) and what its last chunk is:
 - CANCELLED: a `cancelled` notice (the user's Stop, or a parent's, saying why).
 - INTERRUPTED: an `interrupted` notice (a worker shut down or died mid-turn).
 - LIMIT: a notice of the limit (`step-limit`).
+
+`End.kind` is the notice's SystemKind (chat.chunks), one of SystemKind.ENDINGS.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from chat.chunks import Kind, SystemKind
 from chat.providers.base import ErrorEvent, SystemEvent, ToolResultEvent
-from chat.stream import Block, Kind, Op, Reducer, Seal
+from chat.stream import Block, Op, Reducer, Seal
 
 
 class Ending(StrEnum):
@@ -62,23 +65,27 @@ class End:
     @classmethod
     def stopped(cls, why: str = "") -> End:
         """Stop: the user's, or (`why`) a parent's or a cap's."""
+        kind = SystemKind.CANCELLED
         if why:
-            return cls(Ending.CANCELLED, f"Stopped: {why}.", f"Stopped: {why}.")
-        return cls(Ending.CANCELLED, "Stopped by the user.", "Cancelled by the user.")
+            return cls(Ending.CANCELLED, f"Stopped: {why}.", f"Stopped: {why}.", kind=kind)
+        return cls(Ending.CANCELLED, "Stopped by the user.", "Cancelled by the user.", kind=kind)
 
     @classmethod
     def stopped_before_start(cls, why: str = "") -> End:
         """A sub-agent's prompt no worker took yet, stopped."""
-        if why:
-            return cls(Ending.CANCELLED, f"Stopped before it started: {why}.")
-        return cls(Ending.CANCELLED, "Stopped by the user before it started.")
+        text = f"Stopped before it started: {why}." if why else ""
+        return cls(
+            Ending.CANCELLED,
+            text or "Stopped by the user before it started.",
+            kind=SystemKind.CANCELLED,
+        )
 
     @classmethod
     def shut_down(cls, *, resuming: bool) -> End:
         text = "The server shut down in the middle of this turn. " + (
             RESUMING.strip() if resuming else "Send a message to go on."
         )
-        return cls(Ending.INTERRUPTED, text, NOT_RUN_SHUTDOWN)
+        return cls(Ending.INTERRUPTED, text, NOT_RUN_SHUTDOWN, kind=SystemKind.INTERRUPTED)
 
     @classmethod
     def recovered(cls, *, checkpoint_lost: bool, resuming: bool) -> End:
@@ -88,7 +95,13 @@ class End:
             text += " The last block was saved up to its last checkpoint (at most a second lost)."
         if resuming:
             text += RESUMING
-        return cls(Ending.INTERRUPTED, text, NOT_RUN_RECOVERED, RECOVERED_WHILE_RUNNING)
+        return cls(
+            Ending.INTERRUPTED,
+            text,
+            NOT_RUN_RECOVERED,
+            RECOVERED_WHILE_RUNNING,
+            kind=SystemKind.INTERRUPTED,
+        )
 
     @classmethod
     def crashed(cls, message: str) -> End:
@@ -155,5 +168,4 @@ def end_ops(reducer: Reducer, end: End) -> list[Op]:
     ops = interrupt_ops(reducer, end.not_run, running_why=end.running) if end.not_run else []
     if end.how == Ending.ERROR:
         return ops + reducer.feed(ErrorEvent(end.text, end.status_code, end.details or None))
-    kind = end.kind or end.how.value
-    return ops + reducer.feed(SystemEvent(kind, end.text))
+    return ops + reducer.feed(SystemEvent(end.kind, end.text))

@@ -25,10 +25,11 @@ from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from chat import bus, context, log, sidebar
+from chat.chunks import Kind
 from chat.history import History
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, UsageRecord, agent_children
 from chat.providers import registry
-from chat.stream import Block, Kind, Reducer
+from chat.stream import Block, Reducer
 from chat.tools.registry import AGENT
 from chat.turn import ending
 from chat.turn.ending import RESUMING  # noqa: F401 (tests and the runner's notice)

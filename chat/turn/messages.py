@@ -15,8 +15,9 @@ from channels.db import database_sync_to_async
 from django.db import transaction
 
 from chat import blobs, log
+from chat.chunks import Kind, Role
 from chat.models import QueuedMessage
-from chat.stream import Block, Kind, Role
+from chat.stream import Block
 from chat.tools import workdir
 from chat.tools.base import ToolError
 from chat.turn.outbox import Outbox

@@ -19,9 +19,10 @@ from channels.db import database_sync_to_async
 from django.db import transaction
 
 from chat import log
+from chat.chunks import Kind
 from chat.pacing import Coalescer, Debouncer
 from chat.providers.base import SystemEvent
-from chat.stream import Block, Delta, Kind, Op, Open, Seal
+from chat.stream import Block, Delta, Op, Open, Seal
 from chat.turn.ending import last_sealed
 from chat.turn.state import TurnState
 
@@ -199,17 +200,27 @@ class Outbox:
             return
         self._cp_timer = None
         snapshot = self.open_copy()
-        if snapshot is None:
-            return
+        if snapshot is not None:
+            self._chain_write(snapshot)
+
+    async def checkpoint_now(self) -> None:
+        """Checkpoint the open block at once (a command's output block before it starts).
+        After any write in flight: each write sends what the one before it stored."""
+        snapshot = self.open_copy()
+        if snapshot is not None:
+            await self._chain_write(snapshot)
+
+    def _chain_write(self, snapshot: Block) -> asyncio.Future[None]:
         previous = self._cp_write
 
         async def write() -> None:
             if previous is not None:
                 with suppress(Exception):
                     await previous
-            await self.write_checkpoint(snapshot)
+            await self._write_checkpoint(snapshot)
 
         self._cp_write = asyncio.ensure_future(write())
+        return self._cp_write
 
     def open_copy(self) -> Block | None:
         """The open block as it is now, kept from the deltas that follow."""
@@ -218,7 +229,7 @@ class Outbox:
             return None
         return Block(block.id, block.turn_id, block.step, block.role, block.type, dict(block.data))
 
-    async def write_checkpoint(self, snapshot: Block) -> None:
+    async def _write_checkpoint(self, snapshot: Block) -> None:
         # Counted once written: a write that fails is sent again by the next one.
         stored = self._cp_stored if snapshot.id == self._cp_block else None
         await database_sync_to_async(log.checkpoint)(self.state.tab_id, snapshot, stored)

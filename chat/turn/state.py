@@ -19,6 +19,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from chat import context, preferences
+from chat.chunks import OriginKind
 from chat.history import History
 from chat.models import Tab
 from chat.providers.base import Usage
@@ -252,4 +253,5 @@ def unattended_message(data: dict[str, Any]) -> bool:
     """A message no one is there to approve for: a deny wake's, or the prompt of a
     sub-agent that such a turn started (agents.ensure marks it so)."""
     origin = data.get("origin") or {}
-    return origin.get("kind") in ("wake", "agent") and origin.get("approval") == "deny"
+    kind = origin.get("kind")
+    return kind in (OriginKind.WAKE, OriginKind.AGENT) and origin.get("approval") == "deny"

@@ -21,6 +21,7 @@ from typing import Any
 from django.utils import timezone
 
 from chat import blobs, context, retry, tools
+from chat.chunks import SystemKind
 from chat.models import Tab, UsageRecord
 from chat.pacing import check_silence
 from chat.providers import aget_provider
@@ -44,11 +45,11 @@ STALLED = STREAM_IDLE
 # Stop reasons that cut the answer short, and the notice written after it.
 STOP_NOTICES = {
     "max_tokens": (
-        "output-limit",
+        SystemKind.OUTPUT_LIMIT,
         "The model stopped at its output limit: the answer is cut short.",
     ),
     "model_context_window_exceeded": (
-        "context-limit",
+        SystemKind.CONTEXT_LIMIT,
         "The model stopped because the conversation filled its context window.",
     ),
 }
@@ -172,7 +173,7 @@ class Stepper:
                 if isinstance(decision, retry.Retry):
                     attempt += 1
                     await self.outbox.system(
-                        "notice",
+                        SystemKind.NOTICE,
                         f"{_reason(exc)}; retrying in {decision.delay:g} s "
                         f"(attempt {attempt + 1} of {len(retry.RETRY_DELAYS) + 1}).",
                         retry=True,
@@ -182,7 +183,7 @@ class Stepper:
                 switched = True
                 attempt = 0
                 await self.outbox.system(
-                    "model-changed",
+                    SystemKind.MODEL_CHANGED,
                     f"Switched to {decision.model} ({_reason(exc).lower()}).",
                     retry=True,
                 )
