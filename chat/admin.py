@@ -40,7 +40,6 @@ from chat.forms import (
     key_providers,
     masked_pairs,
 )
-from chat.lease import is_stale, turn_usage
 from chat.models import (
     ApiKey,
     ApiToken,
@@ -57,6 +56,7 @@ from chat.models import (
 )
 from chat.providers.registry import endpoint_now
 from chat.tools import mcp
+from chat.turn.lease import is_stale, turn_usage
 
 # A list row is one line: long enough to recognise a chunk, short enough not
 # to wrap on a laptop screen next to the other columns.

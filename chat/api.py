@@ -40,7 +40,6 @@ from chat import (
     blobs,
     cuts,
     follow,
-    lease,
     log,
     preferences,
     revocation,
@@ -54,6 +53,7 @@ from chat.chunks import Kind, ToolCall, ToolResult
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
 from chat.tools.workdir import BadWorkdir
+from chat.turn import lease
 
 # A request body is a message or a small command; the largest, a message of
 # forms.MAX_MESSAGE_CHARS characters, is at most ~1.2 MB as JSON even with every

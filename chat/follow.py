@@ -34,9 +34,10 @@ from typing import Any, cast
 from channels.db import aclose_old_connections, database_sync_to_async
 from channels.layers import get_channel_layer
 
-from chat import bus, lease, log, preferences, render
+from chat import bus, log, preferences, render
 from chat.models import Chunk, RunningTurn
 from chat.stream import Block
+from chat.turn import lease
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ IDLE, RUNNING, WAITING = "idle", "running", "waiting"
 
 
 def state_of(status: dict[str, Any]) -> str:
-    """The sidebar's state of a turn status (chat.agent.TurnStatus.as_dict): compacting,
+    """The sidebar's state of a turn status (chat.turn.state.TurnStatus.as_dict): compacting,
     stopping and the rest are "running" to a list that only marks activity."""
     state = status.get("state")
     if state in (IDLE, WAITING):

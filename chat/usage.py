@@ -516,7 +516,7 @@ def _child_turns(
     tab_id: uuid.UUID, turn_ids: set[uuid.UUID]
 ) -> dict[tuple[uuid.UUID, uuid.UUID], uuid.UUID]:
     """{(descendant tab, its turn): the turn of this tab} for the children these turns'
-    `agent` calls made (chat.children), their children's, and so on down the tree: the turn
+    `agent` calls made (chat.turn.agents), their children's, and so on down the tree: the turn
     of each child's prompt is its call's work, and a grandchild's is its parent's."""
     owned: dict[tuple[uuid.UUID, uuid.UUID], uuid.UUID] = {}
     # The level's turns (any tab's: turn ids are unique) -> the turn of tab_id they count for.
@@ -548,7 +548,7 @@ def _child_turns(
 
 
 def _tree(tab_id: uuid.UUID) -> tuple[uuid.UUID, ...]:
-    """The tab and its sub-agents' tabs, theirs, and so on down (chat.children)."""
+    """The tab and its sub-agents' tabs, theirs, and so on down (chat.turn.agents)."""
     tabs, level = [tab_id], [tab_id]
     while level:
         level = [
@@ -561,7 +561,7 @@ def _tree(tab_id: uuid.UUID) -> tuple[uuid.UUID, ...]:
 
 
 def tab_totals(tab_id: uuid.UUID) -> Totals:
-    """Everything the tab's own turns used, and its sub-agents' tabs (chat.children), theirs
+    """Everything the tab's own turns used, and its sub-agents' tabs (chat.turn.agents), theirs
     and so on down.
 
     Every page of the tab shows them, and a tab of ten thousand turns has as many
