@@ -41,9 +41,6 @@ logger = logging.getLogger(__name__)
 # The same call (name and arguments) this many times in a row in one turn stops and asks
 # the user: a model that repeats itself is likely stuck, and each repeat costs a step.
 REPEATS_TO_ASK = 3
-# The notice before the doom-loop guard asks (not in chunks.SystemKind yet: the page shows
-# it with its kind as its label, "Repeated call").
-REPEATED_CALL = "repeated-call"
 # What an unattended turn's calls get when they would need an answer.
 UNATTENDED = "Not approved: unattended wake turn."
 REPEAT_UNATTENDED = (
@@ -276,7 +273,7 @@ class Calls:
         if verdict == Gate.ASK:
             if repeated:
                 await self.outbox.system(
-                    REPEATED_CALL,
+                    SystemKind.REPEATED_CALL,
                     f"The model made the same {name} call {self.repeats.count} times in a "
                     "row: approve to run it again, deny to refuse it.",
                     call_id=call_id,
