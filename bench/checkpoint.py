@@ -98,9 +98,10 @@ def _old_write(writes: Writes, shadow_id: uuid.UUID, block) -> None:
 
 def per_second(writes: Writes, size: int) -> dict:
     """One turn on the runner: a `size` prefix, then STREAM_SECONDS of tokens."""
-    from chat import agent, log
+    from chat import log
     from chat.providers.base import Finish, TextDelta
     from chat.providers.replay import ScriptedProvider
+    from chat.turn import step
 
     prefix = "".join(_token(n) for n in range(size // TOKEN_CHARS))
     tokens = [TextDelta(_token(n)) for n in range(int(RATE * STREAM_SECONDS))]
@@ -119,12 +120,12 @@ def per_second(writes: Writes, size: int) -> dict:
         _old_write(writes, shadow.pk, block)
         done.append(time.monotonic())
 
-    original, agent.provider_for = agent.provider_for, provider_for
+    original, step.provider_for = step.provider_for, provider_for
     log.checkpoint = checkpoint
     try:
         elapsed = asyncio.run(run_turn(tab, "go"))
     finally:
-        agent.provider_for = original
+        step.provider_for = original
         log.checkpoint = real_checkpoint
     # From the end of the checkpoint that wrote the prefix (not what streaming
     # costs) to the end of the last one.

@@ -156,15 +156,15 @@ def respond(request: Recorded) -> Reply:
 def _naive_summaries():
     """Make the runner's summary request the peers' kind: the same messages, no system
     prompt and no tools (a cache miss of the whole conversation). Returns the undo."""
-    from chat.agent import TurnRunner
+    from chat.turn.compaction import Compactor
 
-    original = TurnRunner._summarise
+    original = Compactor._summarise
 
     async def naive(self, request, model):
         return await original(self, replace(request, system="", tools=()), model)
 
-    TurnRunner._summarise = naive
-    return lambda: setattr(TurnRunner, "_summarise", original)
+    Compactor._summarise = naive
+    return lambda: setattr(Compactor, "_summarise", original)
 
 
 async def _session(tab, server: FakeProviderServer) -> float:

@@ -124,9 +124,9 @@ def main(port: int, tokens: int, pace: float) -> None:
 
 def _serve_bench_models(tokens: int, pace: float, deltas: list[str]) -> None:
     """Tabs on DELTAS_MODEL and STAMPED_MODEL get the bench's providers, others the app's."""
-    from chat import agent
+    from chat.turn import step
 
-    real_provider_for = agent.provider_for
+    real_provider_for = step.provider_for
 
     async def provider_for(model):
         if model == DELTAS_MODEL:
@@ -135,7 +135,7 @@ def _serve_bench_models(tokens: int, pace: float, deltas: list[str]) -> None:
             return StampedProvider(tokens, pace)
         return await real_provider_for(model)
 
-    agent.provider_for = provider_for
+    step.provider_for = provider_for
 
 
 def _application(tokens: int, pace: float, deltas: list[str], results_path: Path):

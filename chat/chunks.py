@@ -82,6 +82,8 @@ class SystemKind:
     OUTPUT_LIMIT: Final = "output-limit"
     CONTEXT_LIMIT: Final = "context-limit"
     STEP_LIMIT: Final = "step-limit"
+    # The doom-loop guard: the same call three times in a row; the user is asked.
+    REPEATED_CALL: Final = "repeated-call"
 
     ALL: Final = (
         NOTICE,
@@ -97,6 +99,7 @@ class SystemKind:
         OUTPUT_LIMIT,
         CONTEXT_LIMIT,
         STEP_LIMIT,
+        REPEATED_CALL,
     )
     # The notices that end a turn cut short: the turn's last chunk when it has one.
     ENDINGS: Final = frozenset({CANCELLED, INTERRUPTED, OUTPUT_LIMIT, CONTEXT_LIMIT, STEP_LIMIT})

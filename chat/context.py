@@ -1,6 +1,6 @@
-"""Context-window management (DESIGN §12): how full a tab's context is, when to
-compact it and through where, what the summary request asks, which old tool
-outputs to elide.
+"""Context-window management (ARCHITECTURE.md, Context management): how full a
+tab's context is, when to compact it and through where, what the summary request
+asks, which old tool outputs to elide.
 
 Pure: no Django imports. The turn runner asks; history.py applies the answers
 (it starts from the newest compaction chunk and sends elided results as one-line
@@ -115,8 +115,10 @@ class Size:
             for k in ("input", "cache_read", "cache_write", "output")
             if isinstance(v := raw.get(k), int) and not isinstance(v, bool) and v >= 0
         }
-        at = raw.get("at") if isinstance(raw.get("at"), str) else ""
-        return cls(**ints, at=at, estimated=raw.get("estimated") is True)
+        at = raw.get("at")
+        return cls(
+            **ints, at=at if isinstance(at, str) else "", estimated=raw.get("estimated") is True
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -47,7 +47,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast, overload
 
 from chat import context
 from chat.chunks import (
@@ -443,7 +443,13 @@ class Messages(Sequence[Message]):
     def __len__(self) -> int:
         return self._n + len(self._tail)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Message, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | tuple[Message, ...]:
         if isinstance(index, slice):
             return tuple(self)[index]
         length = len(self)

@@ -56,7 +56,7 @@ class Tab(models.Model):
     profile = models.ForeignKey(
         "Profile", null=True, blank=True, on_delete=models.SET_NULL, related_name="tabs"
     )
-    # The model chose `profile` (a sub-agent's, chat.children), not a person: its allow
+    # The model chose `profile` (a sub-agent's, chat.turn.agents), not a person: its allow
     # rules never applied here, so nothing may make a tab with it as if a person had
     # (chat.tools.wake). Kept by branches, which outlive the sub-agent they came from.
     profile_by_model = models.BooleanField(default=False)
@@ -69,7 +69,7 @@ class Tab(models.Model):
     tool_allow = models.JSONField(default=list, blank=True)
     # The tab's own permission rules, [{action, pattern}] (chat.rules): its profile's,
     # copied at creation, and each "always allow" said on one of its approval cards. A
-    # sub-agent's inherited ones also say their `source` (chat.children.inherited_rules).
+    # sub-agent's inherited ones also say their `source` (chat.turn.agents.inherited_rules).
     rules = models.JSONField(default=list, blank=True)
     # A subfolder of the workspace the tab's tools work in ("": the workspace itself),
     # so that parallel tabs do not trample each other.
@@ -399,7 +399,7 @@ def _decrypt_json(token: str) -> dict[str, str] | None:
 
 
 class Wake(models.Model):
-    """A scheduled prompt (DESIGN §16): at each due time its prompt is submitted to
+    """A scheduled prompt (ARCHITECTURE.md, Wakes): at each due time its prompt is submitted to
     `tab` (or to a new tab each time) as if its owner sent it. Kept state:
     `wipe_history` keeps it. `next_run_at` (UTC) is the claim: a worker fires a time
     by moving it on in the same transaction that inserts that time's WakeRun (chat.wakes)."""

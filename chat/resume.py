@@ -3,12 +3,12 @@
 Pure: no Django imports. Chunks are anything with `seq, turn_id, step, role,
 type, data`.
 
-A bare "continue" gets "no response requested" from models (DESIGN §11): the
-new turn's first message says exactly what was interrupted and where. The
-request rules that go with it are history's (interrupted text is sent as the
-user saw it; interrupted thinking without a signature is not sent) and the
-runner's and recovery's (an interrupted call has an `is_error` result and is
-never run again by itself).
+A bare "continue" gets "no response requested" from models (ARCHITECTURE.md,
+Branches and continue): the new turn's first message says exactly what was
+interrupted and where. The request rules that go with it are history's
+(interrupted text is sent as the user saw it; interrupted thinking without a
+signature is not sent) and the runner's and recovery's (an interrupted call has
+an `is_error` result and is never run again by itself).
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ def _call(data: Mapping[str, Any]) -> str:
     """A call named as the model would recognise it (its result names the call when the
     call itself is not in the turn)."""
     name = str(data.get("name") or "a tool")
-    args = data.get("arguments") if isinstance(data.get("arguments"), dict) else {}
+    arguments = data.get("arguments")
+    args: Mapping[str, Any] = arguments if isinstance(arguments, dict) else {}
     for key in CALL_KEYS:
         value = args.get(key)
         if isinstance(value, str) and value.strip():

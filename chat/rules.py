@@ -88,7 +88,7 @@ ACTIONS = (ALLOW, ASK, DENY)
 # Where a rule came from, as the audit trail and the approval card say it.
 TAB = "tab"
 USER = "user"
-# A sub-agent's rules (chat.children): its parent tab's, and the deny and ask rules of the
+# A sub-agent's rules (chat.turn.agents): its parent tab's, and the deny and ask rules of the
 # profile the model chose for it. Kept in the tab's rules with the source they came from.
 PARENT = "parent"
 PROFILE = "profile"

@@ -35,7 +35,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 from asgiref.sync import sync_to_async
 from django.db import connection
@@ -178,10 +178,11 @@ def export_markdown(tab: Tab) -> Iterator[str]:
     """The tab for people: messages as Markdown, tool calls and results fenced."""
     end = log.last_seq(tab.pk)
     yield _markdown_head(tab)
-    section = None
+    section: str | None = None
     for chunks in _pages(tab, end):
         parts = []
         for chunk in chunks:
+            wanted: str | None
             if chunk.role == Role.USER:
                 wanted = "User"
             elif chunk.role == Role.SYSTEM:
@@ -334,9 +335,13 @@ async def _async(parts: Iterator[str]) -> AsyncIterator[str]:
     Django serves a sync iterator under ASGI by reading it into a list first,
     which would hold the whole export in memory.
     """
-    step = sync_to_async(next, thread_sensitive=True)
-    while (part := await step(parts, None)) is not None:
+    step = sync_to_async(_next_part, thread_sensitive=True)
+    while (part := await step(parts)) is not None:
         yield part
+
+
+def _next_part(parts: Iterator[str]) -> str | None:
+    return next(parts, None)
 
 
 def export_response(tab: Tab, fmt: str) -> StreamingHttpResponse:
@@ -364,7 +369,13 @@ def declared_too_large(request: HttpRequest, *, multipart: bool) -> bool:
 # --- Import --------------------------------------------------------------------------
 
 
-def _lines(stream: IO[bytes], max_bytes: int) -> Iterator[tuple[int, str]]:
+class LineSource(Protocol):
+    """What an import reads its file from: an upload, a file, or a request's body."""
+
+    def readline(self, size: int, /) -> bytes: ...
+
+
+def _lines(stream: LineSource, max_bytes: int) -> Iterator[tuple[int, str]]:
     """(line number, text) of each line; refuses the file once it passes `max_bytes`,
     and a line once it passes MAX_LINE_BYTES.
 
@@ -581,7 +592,7 @@ def _check_chunk(number: int, value: Any, seq: int, text: str) -> Block:
 
 def import_jsonl(
     owner: Any,
-    stream: IO[bytes],
+    stream: LineSource,
     *,
     max_bytes: int | None = None,
 ) -> Tab:

@@ -1,4 +1,4 @@
-"""Wakes (DESIGN §16): claiming a due time, firing it into a tab, recovering a firing a
+"""Wakes (ARCHITECTURE.md, Wakes): claiming a due time, firing it into a tab, recovering a firing a
 crash cut short, and the scheduler every worker runs.
 
 Exactly one firing per scheduled time, whatever the number of workers: a worker claims
@@ -168,7 +168,8 @@ def claim(wake_id: int, now: datetime) -> WakeRun | None:
     except (ValueError, ArithmeticError) as exc:
         # A row changed by hand (the admin, the database) into something unusable
         # (ScheduleError is a ValueError; a date past year 9999 an OverflowError).
-        return _disable(wake, due, now, f"The wake's schedule is invalid: {exc}")
+        _disable(wake, due, now, f"The wake's schedule is invalid: {exc}")
+        return None
     with transaction.atomic():
         moved = Wake.objects.filter(pk=wake.pk, enabled=True, next_run_at=due).update(
             next_run_at=plan.next_run_at, updated_at=now

@@ -45,7 +45,8 @@ class LimitedRequest(WebRequest):
         super().__init__(*args, **kwargs)
         # Twisted parses a form body (multipart, urlencoded) into request.args, which
         # daphne never reads, before the application or any check sees it: a body of
-        # empty parts cost 38x its size and held the event loop (8 MB: 304 MB, 10 s).
+        # empty parts would cost many times its size in memory and hold the event loop
+        # for seconds.
         # Django parses what it needs, within its own limits.
         self._parsePOSTFormSubmission = False
 

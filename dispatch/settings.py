@@ -418,7 +418,7 @@ if _workspace == _data or _workspace in _data.parents:
     )
 # A runaway model must not loop forever; 50 steps is far past a normal task.
 DISPATCH_MAX_STEPS = envint("DISPATCH_MAX_STEPS", 50, minimum=1)
-# Sub-agents (the `agent` tool, chat.children). A child's turn stops at this many steps:
+# Sub-agents (the `agent` tool, chat.turn.agents). A child's turn stops at this many steps:
 # a delegated task is narrower than its parent's, and a looping child must not run up
 # the parent's bill for 50 steps unseen.
 DISPATCH_CHILD_MAX_STEPS = envint("DISPATCH_CHILD_MAX_STEPS", 25, minimum=1)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from channels.layers import channel_layers, get_channel_layer
 
-from chat import agent
 from chat.providers.replay import ScriptedProvider
+from chat.turn import step
 from harness import chromium
 from harness.fakeprovider import FakeProviderServer
 from harness.servers import Servers
@@ -42,7 +42,7 @@ def script(monkeypatch) -> Callable[..., ScriptedProvider]:
         async def provider_for(model: str):
             return by_model.get(model, provider)
 
-        monkeypatch.setattr(agent, "provider_for", provider_for)
+        monkeypatch.setattr(step, "provider_for", provider_for)
         return provider
 
     return install

@@ -18,10 +18,11 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from chat import lease, log, search, turns
+from chat import log, search, turns
 from chat.cuts import CutError
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block, Kind, Role
+from chat.turn import lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

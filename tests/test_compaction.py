@@ -12,9 +12,10 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from chat import context, lease, turns
+from chat import context, turns
 from chat.follow import SseRenderer
 from chat.models import QueuedMessage, Tab, UsageRecord
+from chat.turn import lease
 from harness.fakeprovider import STALL, Pause, Reply
 from tests.anthropic_wire import (
     MODEL,

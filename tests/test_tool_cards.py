@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from chat import agent, log, render, transfer
+from chat import log, render, transfer
 from chat.models import Tab
 from chat.providers.base import Finish, ToolCallEvent, ToolResultEvent, ToolResultPart
 from chat.providers.replay import ScriptedProvider
@@ -25,6 +25,7 @@ from chat.render import counts, fragment_open, fragment_seal, fragments, size
 from chat.stream import Block, Kind, Reducer, Role
 from chat.tools import run_tool
 from chat.tools.shell import OUTPUT_CAP, OUTPUT_HEAD, OUTPUT_TAIL
+from chat.turn import step
 from chat.views import files
 from tests.engine import Watcher, chunks, make_tab, owner_workspace, running_worker, submit
 from tests.test_transfer import export_bytes, request_json
@@ -121,7 +122,7 @@ async def test_the_runner_records_the_cut_and_sends_the_model_the_result_alone(
     async def provider_for(model: str):
         return provider
 
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    monkeypatch.setattr(step, "provider_for", provider_for)
     async with running_worker():
         tab = await make_tab()
         async with Watcher(tab.pk) as watcher:

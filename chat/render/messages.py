@@ -33,7 +33,7 @@ SYSTEM_LABELS = {
 # The system notices that end a turn early: with an error chunk, what Continue
 # applies to (as chat.resume reads them).
 ENDING_KINDS = SystemKind.ENDINGS
-# How a compaction chunk says it was asked for (chat.agent writes one of these).
+# How a compaction chunk says it was asked for (chat.turn.compaction writes one of these).
 COMPACTION_TRIGGERS = ("auto", "manual")
 
 

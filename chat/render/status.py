@@ -134,7 +134,7 @@ CHILD_STATES = {
 
 
 def children_context(entries: list[Any], path: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The status's sub-agents (chat.agent.Status.children) for the page: each with its
+    """The status's sub-agents (chat.turn.state.TurnStatus.children) for the page: each with its
     card's key (its call's approve key: the parent's card for that call) and every approval
     pending in its subtree, each naming the tab that asks and answered there (`path`: the
     sub-agents above it, for a sub-agent's own sub-agents)."""
@@ -183,7 +183,7 @@ def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, An
     state = status.get("state") or "idle"
     usage = status.get("usage") or {}
     started = _epoch_ms(status.get("started_at")) if state != "idle" else None
-    # Set by the runner once a stream has been silent for a while (agent.WAITING_STATUS_AFTER).
+    # Set by the runner once a stream has been silent a while (turn.step.WAITING_STATUS_AFTER).
     waiting = _epoch_ms(status.get("waiting_since")) if state == "running" else None
     approval = approval_context(status.get("approval"))
     kids = children_context(status.get("children") or []) if state != "idle" else []
@@ -213,7 +213,7 @@ def status_context(status: dict[str, Any], *, oob: bool = False) -> dict[str, An
         "has_usage": state != "idle"
         and any(usage.get(k) for k in ("input", "output", "cache_read", "cache_write")),
         "approval": approval,
-        # Sub-agents the turn waits for (chat.children), each shown on its call's card;
+        # Sub-agents the turn waits for (chat.turn.agents), each shown on its call's card;
         # their approvals (a sub-agent's own sub-agents' too) in the approval bar.
         "children": kids,
         "child_approvals": [a for k in kids for a in k["approvals"]],

@@ -129,7 +129,7 @@ async def _schedule_wake(
 
 _PATH = {"type": "string", "description": "A path relative to the workspace."}
 
-# The sub-agent tool. The turn runner runs it (chat.children: it makes a tab and waits
+# The sub-agent tool. The turn runner runs it (chat.turn.agents: it makes a tab and waits
 # for that tab's turn), never run_tool, which has no tab to make one from.
 AGENT = "agent"
 AGENT_SCHEMA: Mapping[str, Any] = {

@@ -141,7 +141,7 @@ def _create(args: Mapping[str, Any], tab_id: uuid.UUID, now: datetime) -> ToolOu
 
 def _from_sub_agent(tab: Tab) -> bool:
     """A sub-agent's tab, or a branch of one: a tab whose profile a person never chose
-    (chat.children), so new tabs made with it would have more than the tab has. Its
+    (chat.turn.agents), so new tabs made with it would have more than the tab has. Its
     inherited rules say so too, where a deleted tab broke the chain of branches."""
     if tab.profile_by_model or any(
         isinstance(r, dict) and r.get("source") for r in tab.rules or []

@@ -80,7 +80,7 @@ def _always_allow(
     note: dict[str, Any] = {"action": rules.ALLOW, "pattern": pattern, "source": source}
 
     def resolve(path: str) -> str:
-        # The runner's own (chat.agent): decided as the runner decides, an ask rule that
+        # The runner's own (chat.turn.calls): decided as the runner decides, an ask rule that
         # matches where a link leads still decides first, so no rule is added for it.
         return workspace_files.resolve(
             workdir.ensure(workdir.user_workspace(tab.owner_id), tab.workdir), path

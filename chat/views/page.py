@@ -14,11 +14,12 @@ from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from chat import cuts, lease, log, preferences, resume, usage
+from chat import cuts, log, preferences, resume, usage
 from chat import render as chat_render
 from chat.chunks import Kind, Role, SystemKind, SystemNotice
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, OFFLINE_MODEL, model_choices
 from chat.models import Chunk, Tab
+from chat.turn import lease
 from chat.views import common
 from chat.views.common import AuthenticatedHttpRequest
 

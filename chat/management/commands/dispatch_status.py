@@ -18,9 +18,9 @@ from django.db.backends.sqlite3.creation import DatabaseCreation as SQLiteCreati
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from chat.lease import is_stale
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.tools import sandbox
+from chat.turn.lease import is_stale
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,11 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chat import blobs, bus, lease, startup, turns
+from chat import blobs, bus, startup, turns
 from chat.chunks import Kind, Role, SystemKind
 from chat.models import QueuedMessage, Tab
 from chat.preferences import new_tab, profile_named
+from chat.turn import lease
 from chat.worker import run_worker
 
 

@@ -26,7 +26,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import Model
 
-from chat import blobs, lease, search, turns
+from chat import blobs, search, turns
 from chat.management.commands.dispatch_status import database_size, human_size
 from chat.models import (
     Attachment,
@@ -40,6 +40,7 @@ from chat.models import (
     WakeRun,
 )
 from chat.tools import workdir
+from chat.turn import lease
 
 # Deletion order: every table before the table its foreign keys point to.
 HISTORY_MODELS: tuple[type[Model], ...] = (
@@ -54,7 +55,7 @@ HISTORY_MODELS: tuple[type[Model], ...] = (
 
 # How long --force waits for cancelled turns to stop. A turn stops at its next
 # stream event or tool poll, in well under a few seconds; waiting past
-# chat.lease.LEASE_STALE_SECONDS (15 s) also covers a worker that dies
+# chat.turn.lease.LEASE_STALE_SECONDS (15 s) also covers a worker that dies
 # meanwhile, since its lease then goes stale and is wiped with the rest.
 CANCEL_WAIT_SECONDS = 30.0
 # Polling the lease rows this often is cheap and keeps the wait short.
