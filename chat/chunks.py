@@ -197,6 +197,8 @@ class ToolResult(TypedDict):
     shell_output: NotRequired[str]
     interrupted: NotRequired[bool]
     attachments: NotRequired[list[FileRef]]
+    # An `agent` call's result: the sub-agent's tab (chat.turn.agents; its card links it).
+    child_tab: NotRequired[str]
 
 
 class Error(TypedDict):

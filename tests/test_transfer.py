@@ -308,6 +308,25 @@ def test_messages_a_wake_or_a_parent_agent_sent_keep_their_origin_through_a_roun
     assert request_json(copy) == request_json(original)
 
 
+def test_a_sub_agents_result_keeps_its_child_tab_through_a_round_trip(alice):
+    # chat.turn.agents writes `child_tab` into an `agent` call's result (the card links it).
+    turn, child = uuid.uuid4(), str(uuid.uuid4())
+    call = {"call_id": "c1", "name": "agent", "arguments": {"description": "d", "prompt": "p"}}
+    result = {"call_id": "c1", "name": "agent", "result": "Found it.", "child_tab": child}
+    original = make_tab(
+        alice,
+        [
+            b("user", "text", {"text": "Delegate it"}, turn, 0),
+            b("assistant", "tool_call", call, turn),
+            b("tool", "tool_result", result, turn),
+            b("assistant", "text", {"text": "Done."}, turn, 2),
+        ],
+    )
+    copy = import_bytes(alice, export_bytes(original))
+    assert Chunk.objects.get(tab=copy, seq=3).data["child_tab"] == child
+    assert request_json(copy) == request_json(original)
+
+
 def test_import_of_a_file_whose_chunk_ids_exist_makes_new_ids_and_leaves_the_original(alice):
     original = make_tab(alice, rich_log())
     before = list(Chunk.objects.filter(tab=original).values_list("id", "seq", "data"))
