@@ -3,10 +3,12 @@ providers and Chromium under the names the tests ask for."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from channels.layers import channel_layers, get_channel_layer
 
 from chat import agent
@@ -80,10 +82,67 @@ def serve(transactional_db, tmp_path) -> Iterator[Servers]:
         servers.stop_all()
 
 
-@pytest.fixture
-async def browser(serve) -> AsyncIterator[Any]:
-    """Chromium through Playwright, closed before the servers stop (daphne would wait for
-    its open sockets). A missing Chromium fails the test: browser tests never skip."""
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test using `browser` runs on the session's event loop, where the worker's one
+    Chromium lives (Playwright's objects belong to the loop that made them)."""
+    for item in items:
+        if "browser" not in getattr(item, "fixturenames", ()):
+            continue
+        marker = item.get_closest_marker("asyncio")
+        if marker is None or marker.kwargs.get("loop_scope") != "session":
+            raise pytest.UsageError(
+                f'{item.nodeid} uses `browser`: mark it `pytest.mark.asyncio(loop_scope="session")`'
+            )
+
+
+class WorkerChromium:
+    """One Chromium for all the browser tests of this worker: launching one (and
+    Playwright's driver) costs seconds of CPU. Launched at first use, and again if it
+    died, so one crash fails one test."""
+
+    def __init__(self, stack: contextlib.AsyncExitStack) -> None:
+        self._stack = stack
+        self._launched: Any = None
+
+    async def get(self) -> Any:
+        if self._launched is None or not self._launched.is_connected():
+            self._launched = await self._stack.enter_async_context(chromium.browser())
+        return self._launched
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def _worker_chromium() -> AsyncIterator[WorkerChromium]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield WorkerChromium(stack)
+
+
+class OneTestsBrowser:
+    """The worker's Chromium as one test sees it: the contexts it opens are closed when the
+    test ends, so nothing (cookies, storage, pages, sockets) outlives the test."""
+
+    def __init__(self, launched: Any) -> None:
+        self._launched = launched
+        self._contexts: list[Any] = []
+
+    async def new_context(self, **options: Any) -> Any:
+        context = await self._launched.new_context(**options)
+        self._contexts.append(context)
+        return context
+
+    async def close_contexts(self) -> None:
+        for context in self._contexts:
+            await context.close()
+        self._contexts.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._launched, name)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def browser(serve, _worker_chromium) -> AsyncIterator[OneTestsBrowser]:
+    """Chromium through Playwright; the test's contexts are closed before the servers stop
+    (daphne would wait for their open sockets). A missing Chromium fails the test: browser
+    tests never skip."""
     missing = ""
     try:
         chromium.executable()
@@ -91,5 +150,8 @@ async def browser(serve) -> AsyncIterator[Any]:
         missing = str(exc)
     if missing:  # outside the except: the message alone, no chained traceback
         pytest.fail(missing, pytrace=False)
-    async with chromium.browser() as launched:
-        yield launched
+    shared = OneTestsBrowser(await _worker_chromium.get())
+    try:
+        yield shared
+    finally:
+        await shared.close_contexts()
