@@ -74,11 +74,18 @@ def fake_server(fake_server_factory: Callable[[], FakeProviderServer]) -> FakePr
 @pytest.fixture
 def serve(transactional_db, tmp_path) -> Iterator[Servers]:
     """`await serve(**env)`: a live `manage.py serve` on the test database; every one is
-    stopped after the test, pass or fail, and its log is printed when the test fails."""
+    stopped after the test, pass or fail, and its log is printed when the test fails.
+
+    Stopped with SIGKILL: the test is over, so a graceful drain (interrupting what it left
+    running, closing connections, a second or more per server) would serve nobody. The
+    tests of stopping itself (test_serve_drain, test_sandbox) signal their servers in the
+    test; a killed server's children die with it as they do in production."""
     servers = Servers(tmp_path)
     try:
         yield servers
     finally:
+        for server in servers.started:
+            server.kill()
         servers.stop_all()
 
 
