@@ -10,12 +10,62 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from channels.layers import channel_layers, get_channel_layer
+from django.contrib.auth.models import Permission
+from django.contrib.contenttypes.models import ContentType
+from django.core.management import call_command
+from django.db import connections
+from django.test import TransactionTestCase
 
 from chat import agent
 from chat.providers.replay import ScriptedProvider
 from harness import chromium
 from harness.fakeprovider import FakeProviderServer
 from harness.servers import Servers
+
+# --- A transactional test's flush ----------------------------------------------------
+#
+# After a transactional test Django empties every table, then its post_migrate handlers
+# make the content types and permissions again, model by model: twenty times the cost of
+# the flush itself, paid by some 800 tests. The flush here skips those handlers and puts
+# back the very rows the migrated test database had (same ids), in two inserts.
+
+_POST_MIGRATE_ROWS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database, and the rows its post_migrate handlers made."""
+    with django_db_blocker.unblock():
+        for alias in connections:
+            _POST_MIGRATE_ROWS[alias] = (
+                list(ContentType.objects.using(alias).values()),
+                list(Permission.objects.using(alias).values()),
+            )
+    yield
+
+
+def _flush_keeping_post_migrate_rows(self: TransactionTestCase) -> None:
+    if self.available_apps is not None or self.serialized_rollback:
+        _django_fixture_teardown(self)
+        return
+    for alias in self._databases_names(include_mirrors=False):
+        call_command(
+            "flush",
+            verbosity=0,
+            interactive=False,
+            database=alias,
+            reset_sequences=False,
+            allow_cascade=False,
+            inhibit_post_migrate=True,
+        )
+        content_types, permissions = _POST_MIGRATE_ROWS[alias]
+        ContentType.objects.using(alias).bulk_create(ContentType(**row) for row in content_types)
+        Permission.objects.using(alias).bulk_create(Permission(**row) for row in permissions)
+    ContentType.objects.clear_cache()
+
+
+_django_fixture_teardown = TransactionTestCase._fixture_teardown
+TransactionTestCase._fixture_teardown = _flush_keeping_post_migrate_rows
 
 
 @pytest.fixture(autouse=True)
