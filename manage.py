@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import execute_from_command_line
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 
-from dispatch.envcheck import (
+from chat.envcheck import (
     EXIT_UNAVAILABLE,
     exit_configuration_error,
     exit_with,

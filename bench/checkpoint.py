@@ -2,9 +2,9 @@
 
 Bytes are what the write statements carry: the sizes of their parameters (text
 and JSON as UTF-8, timestamps and ids as the driver gets them), captured on
-Django's connection. Today's design is measured the same way, by running the
-write it replaces (the whole block as JSON, on the lease row) on a second
-tab's lease row next to each checkpoint.
+Django's connection. For comparison, a write of the whole block each time (as
+JSON, on the lease row) is measured the same way, run on a second tab's lease
+row next to each checkpoint.
 
 - Per second, at 100 tokens/s, on the turn runner (its debounce, its thread):
   the open text block already 10 KB and 1 MB long, then 8 s of tokens; the
@@ -45,7 +45,7 @@ def _size(value: Any) -> int:
 
 
 class Writes:
-    """Write statements as they run: (time, bytes, today's design or not)."""
+    """Write statements as they run: (time, bytes, whether it is the whole-block write)."""
 
     def __init__(self) -> None:
         self.rows: list[tuple[float, int, bool]] = []
@@ -71,7 +71,7 @@ class Writes:
 
 
 def _shadow(owner_tab) -> Any:
-    """A second tab with a lease row, for today's write to land on."""
+    """A second tab with a lease row, for the whole-block write to land on."""
     from django.utils import timezone
 
     from chat.models import RunningTurn
@@ -84,7 +84,7 @@ def _shadow(owner_tab) -> Any:
 
 
 def _old_write(writes: Writes, shadow_id: uuid.UUID, block) -> None:
-    """Today's checkpoint: the whole block, as JSON, on the lease row."""
+    """The checkpoint pieces are compared with: the whole block, as JSON, on the lease row."""
     from django.utils import timezone
 
     from chat.models import RunningTurn
@@ -98,9 +98,10 @@ def _old_write(writes: Writes, shadow_id: uuid.UUID, block) -> None:
 
 def per_second(writes: Writes, size: int) -> dict:
     """One turn on the runner: a `size` prefix, then STREAM_SECONDS of tokens."""
-    from chat import agent, log
+    from chat import log
     from chat.providers.base import Finish, TextDelta
     from chat.providers.replay import ScriptedProvider
+    from chat.turn import step
 
     prefix = "".join(_token(n) for n in range(size // TOKEN_CHARS))
     tokens = [TextDelta(_token(n)) for n in range(int(RATE * STREAM_SECONDS))]
@@ -119,12 +120,12 @@ def per_second(writes: Writes, size: int) -> dict:
         _old_write(writes, shadow.pk, block)
         done.append(time.monotonic())
 
-    original, agent.provider_for = agent.provider_for, provider_for
+    original, step.provider_for = step.provider_for, provider_for
     log.checkpoint = checkpoint
     try:
         elapsed = asyncio.run(run_turn(tab, "go"))
     finally:
-        agent.provider_for = original
+        step.provider_for = original
         log.checkpoint = real_checkpoint
     # From the end of the checkpoint that wrote the prefix (not what streaming
     # costs) to the end of the last one.

@@ -1,10 +1,10 @@
-"""Context compaction over a long session (issue 16, DESIGN §12): a scripted 300-turn
-session of a tab whose model has a 30k-token window, through the real turn runner,
-Anthropic adapter and SDK, against the fake Anthropic server billing each request
+"""Context compaction over a long session (issue 16; ARCHITECTURE.md, Context management): a
+scripted 300-turn session of a tab whose model has a 30k-token window, through the real turn
+runner, Anthropic adapter and SDK, against the fake Anthropic server billing each request
 from its body (harness.fakeprovider.SimulatedCache: a prefix cache with breakpoints,
-Anthropic's 20-block look-back and its 1,024-token minimum; its 5-minute lifetime runs
-on the real clock, so nothing expires: requests follow each other within seconds, as
-for a user who answers within 5 minutes).
+Anthropic's 20-block look-back and its 1,024-token minimum; its 5-minute lifetime runs on
+the real clock, so nothing expires: requests follow each other within seconds, as for a user
+who answers within 5 minutes).
 
 Each turn: the user asks about a workspace file, the model reads it (read_file, 2 to
 6 KB of real tool output), then answers. A summary request (the one ending with
@@ -156,15 +156,15 @@ def respond(request: Recorded) -> Reply:
 def _naive_summaries():
     """Make the runner's summary request the peers' kind: the same messages, no system
     prompt and no tools (a cache miss of the whole conversation). Returns the undo."""
-    from chat.agent import TurnRunner
+    from chat.turn.compaction import Compactor
 
-    original = TurnRunner._summarise
+    original = Compactor._summarise
 
     async def naive(self, request, model):
         return await original(self, replace(request, system="", tools=()), model)
 
-    TurnRunner._summarise = naive
-    return lambda: setattr(TurnRunner, "_summarise", original)
+    Compactor._summarise = naive
+    return lambda: setattr(Compactor, "_summarise", original)
 
 
 async def _session(tab, server: FakeProviderServer) -> float:

@@ -1,6 +1,6 @@
 """Live Markdown's cost per streamed token: the socket's renderer for an open text chunk
-(chat.render.fragment_live) against the plain escaped delta it replaced (fragment_delta), in
-this process, on the frames the 30 ms coalescing makes of a stream at 100 and 200 tokens/s.
+(chat.render.fragment_live) against a plain escaped delta (fragment_delta), in this process,
+on the frames the 30 ms coalescing makes of a stream at 100 and 200 tokens/s.
 
 Two texts: the stamped tokens `streaming` and `paced` send (digits: plain text, appended as
 it comes), and a model's answer in Markdown (paragraphs with inline markup, a list, code, a

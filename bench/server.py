@@ -118,18 +118,15 @@ def main(port: int, tokens: int, pace: float) -> None:
     setup_django(sys.argv[4] if len(sys.argv) > 4 else None)
     results_path = Path(os.environ["DISPATCH_DATA_DIR"]) / RAW_RESULTS
     deltas = small_deltas(int(sys.argv[5]) if len(sys.argv) > 5 else 0)
-    from channels.generic.websocket import AsyncWebsocketConsumer
-    from channels.routing import URLRouter
-    from daphne.endpoints import build_endpoint_description_strings
-    from daphne.server import Server
-    from django.urls import path
+    _serve_bench_models(tokens, pace, deltas)
+    _serve(_application(tokens, pace, deltas, results_path), port)
 
-    from chat import agent, pacing
-    from chat.worker import start_embedded_worker
-    from dispatch import asgi
-    from harness.servers import LISTENING_LINE
 
-    real_provider_for = agent.provider_for
+def _serve_bench_models(tokens: int, pace: float, deltas: list[str]) -> None:
+    """Tabs on DELTAS_MODEL and STAMPED_MODEL get the bench's providers, others the app's."""
+    from chat.turn import step
+
+    real_provider_for = step.provider_for
 
     async def provider_for(model):
         if model == DELTAS_MODEL:
@@ -138,7 +135,19 @@ def main(port: int, tokens: int, pace: float) -> None:
             return StampedProvider(tokens, pace)
         return await real_provider_for(model)
 
-    agent.provider_for = provider_for
+    step.provider_for = provider_for
+
+
+def _application(tokens: int, pace: float, deltas: list[str], results_path: Path):
+    """The app, with the baselines beside it: /bare/ (stamped tokens), /bench/raw/ (the
+    raw page) and /bench/raw/ws/ (its deltas)."""
+    from channels.generic.websocket import AsyncWebsocketConsumer
+    from channels.routing import URLRouter
+    from django.urls import path
+
+    from chat import pacing
+    from dispatch import asgi
+
     raw_frames = {"each": deltas, "coalesced": coalesced(deltas, pacing.COALESCE_MAX_CHARS)}
 
     class BareStream(AsyncWebsocketConsumer):
@@ -179,6 +188,17 @@ def main(port: int, tokens: int, pace: float) -> None:
         if scope["type"] == "http" and scope["path"] == "/bench/raw/":
             return await raw_page(receive, send)
         return await asgi.application(scope, receive, send)
+
+    return application
+
+
+def _serve(application, port: int) -> None:
+    """Serve `application` on daphne at 127.0.0.1:`port`, with the embedded worker."""
+    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.server import Server
+
+    from chat.worker import start_embedded_worker
+    from harness.servers import LISTENING_LINE
 
     def ready() -> None:
         # Listening already (daphne binds before this): say where, as `manage.py serve`

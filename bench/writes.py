@@ -21,10 +21,11 @@ def run() -> dict:
     from channels.db import database_sync_to_async
     from django.db import connection
 
-    from chat import agent, search
+    from chat import search
     from chat.models import Tab
     from chat.providers.base import Finish, ReasoningDelta, ReasoningEnd, TextDelta
     from chat.providers.replay import ScriptedProvider
+    from chat.turn import step
 
     per_block = DELTAS // BLOCKS
     events = []
@@ -38,7 +39,7 @@ def run() -> dict:
     async def provider_for(model):
         return provider
 
-    original, agent.provider_for = agent.provider_for, provider_for
+    original, step.provider_for = step.provider_for, provider_for
     writes: Counter = Counter()
     real_index = search.index
 
@@ -70,7 +71,7 @@ def run() -> dict:
     try:
         elapsed, frames, chunks = asyncio.run(main())
     finally:
-        agent.provider_for = original
+        step.provider_for = original
         search.index = real_index
     by_kind = {f"{verb} {table}": n for (verb, table), n in sorted(writes.items())}
     total = sum(writes.values())

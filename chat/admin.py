@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ERROR_FLAG, IGNORED_PARAMS, PAGE_VAR, SEARCH_VAR
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Count, OuterRef, Subquery, Sum
+from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
 from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
@@ -31,6 +32,7 @@ from pygments.lexers import JsonLexer
 
 from chat import log, schedule, usage, wakes
 from chat import render as chat_render
+from chat.chunks import Error, Kind, SystemNotice, Thinking, ToolCall, ToolResult
 from chat.forms import (
     McpServerForm,
     ProfileForm,
@@ -38,12 +40,10 @@ from chat.forms import (
     key_providers,
     masked_pairs,
 )
-from chat.lease import is_stale, turn_usage
 from chat.models import (
     ApiKey,
     ApiToken,
     Chunk,
-    ChunkType,
     McpServer,
     Profile,
     ProviderEndpoint,
@@ -56,6 +56,7 @@ from chat.models import (
 )
 from chat.providers.registry import endpoint_now
 from chat.tools import mcp
+from chat.turn.lease import is_stale, turn_usage
 
 # A list row is one line: long enough to recognise a chunk, short enough not
 # to wrap on a laptop screen next to the other columns.
@@ -72,6 +73,24 @@ TURN_VIEW_MAX_CHUNKS = 2_000
 # Real provider keys are 40+ characters. A shorter one is a paste error, and
 # the four characters the mask shows must stay a small part of the key.
 API_KEY_MIN_LENGTH = 16
+
+# ModelAdmin.fields: each a field's name, or the names shown on one line.
+FieldGroups = list[str | list[str] | tuple[str, ...]]
+
+
+class _TabListColumns(TypedDict):
+    """What TabAdmin.get_queryset adds to each tab."""
+
+    turns: int | None
+    last_chunk_at: datetime | None
+
+
+if TYPE_CHECKING:
+    # django-stubs' helper (a dev package): annotations only.
+    from django_stubs_ext import WithAnnotations
+
+    # A tab as TabAdmin lists it.
+    TabRow = WithAnnotations[Tab, _TabListColumns]
 
 _JSON_FORMATTER = HtmlFormatter(cssclass="chunk-json", wrapcode=True)
 # Light colours, and dark ones where the admin is dark: its own theme toggle
@@ -104,22 +123,27 @@ def payload_preview(chunk_type: str, data: Any, limit: int = PREVIEW_CHARS) -> s
     """One line that says what the chunk holds, cut to `limit` characters."""
     if not isinstance(data, dict):
         line = json.dumps(data, ensure_ascii=False)
-    elif chunk_type in (ChunkType.TEXT, ChunkType.THINKING):
-        line = data.get("text") or ""
-        if not line and chunk_type == ChunkType.THINKING:
-            line = "[redacted thinking]" if data.get("redacted_data") else "[signature only]"
-    elif chunk_type == ChunkType.TOOL_CALL:
-        line = f"{data.get('name', '?')}({_compact(data.get('arguments', {}))})"
-    elif chunk_type == ChunkType.TOOL_RESULT:
-        result = data.get("result")
+    elif chunk_type in (Kind.TEXT, Kind.THINKING):
+        thinking = cast(Thinking, data)
+        line = thinking.get("text") or ""
+        if not line and chunk_type == Kind.THINKING:
+            line = "[redacted thinking]" if thinking.get("redacted_data") else "[signature only]"
+    elif chunk_type == Kind.TOOL_CALL:
+        call = cast(ToolCall, data)
+        line = f"{call.get('name', '?')}({_compact(call.get('arguments', {}))})"
+    elif chunk_type == Kind.TOOL_RESULT:
+        tool_result = cast(ToolResult, data)
+        result = tool_result.get("result")
         body = result if isinstance(result, str) else _compact(result)
-        mark = "error: " if data.get("is_error") else ""
-        line = f"{data.get('name', '?')} → {mark}{body}"
-    elif chunk_type == ChunkType.ERROR:
-        status = data.get("status_code")
-        line = f"[{status}] {data.get('message', '')}" if status else str(data.get("message", ""))
-    elif chunk_type == ChunkType.SYSTEM:
-        line = f"{data.get('kind', '?')}: {data.get('text', '')}"
+        mark = "error: " if tool_result.get("is_error") else ""
+        line = f"{tool_result.get('name', '?')} → {mark}{body}"
+    elif chunk_type == Kind.ERROR:
+        error = cast(Error, data)
+        status = error.get("status_code")
+        line = f"[{status}] {error.get('message', '')}" if status else str(error.get("message", ""))
+    elif chunk_type == Kind.SYSTEM:
+        notice = cast(SystemNotice, data)
+        line = f"{notice.get('kind', '?')}: {notice.get('text', '')}"
     else:
         line = _compact(data)
     line = " ".join(str(line).split())
@@ -202,7 +226,7 @@ class TabAdmin(admin.ModelAdmin):
         "links",
     ]
 
-    def get_queryset(self, request: HttpRequest):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Tab]:
         chunks = Chunk.objects.filter(tab=OuterRef("pk"))
         return (
             super()
@@ -234,7 +258,7 @@ class TabAdmin(admin.ModelAdmin):
         return tab.last_seq
 
     @admin.display(description="turns", ordering="turns")
-    def turn_count(self, tab: Tab) -> int:
+    def turn_count(self, tab: TabRow) -> int:
         return tab.turns or 0
 
     @admin.display(description="running")
@@ -251,7 +275,7 @@ class TabAdmin(admin.ModelAdmin):
         return state
 
     @admin.display(description="last activity")
-    def last_activity(self, tab: Tab):
+    def last_activity(self, tab: TabRow) -> datetime:
         running = _running_of(tab)
         moments = [m for m in (tab.last_chunk_at, running and running.heartbeat_at) if m]
         return max(moments) if moments else tab.created_at
@@ -285,7 +309,8 @@ class ChunkPaginator(Paginator):
     def count(self) -> int:
         if self.known_count is not None:
             return self.known_count
-        counted = self.object_list[: CHUNK_COUNT_CAP + 1].count()
+        # ChunkAdmin pages a queryset of chunks.
+        counted = cast(QuerySet[Chunk], self.object_list)[: CHUNK_COUNT_CAP + 1].count()
         if counted > CHUNK_COUNT_CAP:
             self.capped = True
             return CHUNK_COUNT_CAP
@@ -317,8 +342,16 @@ class ChunkAdmin(admin.ModelAdmin):
     show_full_result_count = False
     # Facet counts are one full count per filter choice.
     show_facets = admin.ShowFacets.NEVER
-    fields = ["tab", "seq", "turn", "step", "role", "type", "created_at", "payload"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "tab",
+        "seq",
+        "turn",
+        "step",
+        "role",
+        "type",
+        "created_at",
+        "payload",
+    )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -330,7 +363,12 @@ class ChunkAdmin(admin.ModelAdmin):
         return False
 
     def get_paginator(
-        self, request, queryset, per_page, orphans=0, allow_empty_first_page=True
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
     ) -> ChunkPaginator:
         return ChunkPaginator(
             queryset,
@@ -429,7 +467,8 @@ class ChunkAdmin(admin.ModelAdmin):
                     "json": pretty_json(chunk.data),
                 }
             )
-        tab = chunks[0].tab if chunks else running.tab
+        # No chunks: the running turn is there (checked above).
+        tab = chunks[0].tab if chunks else cast(RunningTurn, running).tab
         open_block = log.checkpointed(running.tab_id) if running else None
         context = {
             **self.admin_site.each_context(request),
@@ -518,7 +557,9 @@ class ProfileAdmin(admin.ModelAdmin):
     list_display = ["name", "description", "model", "updated_at"]
     search_fields = ["name", "description"]
 
-    def save_related(self, request, form, formsets, change) -> None:
+    def save_related(
+        self, request: HttpRequest, form: ProfileForm, formsets: Any, change: bool
+    ) -> None:
         super().save_related(request, form, formsets, change)
         form.save_rules()
 
@@ -533,8 +574,9 @@ class UsagePeriodFilter(admin.SimpleListFilter):
         return list(usage.PERIOD_LABELS.items())
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
-        if self.value() in usage.PERIODS:
-            return queryset.filter(created_at__gte=timezone.now() - usage.PERIODS[self.value()])
+        period = self.value()
+        if period in usage.PERIODS:
+            return queryset.filter(created_at__gte=timezone.now() - usage.PERIODS[period])
         return queryset
 
 
@@ -571,10 +613,11 @@ class UsageRecordAdmin(admin.ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> Any:
         response = super().changelist_view(request, extra_context)
-        changelist = getattr(response, "context_data", {}).get("cl")
+        context: dict[str, Any] = getattr(response, "context_data", {})
+        changelist = context.get("cl")
         if changelist is not None:
             rows, total = usage.by_user_and_model(changelist.queryset)
-            response.context_data.update(
+            context.update(
                 usage_rows=[
                     {"user": r.user, "model": r.model, "u": chat_render.usage_line(r.totals)}
                     for r in rows
@@ -631,7 +674,8 @@ class ApiKeyForm(forms.ModelForm):
         )
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         provider = data.get("provider") or self.instance.provider
         # The key is bound to where a request goes now (the registry refuses it elsewhere).
         self.endpoint = endpoint_now(provider)
@@ -734,7 +778,8 @@ class McpServerAdminForm(forms.ModelForm):
             self.fields["headers"].initial = masked_pairs(self.instance.get_headers())
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         args = data.get("args")
         listed = isinstance(args, list) and all(isinstance(arg, str) for arg in args)
         if "args" in data and not listed:
@@ -748,7 +793,8 @@ class McpServerAdminForm(forms.ModelForm):
                 "name": posted("name"),
                 "transport": posted("transport"),
                 "command": posted("command"),
-                "args": "\n".join(args) if listed else "",
+                # listed: a list of strings.
+                "args": "\n".join(cast(list[str], args)) if listed else "",
                 "env": posted("env"),
                 "mount_workspace": posted("mount_workspace"),
                 "url": posted("url"),
@@ -817,7 +863,7 @@ class McpServerAdmin(admin.ModelAdmin):
         for server in queryset:
             server.delete()
 
-    def get_fields(self, request: HttpRequest, obj: McpServer | None = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: McpServer | None = None) -> FieldGroups:
         fields = list(super().get_fields(request, obj))
         if self.has_change_permission(request, obj):
             return fields
@@ -863,7 +909,8 @@ class WakeAdminForm(forms.ModelForm):
         exclude = ["next_run_at"]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if self.errors:
             return data
         tab, owner = data.get("tab"), data.get("owner")
@@ -893,8 +940,14 @@ class WakeRunInline(admin.TabularInline):
     model = WakeRun
     extra = 0
     can_delete = False
-    fields = ["scheduled_for", "status", "reason", "tab", "queued_id", "finished_at"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "scheduled_for",
+        "status",
+        "reason",
+        "tab",
+        "queued_id",
+        "finished_at",
+    )
     max_num = 0
 
 

@@ -22,12 +22,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from django import forms
+from django.contrib.auth.models import User
 from django.contrib.auth.signals import user_login_failed
 from django.db.models import OuterRef, Subquery
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import path, reverse
 from django.utils import timezone
@@ -38,7 +40,6 @@ from chat import (
     blobs,
     cuts,
     follow,
-    lease,
     log,
     preferences,
     revocation,
@@ -48,10 +49,11 @@ from chat import (
     turns,
     usage,
 )
+from chat.chunks import Kind, ToolCall, ToolResult
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
-from chat.stream import Kind
 from chat.tools.workdir import BadWorkdir
+from chat.turn import lease
 
 # A request body is a message or a small command; the largest, a message of
 # forms.MAX_MESSAGE_CHARS characters, is at most ~1.2 MB as JSON even with every
@@ -144,14 +146,19 @@ def handler500(request: HttpRequest) -> HttpResponse:
 class _CsrfCheck(CsrfViewMiddleware):
     """Django's own CSRF check, returning the reason instead of an HTML 403 page."""
 
-    def _reject(self, request: HttpRequest, reason: str) -> str:  # type: ignore[override]
+    def _reject(self, request: HttpRequest, reason: str) -> str:
         return reason
 
 
+def _no_view(request: HttpRequest) -> HttpResponse:
+    """The view the CSRF check is told of: none in particular, and not exempt from it."""
+    return HttpResponse()
+
+
 def _check_csrf(request: HttpRequest) -> None:
-    check = _CsrfCheck(lambda _request: HttpResponse())
+    check = _CsrfCheck(_no_view)
     check.process_request(request)
-    reason = check.process_view(request, None, (), {})
+    reason = check.process_view(request, _no_view, (), {})
     if reason:
         raise ApiError(403, "csrf_failed", f"CSRF check failed: {reason}")
 
@@ -196,18 +203,27 @@ def authenticate_token(request: HttpRequest, token: str) -> ApiToken:
     return row
 
 
+class ApiRequest(HttpRequest):
+    """The request an API view is given: `api_view` has signed its user in (by session
+    or token) and set the token it came with (None for a session). For annotations
+    only: the object is Django's request."""
+
+    user: User
+    api_token: ApiToken | None
+
+
 def api_view(
     *methods: str, write: bool = False
-) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+) -> Callable[[Callable[..., HttpResponseBase]], Callable[..., HttpResponseBase]]:
     """An API view: allowed methods, authentication, CSRF for sessions, JSON errors.
 
     `write` views change something: a read-only token is refused with 403.
     """
 
-    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    def decorate(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
         @csrf_exempt
         @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             try:
                 if request.method not in methods:
                     response = error(
@@ -217,16 +233,18 @@ def api_view(
                     )
                     response["Allow"] = ", ".join(methods)
                     return response
+                # What the view is given: the checks below make it an ApiRequest.
+                signed = cast(ApiRequest, request)
                 token = bearer(request)
                 if token is not None:
-                    request.api_token = authenticate_token(request, token)
-                    request.user = request.api_token.user
-                    if write and request.api_token.read_only:
+                    signed.api_token = authenticate_token(request, token)
+                    signed.user = signed.api_token.user
+                    if write and signed.api_token.read_only:
                         raise ApiError(
                             403, "read_only_token", "This token is read-only: it cannot do that."
                         )
                 else:
-                    request.api_token = None
+                    signed.api_token = None
                     if not request.user.is_authenticated:
                         raise ApiError(
                             401,
@@ -234,7 +252,7 @@ def api_view(
                             "Sign in, or send Authorization: Bearer <token>.",
                         )
                     _check_csrf(request)
-                return view(request, *args, **kwargs)
+                return view(signed, *args, **kwargs)
             except ApiError as exc:
                 return error(exc.status, exc.code, exc.message, exc.headers)
             except Tab.DoesNotExist:
@@ -397,23 +415,23 @@ def waiting_call(tab_id: uuid.UUID, turn_id: uuid.UUID) -> JsonDict | None:
         .order_by("seq")
         .values_list("type", "data")
     )
-    calls: list[JsonDict] = []
+    calls: list[ToolCall] = []
     answered: dict[str, int] = {}
     for kind, data in rows:
         if kind == Kind.TOOL_CALL:
-            calls.append(data)
+            calls.append(cast(ToolCall, data))
         else:
-            call_id = str(data.get("call_id", ""))
+            call_id = str(cast(ToolResult, data).get("call_id", ""))
             answered[call_id] = answered.get(call_id, 0) + 1
-    for data in calls:
-        call_id = str(data.get("call_id", ""))
+    for call in calls:
+        call_id = str(call.get("call_id", ""))
         if answered.get(call_id, 0) > 0:
             answered[call_id] -= 1
             continue
         return {
             "call_id": call_id,
-            "name": data.get("name", ""),
-            "arguments": data.get("arguments", {}),
+            "name": call.get("name", ""),
+            "arguments": call.get("arguments", {}),
         }
     return None
 
@@ -461,7 +479,7 @@ def _usage(totals: usage.Totals) -> JsonDict:
     }
 
 
-def _get_tab(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
+def _get_tab(request: ApiRequest, tab_id: uuid.UUID) -> Tab:
     tab = Tab.objects.filter(pk=tab_id, owner=request.user).first()
     if tab is None:
         raise ApiError(404, "not_found", f"No tab {tab_id} (or it is not yours).")
@@ -472,13 +490,13 @@ def _get_tab(request: HttpRequest, tab_id: uuid.UUID) -> Tab:
 
 
 @api_view("GET", "POST")
-def tabs(request: HttpRequest) -> HttpResponse:
+def tabs(request: ApiRequest) -> HttpResponse:
     if request.method == "POST":
         return _tab_create(request)
     return _tab_list(request)
 
 
-def _tab_list(request: HttpRequest) -> HttpResponse:
+def _tab_list(request: ApiRequest) -> HttpResponse:
     """The user's tabs, most recently active first."""
     limit = limit_param(request, default=TABS_LIMIT_DEFAULT, maximum=TABS_LIMIT_MAX)
     offset = int_param(request, "offset", minimum=0) or 0
@@ -504,7 +522,7 @@ def _tab_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _tab_create(request: HttpRequest) -> HttpResponse:
+def _tab_create(request: ApiRequest) -> HttpResponse:
     """A new tab; what is not given comes from the Settings page, as for a new tab there."""
     if request.api_token is not None and request.api_token.read_only:
         raise ApiError(403, "read_only_token", "This token is read-only: it cannot create tabs.")
@@ -557,12 +575,12 @@ def _tab_create(request: HttpRequest) -> HttpResponse:
 
 
 @api_view("GET")
-def tab(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab(request: ApiRequest, tab_id: uuid.UUID) -> HttpResponse:
     return JsonResponse(_tab_detail(_get_tab(request, tab_id)))
 
 
 @api_view("GET")
-def chunks(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def chunks(request: ApiRequest, tab_id: uuid.UUID) -> HttpResponse:
     """A page of the log by seq: the last `limit` before `before` (default: the
     newest), or the first `limit` after `after`.
 
@@ -626,7 +644,7 @@ def _etags(header: str) -> set[str]:
 
 
 @api_view("POST", write=True)
-def messages(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def messages(request: ApiRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Send a message: queued at once, taken by the running turn at its next step or by
     a new turn. 202: accepted, not answered. JSON `{text}`, or multipart/form-data with
     `text` and files in `file` fields, checked as the page's uploads are (chat.blobs)."""
@@ -649,7 +667,7 @@ def messages(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     return JsonResponse({"id": queued.pk}, status=202)
 
 
-def _multipart_message(request: HttpRequest, tab: Tab) -> tuple[str, list[str]]:
+def _multipart_message(request: ApiRequest, tab: Tab) -> tuple[str, list[str]]:
     """A multipart message's text and its files, stored as the tab's uploads (all, or
     none: 413 past the size bound, 422 for a file refused, saying why)."""
     try:
@@ -682,7 +700,7 @@ def _uuid(value: str, what: str) -> uuid.UUID:
 
 
 @api_view("POST", write=True)
-def stop(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def stop(request: ApiRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Stop the running turn: `turn_id` (what the client last saw) guards against
     stopping the turn after it; null or missing stops whichever runs."""
     tab = _get_tab(request, tab_id)
@@ -699,7 +717,7 @@ def stop(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 
 @api_view("POST", write=True)
-def approval(request: HttpRequest, tab_id: uuid.UUID, call_id: str) -> HttpResponse:
+def approval(request: ApiRequest, tab_id: uuid.UUID, call_id: str) -> HttpResponse:
     """Approve or deny the tool call the running turn waits on."""
     tab = _get_tab(request, tab_id)
     data = read_json(request, {"approve": Field(bool, required=True)})
@@ -718,7 +736,7 @@ def approval(request: HttpRequest, tab_id: uuid.UUID, call_id: str) -> HttpRespo
 
 
 @api_view("POST", write=True)
-def continue_turn(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def continue_turn(request: ApiRequest, tab_id: uuid.UUID) -> HttpResponse:
     """Continue the tab's last turn, which was cut short (a server restart, Stop, a
     limit, an error): a new turn whose message says what was interrupted and where.
     202 with that message, queued like any other; 409 when there is nothing to
@@ -733,7 +751,7 @@ def continue_turn(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 
 @api_view("POST", write=True)
-def branch(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def branch(request: ApiRequest, tab_id: uuid.UUID) -> HttpResponse:
     """A new tab holding a copy of this one's log up to `at_seq` (turns.branch); with
     `run`, a turn starts at once answering the copy as it stands. 201 with the new
     tab; 200 with the same tab when the same branch was made within
@@ -762,7 +780,7 @@ def branch(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
 
 
 @api_view("GET")
-def events(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def events(request: ApiRequest, tab_id: uuid.UUID) -> StreamingHttpResponse:
     """The tab's log as server-sent events from a position on: `Last-Event-ID` (a
     reconnect) or `?after=<seq>`, else the beginning. The WebSocket's sync behind
     another transport (chat.follow): no gap, no duplicate across reconnects."""
@@ -792,7 +810,10 @@ async def _watched_events(
     signed out, ...) or the tab is deleted: then a last `end` event says why."""
     async with (
         revocation.watching(credential) as ended,
-        aclosing(follow.sse_events(credential.tab_id, hello, until=ended)) as events,
+        # events() made the credential for its tab: it names one.
+        aclosing(
+            follow.sse_events(cast(uuid.UUID, credential.tab_id), hello, until=ended)
+        ) as events,
     ):
         async for frame in events:
             yield frame
@@ -802,7 +823,7 @@ async def _watched_events(
 
 
 @api_view("GET")
-def tab_export(request: HttpRequest, tab_id: uuid.UUID) -> HttpResponse:
+def tab_export(request: ApiRequest, tab_id: uuid.UUID) -> StreamingHttpResponse:
     """The tab streamed in constant memory: ?format=jsonl (default; lossless, what
     POST /tabs/import takes) or ?format=markdown (for people)."""
     tab = _get_tab(request, tab_id)
@@ -818,7 +839,7 @@ FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 
 @api_view("POST", write=True)
-def tab_import(request: HttpRequest) -> HttpResponse:
+def tab_import(request: ApiRequest) -> HttpResponse:
     """The body, a JSONL export, becomes a new tab.
 
     The size is checked on Content-Length before the body is read; the body is
@@ -861,7 +882,7 @@ def _hit(hit: search.Hit) -> JsonDict:
 
 
 @api_view("GET")
-def search_hits(request: HttpRequest) -> HttpResponse:
+def search_hits(request: ApiRequest) -> HttpResponse:
     """Chunks of the user's tabs matching every word of ?q=, newest first."""
     q = request.GET.get("q")
     if q is None:

@@ -1,4 +1,4 @@
-"""Attachments' bytes (DESIGN §13): what a file becomes (`normalise`), where it is
+"""Attachments' bytes (ARCHITECTURE.md, Attachments): what a file becomes (`normalise`), where it is
 kept (`store`), who may read it, and when it goes (`collect`).
 
 A file is normalised once, when it arrives: its real type is sniffed (Pillow, the PDF
@@ -366,6 +366,7 @@ def _image(data: bytes, shown: str) -> Normalised:
         raise _unreadable(data, shown) from exc
     with im:
         width, height = im.size
+        fmt = _format(im)
         if width * height > MAX_SOURCE_PIXELS:
             raise AttachmentError(
                 f"{shown} is {width}×{height} pixels; the most an image may have is "
@@ -376,12 +377,12 @@ def _image(data: bytes, shown: str) -> Normalised:
                 f"{shown} is {width}×{height} pixels; an image may be at most "
                 f"{MAX_SOURCE_SIDE:,} pixels on a side."
             )
-        if im.format in ANIMATED_FORMATS and getattr(im, "is_animated", False):
+        if fmt in ANIMATED_FORMATS and getattr(im, "is_animated", False):
             raise AttachmentError(
                 f"{shown} is animated: attach one frame of it as a PNG image instead."
             )
-        stored = IMAGE_FORMATS[im.format] or _webp_type(im)
-        name = _named(shown, im.format, stored)
+        stored = IMAGE_FORMATS[fmt] or _webp_type(im)
+        name = _named(shown, fmt, stored)
         try:
             encoded, size = _encode(_decoded(im, data, stored, shown), stored)
         except AttachmentError:
@@ -405,7 +406,8 @@ def _unreadable(data: bytes, shown: str) -> AttachmentError:
         if accept is None or accept(data[:16]) is not True:
             continue
         try:
-            factory(io.BytesIO(data)).close()
+            # As Image.open calls it for a file object: no file name.
+            factory(io.BytesIO(data), "").close()
         except (SyntaxError, OSError, ValueError, IndexError, TypeError, struct.error) as exc:
             return AttachmentError(f"{shown} is a damaged {KIND_NAMES[fmt]} ({_reason(exc)}).")
         break
@@ -450,6 +452,12 @@ def _png_checked(data: bytes, shown: str) -> bytes:
     return b"".join([*kept, data[end:]]) if dropped else data
 
 
+def _format(im: Image.Image) -> str:
+    """The format of an image Image.open read (the decoder it chose sets it)."""
+    assert im.format is not None
+    return im.format
+
+
 def _webp_type(im: Image.Image) -> str:
     return PNG if im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info else JPEG
 
@@ -467,12 +475,13 @@ def _decoded(im: ImageFile.ImageFile, data: bytes, mime: str, shown: str) -> Ima
     (a JPEG's decoder scales; a PNG is read in strips) or at once after."""
     target = bounded(*im.size)
     width, height = im.size
-    if im.format in ("JPEG", "MPO"):
+    fmt = _format(im)
+    if fmt in ("JPEG", "MPO"):
         # Decodes at 1/2, 1/4 or 1/8 of the size when that is still at least the target.
         im.draft("RGB", target)
     factor = max(1, min(im.width // target[0], im.height // target[1]))
     per_pixel = (
-        DECODER_BYTES_PER_PIXEL.get(im.format, 0)
+        DECODER_BYTES_PER_PIXEL.get(fmt, 0)
         + MODE_BYTES_PER_PIXEL.get(im.mode, 4)
         + (0 if im.mode == _working_mode(im, mime) else 4)
     )
@@ -480,12 +489,12 @@ def _decoded(im: ImageFile.ImageFile, data: bytes, mime: str, shown: str) -> Ima
         im.load()
         pixels = _working(im, mime)
         pixels = pixels if factor == 1 else pixels.reduce(factor)
-    elif im.format == "PNG" and (strips := _png_strips(im, data, factor, mime)) is not None:
+    elif fmt == "PNG" and (strips := _png_strips(im, data, factor, mime)) is not None:
         pixels = strips
     else:
         most = DECODE_BUDGET // per_pixel / 1_000_000
         raise AttachmentError(
-            f"{shown} is {width}×{height} pixels, more than a {KIND_NAMES[im.format]} may "
+            f"{shown} is {width}×{height} pixels, more than a {KIND_NAMES[fmt]} may "
             f"have to be read here ({most:.0f} megapixels at most): attach a smaller copy."
         )
     return pixels if pixels.size == target else pixels.resize(target, Image.Resampling.LANCZOS)

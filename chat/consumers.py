@@ -38,16 +38,16 @@ CLOSE_SIGNED_OUT = 4401
 CLOSE_TAB_GONE = 4404
 # Sidebar entries reach a page at most this often, as one frame holding each changed tab's
 # latest entry: a user whose hundred tabs start turns together, with as many pages open,
-# would otherwise cost ten thousand frames (the bench's hundred tabs: 2.7x the CPU).
+# would otherwise cost ten thousand frames.
 SIDEBAR_BATCH_SECONDS = 0.2
 
 
 class _UserHub:
     """This process's one subscription to a user's group, shared by every page of theirs
     it serves: a change is received once and handed to each page, not delivered through
-    the channel layer to each page's channel. A hundred pages of one user made each change
-    a hundred deliveries, and a hundred turns starting at once stalled the event loop (the
-    streaming bench's p99 token delay: 2 s instead of 0.07 s)."""
+    the channel layer to each page's channel. Delivered to each page's channel, one change
+    would be a hundred deliveries for a hundred pages, and a hundred turns starting at once
+    would stall the event loop."""
 
     def __init__(self, key: tuple[Any, ...], layer: Any, group: str) -> None:
         self.key, self.layer, self.group = key, layer, group
@@ -207,8 +207,8 @@ def _uuid(value: Any) -> uuid.UUID | None:
 
 
 class TabSocket(UserSocket):
-    """Streams a tab's ops to one page, with no gap and no duplicate (DESIGN §5), and
-    the user channel."""
+    """Streams a tab's ops to one page, with no gap and no duplicate (ARCHITECTURE.md,
+    One turn), and the user channel."""
 
     follower: Follower | None = None
 

@@ -1,6 +1,6 @@
-"""Context-window management (DESIGN §12): how full a tab's context is, when to
-compact it and through where, what the summary request asks, which old tool
-outputs to elide.
+"""Context-window management (ARCHITECTURE.md, Context management): how full a
+tab's context is, when to compact it and through where, what the summary request
+asks, which old tool outputs to elide.
 
 Pure: no Django imports. The turn runner asks; history.py applies the answers
 (it starts from the newest compaction chunk and sends elided results as one-line
@@ -21,8 +21,9 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
+from chat.chunks import Kind, Role, SystemKind, Thinking, ToolCall, ToolResult, UserText
 from chat.providers.base import (
     DocumentPart,
     ImagePart,
@@ -35,7 +36,7 @@ from chat.providers.base import (
     ToolSpec,
 )
 from chat.providers.registry import model_info
-from chat.stream import ChunkLike, Kind, Role
+from chat.stream import ChunkLike
 
 # A turn that would start with the context above this share of the window is
 # preceded by a compaction...
@@ -90,7 +91,7 @@ ASK = (
 ASK_AGAIN = "You called a tool, which cannot run now. Answer with the summary as text only."
 KEPT_EXCERPT_CHARS = 120
 # The system chunk kind naming tool results to send as sentinels.
-ELIDE = "elide"
+ELIDE = SystemKind.ELIDE
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +115,10 @@ class Size:
             for k in ("input", "cache_read", "cache_write", "output")
             if isinstance(v := raw.get(k), int) and not isinstance(v, bool) and v >= 0
         }
-        at = raw.get("at") if isinstance(raw.get("at"), str) else ""
-        return cls(**ints, at=at, estimated=raw.get("estimated") is True)
+        at = raw.get("at")
+        return cls(
+            **ints, at=at if isinstance(at, str) else "", estimated=raw.get("estimated") is True
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -272,15 +275,17 @@ def estimate(system: str, tools: Iterable[ToolSpec], messages: Iterable[Message]
 
 def chunk_chars(chunk: ChunkLike) -> int:
     """What a chunk adds to a request, in characters (0 for what is never sent)."""
-    data = chunk.data
     match chunk.type:
         case Kind.TEXT:
-            return len(data.get("text") or "") + _attachment_chars(data.get("attachments"))
+            message = cast(UserText, chunk.data)
+            return len(message.get("text") or "") + _attachment_chars(message.get("attachments"))
         case Kind.THINKING:
-            return len(data.get("text") or "")
+            return len(cast(Thinking, chunk.data).get("text") or "")
         case Kind.TOOL_CALL:
-            return len(json.dumps(data.get("arguments") or {}, ensure_ascii=False)) + 20
+            arguments = cast(ToolCall, chunk.data).get("arguments") or {}
+            return len(json.dumps(arguments, ensure_ascii=False)) + 20
         case Kind.TOOL_RESULT:
+            data = cast(ToolResult, chunk.data)
             text = len(str(data.get("result") or "")) + len(str(data.get("shell_output") or ""))
             return text + _attachment_chars(data.get("attachments"))
     return 0
@@ -391,7 +396,7 @@ def kept_from(chunks: Sequence[ChunkLike], through: int) -> str | None:
         if chunk.seq is None or chunk.seq <= through or not _sendable(chunk):
             continue
         if chunk.role == Role.USER and chunk.type == Kind.TEXT:
-            return str(chunk.data.get("text") or "")
+            return str(cast(UserText, chunk.data).get("text") or "")
         return None
     return None
 

@@ -4,7 +4,7 @@ Pure: no Django imports. Chunks are anything with `seq, turn_id, step, role,
 type, data` (a `chat.models.Chunk` or a `chat.stream.Block`).
 
 A cut at seq N keeps the chunks with seq <= N. It is valid where the log is a
-complete history the model could be asked to go on from (DESIGN §11):
+complete history the model could be asked to go on from (ARCHITECTURE.md, Branches and continue):
 
 - right before a user chunk (N = 0 when the first chunk is the user's),
 - right after a user chunk (the question, to be answered again), or
@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from chat.stream import ChunkLike, Kind, Role
+from chat.chunks import Kind, Role, ToolCall, ToolResult
+from chat.stream import ChunkLike
 
 
 class CutError(ValueError):
@@ -113,7 +114,8 @@ def valid_cuts(chunks: Sequence[ChunkLike], *, running_turn: uuid.UUID | None = 
             continue
         before_user = after is not None and _is_user(after)
         if before_user or (not _mid_step(chunk, after) and not calls):
-            found.add(chunk.seq)
+            # A page's chunks are log rows: each has its seq.
+            found.add(cast(int, chunk.seq))
     return found
 
 
@@ -129,9 +131,9 @@ def _answer(waiting: list[str], chunk: ChunkLike) -> None:
     """Fold one chunk into the calls waiting for a result: a call joins them, a
     result answers the first with its id (ids may repeat); live output answers none."""
     if chunk.type == Kind.TOOL_CALL:
-        waiting.append(chunk.data.get("call_id"))
+        waiting.append(cast(ToolCall, chunk.data).get("call_id"))
     elif chunk.type == Kind.TOOL_RESULT and "result" in chunk.data:
-        call_id = chunk.data.get("call_id")
+        call_id = cast(ToolResult, chunk.data).get("call_id")
         if call_id in waiting:
             waiting.remove(call_id)
 
@@ -161,7 +163,8 @@ def retry_at(turn: Sequence[ChunkLike], error_seq: int) -> int:
             # The chunk before the error: a cut here keeps the failed step's start
             # unless the error came at a step's very beginning.
             after = next((c for c in turn if c.seq == error_seq), None)
-        if is_valid(chunk.seq, chunk, after, before[: i + 1]):
+        # `before` holds only chunks with a seq.
+        if is_valid(cast(int, chunk.seq), chunk, after, before[: i + 1]):
             best = chunk.seq
     if best is None:
         raise CutError("There is nothing before this error to try again from.")

@@ -1,4 +1,4 @@
-"""Following a tab's log live, with no gap and no duplicate (DESIGN §5): one
+"""Following a tab's log live, with no gap and no duplicate (ARCHITECTURE.md, One turn): one
 implementation, two transports.
 
 A `Follower` joins the tab's group before it reads anything, so ops from then on
@@ -27,16 +27,17 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from channels.db import aclose_old_connections, database_sync_to_async
 from channels.layers import get_channel_layer
 
-from chat import bus, lease, log, preferences, render
+from chat import bus, log, preferences, render
 from chat.models import Chunk, RunningTurn
 from chat.stream import Block
+from chat.turn import lease
 
 logger = logging.getLogger(__name__)
 
@@ -185,12 +186,19 @@ class SseRenderer:
     def bind(self, follower: Follower) -> None:
         self.follower = follower
 
+    @property
+    def _bound(self) -> Follower:
+        """The follower: it binds its renderer when it is made, before any event."""
+        if self.follower is None:
+            raise RuntimeError("the renderer is not bound to a follower")
+        return self.follower
+
     def resumes(self, block: Block) -> bool:
         return True
 
     def _event(self, name: str, data: dict[str, Any], position: str | None = None) -> str:
         body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-        position = self.follower.position() if position is None else position
+        position = self._bound.position() if position is None else position
         return f"id: {position}\nevent: {name}\ndata: {body}\n\n"
 
     def catch_up(self, tab_id: uuid.UUID, last_seq: int) -> CatchUp:
@@ -217,7 +225,7 @@ class SseRenderer:
                 "type": block.type,
             },
             # The client holds the block, none of its text yet.
-            f"{self.follower.sent_seq}:{block.id}:0",
+            f"{self._bound.sent_seq}:{block.id}:0",
         )
         if not block.text:
             return opened
@@ -370,7 +378,8 @@ class Follower:
     async def _catch_up(self, snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
         """Send what the pending hello lacks, then the buffer. A hello to sync again
         with if the buffer shows a gap (or more chunks follow), else None."""
-        hello, self.pending_hello = self.pending_hello, None
+        # Called only while a hello waits (each caller checks pending_hello first).
+        hello, self.pending_hello = cast(dict[str, Any], self.pending_hello), None
         plan = await database_sync_to_async(self.renderer.catch_up)(self.tab_id, hello["last_seq"])
         chunks = plan.chunks
         frames = list(plan.frames)
@@ -515,7 +524,7 @@ async def sse_events(
     *,
     heartbeat: float | None = None,
     until: asyncio.Future[Any] | None = None,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """The tab's log as server-sent events, from what `hello` holds on, until the
     client goes away or `until` resolves (chat.revocation: the credential the client
     was checked with ended); then a last `end` event carries the result's `as_dict()`

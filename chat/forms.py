@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib.auth.forms import UserCreationForm
@@ -168,7 +168,7 @@ class TabModelForm(forms.Form):
 
     def __init__(self, *args: Any, current: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["model"].choices = model_choices(current)
+        cast(forms.ChoiceField, self.fields["model"]).choices = model_choices(current)
 
 
 # --- Settings --------------------------------------------------------------------------
@@ -234,7 +234,8 @@ class SettingsForm(forms.Form):
         return validate_model_id(value) if value else ""
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         default, fallback = data.get("default_model"), data.get("fallback_model")
         if fallback and default and fallback == default:
             self.add_error("fallback_model", "The fallback must differ from the default model.")
@@ -304,7 +305,7 @@ class ApiKeyForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["provider"].choices = key_providers()
+        cast(forms.ChoiceField, self.fields["provider"]).choices = key_providers()
 
     def clean_key(self) -> str:
         return _pasted_key(self.cleaned_data["key"])
@@ -349,7 +350,7 @@ class EndpointForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["provider"].choices = key_providers()
+        cast(forms.ChoiceField, self.fields["provider"]).choices = key_providers()
 
     def clean_key(self) -> str:
         return _pasted_key(self.cleaned_data["key"]) if self.cleaned_data["key"] else ""
@@ -425,7 +426,7 @@ class ProfileForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["system_prompt"].max_length = MAX_SYSTEM_PROMPT_CHARS
+        cast(forms.CharField, self.fields["system_prompt"]).max_length = MAX_SYSTEM_PROMPT_CHARS
         if self.instance.pk is not None:
             self.initial["tools"] = "\n".join(self.instance.tools or [])
             self.initial["rules_text"] = "\n".join(
@@ -635,7 +636,8 @@ class McpServerForm(forms.Form):
         )
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("transport") == McpServer.Transport.STDIO:
             if not data.get("command", "").strip():
                 self.add_error("command", "A stdio server needs a command.")
@@ -748,14 +750,17 @@ class WakeForm(forms.Form):
     def __init__(self, *args: Any, owner: Any, tabs: list[Any], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.owner = owner
-        self.fields["target"].choices = [(NEW_TAB_TARGET, "A new tab each time")] + [
-            (str(t.pk), t.title or "New tab") for t in tabs
-        ]
-        self.fields["model"].choices = [("", "Profile's or default")] + model_choices()
+        cast(forms.ChoiceField, self.fields["target"]).choices = [
+            (NEW_TAB_TARGET, "A new tab each time")
+        ] + [(str(t.pk), t.title or "New tab") for t in tabs]
+        cast(forms.ChoiceField, self.fields["model"]).choices = [
+            ("", "Profile's or default")
+        ] + model_choices()
         self.wake: Wake | None = None
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if self.errors:
             return data
         tz = data["timezone"].strip()

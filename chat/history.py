@@ -47,9 +47,21 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast, overload
 
 from chat import context
+from chat.chunks import (
+    AssistantText,
+    Compaction,
+    Kind,
+    Role,
+    SystemKind,
+    SystemNotice,
+    Thinking,
+    ToolCall,
+    ToolResult,
+    UserText,
+)
 from chat.providers.base import (
     DocumentPart,
     ImagePart,
@@ -61,7 +73,7 @@ from chat.providers.base import (
     ToolResultPart,
     upload_path,
 )
-from chat.stream import ChunkLike, Kind, Role
+from chat.stream import ChunkLike
 
 # Anthropic's tool_use id pattern is ^[a-zA-Z0-9_-]+$; OpenAI accepts it too.
 UNSAFE_ID_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
@@ -146,7 +158,7 @@ class History:
         start = next((c for c in reversed(chunks) if c.type == Kind.COMPACTION), None)
         if start is not None:
             through = _through(start)
-            summary = start.data.get("summary")
+            summary: Any = cast(Compaction, start.data).get("summary")
             if not isinstance(summary, str) or not summary.strip():
                 raise ValueError(f"compaction chunk {start.seq} has no summary")
             history._to(Role.USER).parts.append(TextPart(context.summary_message(summary)))
@@ -169,40 +181,45 @@ class History:
         match chunk.role, chunk.type:
             case Role.SYSTEM, Kind.COMPACTION:
                 self.stale = True
-            case Role.SYSTEM, Kind.SYSTEM if data.get("kind") == context.ELIDE:
+            case Role.SYSTEM, Kind.SYSTEM if _is_elide(chunk):
                 self.stale = True
-            case Role.SYSTEM, Kind.SYSTEM if data.get("retry"):
+            case Role.SYSTEM, Kind.SYSTEM if cast(SystemNotice, data).get("retry"):
                 self._discard_attempt(chunk)
             case _, Kind.SYSTEM | Kind.ERROR:
                 pass  # the UI's, never the model's
             case Role.USER, Kind.TEXT:
+                message = cast(UserText, data)
                 # Files before the text that speaks of them (Anthropic's advice).
-                parts = attachment_parts(data.get("attachments"))
-                if data.get("text"):
-                    parts.append(TextPart(data["text"]))
+                parts = attachment_parts(message.get("attachments"))
+                if message.get("text"):
+                    parts.append(TextPart(message["text"]))
                 if parts:
                     self._to(Role.USER).parts.extend(parts)
             case Role.ASSISTANT, Kind.TEXT:
-                if data.get("text"):
-                    self._assistant(chunk).parts.append(TextPart(data["text"]))
+                answer = cast(AssistantText, data)
+                if answer.get("text"):
+                    self._assistant(chunk).parts.append(TextPart(answer["text"]))
             case Role.ASSISTANT, Kind.THINKING:
-                signature = data.get("signature")
-                redacted = data.get("redacted_data")
+                thinking = cast(Thinking, data)
+                signature = thinking.get("signature")
+                redacted = thinking.get("redacted_data")
                 # Replayed unmodified: a signature binds the exact text. Thinking
                 # cut off before its signature (a stop, a crash, an error) is
                 # not sent: Anthropic rejects it, and it is half a thought.
-                if signature or redacted or (data.get("text") and not data.get("interrupted")):
-                    part = ThinkingPart(data.get("text", ""), signature, redacted)
+                text = thinking.get("text")
+                if signature or redacted or (text and not thinking.get("interrupted")):
+                    part = ThinkingPart(thinking.get("text", ""), signature, redacted)
                     self._assistant(chunk).parts.append(part)
             case Role.ASSISTANT, Kind.TOOL_CALL:
+                tool_call = cast(ToolCall, data)
                 original = _call_id(chunk)
-                name = data.get("name")
+                name = tool_call.get("name")
                 if not isinstance(name, str) or not name:
                     raise ValueError(f"tool_call chunk {chunk.seq} has no tool name")
                 draft = self._assistant(chunk)
                 call = _Call(original, self._safe_id(original), name)
                 draft.calls.append(call)
-                args = canonical(data.get("arguments") or {})
+                args = canonical(tool_call.get("arguments") or {})
                 draft.parts.append(ToolCallPart(call.safe, name, args))
             case Role.TOOL, Kind.TOOL_RESULT:
                 self._result(chunk)
@@ -309,7 +326,7 @@ class History:
         return self._draft
 
     def _result(self, chunk: ChunkLike) -> None:
-        data = chunk.data
+        data = cast(ToolResult, chunk.data)
         original = _call_id(chunk)
         if "result" not in data:
             # Live output sealed before its result: the result chunk that
@@ -358,18 +375,18 @@ class History:
 
 
 def _is_elide(chunk: ChunkLike) -> bool:
-    return chunk.type == Kind.SYSTEM and chunk.data.get("kind") == context.ELIDE
+    return chunk.type == Kind.SYSTEM and chunk.data.get("kind") == SystemKind.ELIDE
 
 
 def _seqs(chunk: ChunkLike) -> list[int]:
-    seqs = chunk.data.get("seqs")
+    seqs: Any = cast(SystemNotice, chunk.data).get("seqs")
     if not isinstance(seqs, list):
         return []
     return [s for s in seqs if isinstance(s, int) and not isinstance(s, bool)]
 
 
 def _through(chunk: ChunkLike) -> int:
-    through = chunk.data.get("through_seq")
+    through: Any = cast(Compaction, chunk.data).get("through_seq")
     if not isinstance(through, int) or isinstance(through, bool) or through < 0:
         raise ValueError(f"compaction chunk {chunk.seq} has no valid through_seq")
     if chunk.seq is not None and through >= chunk.seq:
@@ -404,7 +421,7 @@ def _count(value: Any) -> int:
 
 
 def _call_id(chunk: ChunkLike) -> str:
-    call_id = chunk.data.get("call_id")
+    call_id: Any = cast(ToolCall | ToolResult, chunk.data).get("call_id")
     if not isinstance(call_id, str):
         raise ValueError(f"{chunk.type} chunk {chunk.seq} has no call_id")
     return call_id
@@ -426,7 +443,13 @@ class Messages(Sequence[Message]):
     def __len__(self) -> int:
         return self._n + len(self._tail)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Message, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | tuple[Message, ...]:
         if isinstance(index, slice):
             return tuple(self)[index]
         length = len(self)

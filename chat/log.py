@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from chat import search
-from chat.models import CheckpointPiece, Chunk, ChunkType, RunningTurn, Tab
-from chat.stream import Block, body_key
+from chat.chunks import Kind, body_key
+from chat.models import CheckpointPiece, Chunk, RunningTurn, Tab
+from chat.stream import Block
 
 
 class LeaseLost(Exception):
@@ -113,7 +114,10 @@ def copy(source: uuid.UUID, target: uuid.UUID, *, through: int) -> int:
     """
     # Every column but the two a copy has its own of: a field added to Chunk is copied too.
     columns = ", ".join(
-        f.column for f in Chunk._meta.concrete_fields if f.name not in ("id", "tab")
+        # A concrete field is stored in a column: its `column` is set.
+        cast(str, f.column)
+        for f in Chunk._meta.concrete_fields
+        if f.name not in ("id", "tab")
     )
     new_id = (
         "gen_random_uuid()" if connection.vendor == "postgresql" else "lower(hex(randomblob(16)))"
@@ -165,7 +169,7 @@ def context_tail(tab_id: uuid.UUID) -> list[Chunk]:
     newest compaction chunk and every chunk after the seq it summarises through,
     or the whole log when it was never compacted."""
     newest = (
-        Chunk.objects.filter(tab_id=tab_id, type=ChunkType.COMPACTION)
+        Chunk.objects.filter(tab_id=tab_id, type=Kind.COMPACTION)
         .order_by("-seq")
         .values_list("data", flat=True)
         .first()
@@ -222,7 +226,8 @@ def checkpoint(tab_id: uuid.UUID, block: Block, stored: int | None) -> None:
     now = timezone.now()
     body = block.text
     with transaction.atomic():
-        mine = RunningTurn.objects.filter(tab_id=tab_id, turn_id=block.turn_id)
+        # The open block is the running turn's: it has a turn id.
+        mine = RunningTurn.objects.filter(tab_id=tab_id, turn_id=cast(uuid.UUID, block.turn_id))
         if stored is None:
             header = block.to_dict()
             header["data"] = {k: v for k, v in block.data.items() if k != body_key(block.type)}

@@ -14,12 +14,15 @@ import json
 import secrets
 import shutil
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
 from django.db import models
+
+from chat import chunks
 
 # What a tab without a title is called (until its first message names it).
 UNTITLED = "New tab"
@@ -53,7 +56,7 @@ class Tab(models.Model):
     profile = models.ForeignKey(
         "Profile", null=True, blank=True, on_delete=models.SET_NULL, related_name="tabs"
     )
-    # The model chose `profile` (a sub-agent's, chat.children), not a person: its allow
+    # The model chose `profile` (a sub-agent's, chat.turn.agents), not a person: its allow
     # rules never applied here, so nothing may make a tab with it as if a person had
     # (chat.tools.wake). Kept by branches, which outlive the sub-agent they came from.
     profile_by_model = models.BooleanField(default=False)
@@ -66,7 +69,7 @@ class Tab(models.Model):
     tool_allow = models.JSONField(default=list, blank=True)
     # The tab's own permission rules, [{action, pattern}] (chat.rules): its profile's,
     # copied at creation, and each "always allow" said on one of its approval cards. A
-    # sub-agent's inherited ones also say their `source` (chat.children.inherited_rules).
+    # sub-agent's inherited ones also say their `source` (chat.turn.agents.inherited_rules).
     rules = models.JSONField(default=list, blank=True)
     # A subfolder of the workspace the tab's tools work in ("": the workspace itself),
     # so that parallel tabs do not trample each other.
@@ -88,22 +91,9 @@ class Tab(models.Model):
         return self.title or UNTITLED
 
 
-class Role(models.TextChoices):
-    USER = "user"
-    ASSISTANT = "assistant"
-    TOOL = "tool"
-    SYSTEM = "system"
-
-
-class ChunkType(models.TextChoices):
-    TEXT = "text"
-    THINKING = "thinking"
-    TOOL_CALL = "tool_call"
-    TOOL_RESULT = "tool_result"
-    ERROR = "error"
-    SYSTEM = "system"
-    # The summary the request builder starts from (chat.context, DESIGN §12).
-    COMPACTION = "compaction"
+def _choices(values: Iterable[str]) -> list[tuple[str, str]]:
+    """A field's choices for chat.chunks' constants, labelled as TextChoices labels them."""
+    return [(value, value.replace("_", " ").title()) for value in values]
 
 
 class Chunk(models.Model):
@@ -114,8 +104,8 @@ class Chunk(models.Model):
     seq = models.BigIntegerField()
     turn_id = models.UUIDField(null=True, blank=True, db_index=True)
     step = models.PositiveIntegerField(default=0)
-    role = models.CharField(max_length=16, choices=Role.choices)
-    type = models.CharField(max_length=16, choices=ChunkType.choices)
+    role = models.CharField(max_length=16, choices=_choices(chunks.Role.ALL))
+    type = models.CharField(max_length=16, choices=_choices(chunks.Kind.ALL))
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -217,12 +207,12 @@ class QueuedMessage(models.Model):
     def chunk_data(self) -> dict[str, Any]:
         """Its user chunk's data: the text, its files and who sent it (a wake, a parent
         agent) when it has them."""
-        data: dict[str, Any] = {"text": self.text}
+        data = chunks.UserText(text=self.text)
         if self.attachments:
             data["attachments"] = self.attachments
         if self.origin:
             data["origin"] = self.origin
-        return data
+        return chunks.untyped(data)
 
     @property
     def label(self) -> str:
@@ -409,7 +399,7 @@ def _decrypt_json(token: str) -> dict[str, str] | None:
 
 
 class Wake(models.Model):
-    """A scheduled prompt (DESIGN §16): at each due time its prompt is submitted to
+    """A scheduled prompt (ARCHITECTURE.md, Wakes): at each due time its prompt is submitted to
     `tab` (or to a new tab each time) as if its owner sent it. Kept state:
     `wipe_history` keeps it. `next_run_at` (UTC) is the claim: a worker fires a time
     by moving it on in the same transaction that inserts that time's WakeRun (chat.wakes)."""
@@ -686,7 +676,10 @@ def agent_children(
     if old:
         first: dict[str, int] = {}
         rows = Chunk.objects.filter(
-            tab_id=parent_id, type="tool_call", data__name="agent", data__call_id__in=list(old)
+            tab_id=parent_id,
+            type=chunks.Kind.TOOL_CALL,
+            data__name="agent",
+            data__call_id__in=list(old),
         ).values_list("data__call_id", "seq")
         for call_id, seq in rows:
             first[call_id] = min(seq, first.get(call_id, seq))

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 # Deltas are merged for this long before they are broadcast: a fast model then
 # costs a few dozen frames a second per tab, not one per token.
 COALESCE_SECONDS = 0.03
 # ...or earlier once this much text is waiting, so big deltas are not held back.
 COALESCE_MAX_CHARS = 4096
-# Checkpoint debounce (DESIGN §2): save the open block after this much idle...
+# Checkpoint debounce (ARCHITECTURE.md, One turn, step 3): save the open block after
+# this much idle...
 CHECKPOINT_IDLE = 0.25
 # ...and never later than this after its first unsaved delta: a crash loses at
 # most about a second of streamed text.
@@ -36,23 +38,24 @@ class Coalescer:
     _texts: list[str] = field(default_factory=list)
     _chars: int = 0
 
-    def add(self, chunk_id: uuid.UUID, offset: int, text: str, now: float) -> list[dict]:
+    def add(self, chunk_id: uuid.UUID, offset: int, text: str, now: float) -> list[dict[str, Any]]:
         """Take a delta; returns the ops to send now, in order (often none)."""
-        ready = []
+        ready: list[dict[str, Any]] = []
         if self._texts and chunk_id != self._chunk_id:
-            ready.append(self.take())
+            ready.append(self._take_waiting())
         if not self._texts:
             self._chunk_id, self._offset, self.due_at = chunk_id, offset, now + self.window
         self._texts.append(text)
         self._chars += len(text)
         if self._chars >= self.max_chars:
-            ready.append(self.take())
+            ready.append(self._take_waiting())
         return ready
 
-    def take(self) -> dict | None:
+    def take(self) -> dict[str, Any] | None:
         """Everything waiting as one op (None when nothing waits)."""
-        if not self._texts:
-            return None
+        return self._take_waiting() if self._texts else None
+
+    def _take_waiting(self) -> dict[str, Any]:
         op = {
             "op": "delta",
             "chunk_id": str(self._chunk_id),

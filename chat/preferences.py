@@ -125,7 +125,7 @@ def new_tab(
     tab's whole life: editing the profile changes no existing tab, and a changing prompt
     would lose every prompt-cache hit. `workdir` (a subfolder of the workspace, made if
     missing) is checked first: workdirs.BadWorkdir, and nothing is made. `family`: a
-    sub-agent's id, parent_tab, parent_call_id and profile_by_model (chat.children)."""
+    sub-agent's id, parent_tab, parent_call_id and profile_by_model (chat.turn.agents)."""
     prefs = load()
     workdir = workdirs.check(workdir)
     workspace = root = workdirs.user_workspace(getattr(owner, "pk", None))

@@ -3,20 +3,30 @@
 Pure: no Django imports. Chunks are anything with `seq, turn_id, step, role,
 type, data`.
 
-A bare "continue" gets "no response requested" from models (DESIGN §11): the
-new turn's first message says exactly what was interrupted and where. The
-request rules that go with it are history's (interrupted text is sent as the
-user saw it; interrupted thinking without a signature is not sent) and the
-runner's and recovery's (an interrupted call has an `is_error` result and is
-never run again by itself).
+A bare "continue" gets "no response requested" from models (ARCHITECTURE.md,
+Branches and continue): the new turn's first message says exactly what was
+interrupted and where. The request rules that go with it are history's
+(interrupted text is sent as the user saw it; interrupted thinking without a
+signature is not sent) and the runner's and recovery's (an interrupted call has
+an `is_error` result and is never run again by itself).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
-from chat.stream import ChunkLike, Kind, Role
+from chat.chunks import (
+    AssistantText,
+    Error,
+    Kind,
+    Role,
+    SystemKind,
+    SystemNotice,
+    ToolCall,
+    ToolResult,
+)
+from chat.stream import ChunkLike
 
 NOTHING = "Nothing to continue: the last turn finished normally."
 EMPTY = "Nothing to continue: this tab has no turn yet."
@@ -27,16 +37,16 @@ CALL_CHARS = 120
 # The argument that says what a call does, in order of preference.
 CALL_KEYS = ("command", "cmd", "path", "file", "query", "url", "pattern", "name")
 
-# What each way of ending says.
+# What each way of ending says: each of SystemKind.ENDINGS, and an error chunk.
 ENDINGS = {
-    "interrupted": "The server restarted in the middle of your previous reply.",
-    "cancelled": "I stopped your previous reply.",
-    "output-limit": "Your previous reply was cut off at the output limit.",
-    "context-limit": (
+    SystemKind.INTERRUPTED: "The server restarted in the middle of your previous reply.",
+    SystemKind.CANCELLED: "I stopped your previous reply.",
+    SystemKind.OUTPUT_LIMIT: "Your previous reply was cut off at the output limit.",
+    SystemKind.CONTEXT_LIMIT: (
         "Your previous reply stopped because the conversation filled your context window."
     ),
-    "step-limit": "Your previous reply stopped at the step limit.",
-    "error": "Your previous reply stopped on an error: {message}",
+    SystemKind.STEP_LIMIT: "Your previous reply stopped at the step limit.",
+    Kind.ERROR: "Your previous reply stopped on an error: {message}",
 }
 GO_ON = "Continue the task from where it stopped, without repeating what you already wrote."
 # Said when a call was cut short: its effects are unknown, so it is not re-run blindly.
@@ -45,12 +55,12 @@ NOT_AGAIN = "Do not run an interrupted call again unless you know it is safe to.
 
 def ending(turn: Sequence[ChunkLike]) -> ChunkLike | None:
     """The chunk that cut `turn` (the chunks of the tab's last turn, in seq order) short:
-    its error, or its notice of a kind in ENDINGS; None when it finished normally."""
+    its error, or its notice of a kind in SystemKind.ENDINGS; None when it finished normally."""
     for chunk in reversed(turn):
         if chunk.type == Kind.ERROR:
             return chunk
         if chunk.type == Kind.SYSTEM:
-            if chunk.data.get("kind") in ENDINGS:
+            if cast(SystemNotice, chunk.data).get("kind") in SystemKind.ENDINGS:
                 return chunk
             continue  # a notice, a config reload: look further back
         return None
@@ -62,7 +72,7 @@ def interruption(turn: Sequence[ChunkLike]) -> str | None:
     chunk = ending(turn)
     if chunk is None:
         return None
-    return "error" if chunk.type == Kind.ERROR else chunk.data["kind"]
+    return Kind.ERROR if chunk.type == Kind.ERROR else cast(SystemNotice, chunk.data)["kind"]
 
 
 def message(turn: Sequence[ChunkLike]) -> str:
@@ -75,7 +85,9 @@ def message(turn: Sequence[ChunkLike]) -> str:
         raise ValueError(NOTHING)
     error = next((c for c in reversed(turn) if c.type == Kind.ERROR), None)
     ending = ENDINGS[kind].format(
-        message=(error.data.get("message") or "").strip().rstrip(".") + "." if error else ""
+        message=(cast(Error, error.data).get("message") or "").strip().rstrip(".") + "."
+        if error
+        else ""
     )
     where, calls_cut = _where(turn)
     advice = f"{GO_ON} {NOT_AGAIN}" if calls_cut else GO_ON
@@ -97,11 +109,12 @@ def _where(turn: Sequence[ChunkLike]) -> tuple[str, bool]:
         calls = _interrupted_calls(turn)
         return (calls, True) if calls else ("Its last tool results are above.", False)
     if last.type == Kind.TEXT:
-        return f"You were writing; your text ends with: “{_tail(last.data.get('text', ''))}”", False
+        text = cast(AssistantText, last.data).get("text", "")
+        return f"You were writing; your text ends with: “{_tail(text)}”", False
     if last.type == Kind.THINKING:
         return "You were thinking (that thinking is lost).", False
     if last.type == Kind.TOOL_CALL:
-        return f"It stopped right after you called {_call(last.data)}.", True
+        return f"It stopped right after you called {_call(cast(ToolCall, last.data))}.", True
     return "", False
 
 
@@ -112,13 +125,18 @@ def _interrupted_calls(turn: Sequence[ChunkLike]) -> str:
     results = [
         c
         for c in turn
-        if c.type == Kind.TOOL_RESULT and c.step == step and c.data.get("interrupted")
+        if c.type == Kind.TOOL_RESULT
+        and c.step == step
+        and cast(ToolResult, c.data).get("interrupted")
     ]
-    calls = {c.data.get("call_id"): c.data for c in turn if c.type == Kind.TOOL_CALL}
+    calls = {
+        cast(ToolCall, c.data).get("call_id"): c.data for c in turn if c.type == Kind.TOOL_CALL
+    }
     sentences = []
     for result in results:
-        call = _call(calls.get(result.data.get("call_id"), result.data))
-        if "shell_output" in result.data:
+        data = cast(ToolResult, result.data)
+        call = _call(calls.get(data.get("call_id"), result.data))
+        if "shell_output" in data:
             sentences.append(
                 f"{call} was running: its exit status is unknown, and its output so far "
                 "is in its result."
@@ -128,9 +146,12 @@ def _interrupted_calls(turn: Sequence[ChunkLike]) -> str:
     return " ".join(sentences)
 
 
-def _call(data: dict[str, Any]) -> str:
+def _call(data: Mapping[str, Any]) -> str:
+    """A call named as the model would recognise it (its result names the call when the
+    call itself is not in the turn)."""
     name = str(data.get("name") or "a tool")
-    args = data.get("arguments") if isinstance(data.get("arguments"), dict) else {}
+    arguments = data.get("arguments")
+    args: Mapping[str, Any] = arguments if isinstance(arguments, dict) else {}
     for key in CALL_KEYS:
         value = args.get(key)
         if isinstance(value, str) and value.strip():

@@ -1,5 +1,5 @@
 """Permission rules: which tool calls run, wait for the user, or are refused without
-asking (DESIGN §14).
+asking (ARCHITECTURE.md, Permission rules).
 
 Pure: no Django. A rule is an action (`allow`, `ask`, `deny`) and a pattern: a tool
 name, where `*` matches any run of characters (`read_file`, `mcp__github__*`),
@@ -88,7 +88,7 @@ ACTIONS = (ALLOW, ASK, DENY)
 # Where a rule came from, as the audit trail and the approval card say it.
 TAB = "tab"
 USER = "user"
-# A sub-agent's rules (chat.children): its parent tab's, and the deny and ask rules of the
+# A sub-agent's rules (chat.turn.agents): its parent tab's, and the deny and ask rules of the
 # profile the model chose for it. Kept in the tab's rules with the source they came from.
 PARENT = "parent"
 PROFILE = "profile"
@@ -420,11 +420,11 @@ def _judge(rules: Sequence[Rule], parts: Sequence[Subject], unprovable: str) -> 
     chosen: list[Rule] = []
     for part in parts:
         for form in part.every:
-            rule = next((rule for rule in allows if rule.matches(form)), None)
-            if rule is None:
+            allowed = next((rule for rule in allows if rule.matches(form)), None)
+            if allowed is None:
                 return None
-            if rule not in chosen:
-                chosen.append(rule)
+            if allowed not in chosen:
+                chosen.append(allowed)
     return Decision(ALLOW, tuple(chosen))
 
 
@@ -1777,7 +1777,8 @@ def _syntax(node: Any) -> str:
             return _SYNTAX[inner[0].kind]
         words = [p.word for p in node.list if p.kind == "reservedword"]
         return f"{words[0]} … {words[-1]}" if words else "a compound command"
-    return _SYNTAX.get(node.kind, node.kind)
+    kind: str = node.kind
+    return _SYNTAX.get(kind, kind)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,5 +1,5 @@
-"""PURE: when a wake is due (DESIGN §16). No Django, no clock: every function takes the
-times it works on (UTC in, UTC out), so tests drive it with any instant.
+"""PURE: when a wake is due (ARCHITECTURE.md, Wakes). No Django, no clock: every function
+takes the times it works on (UTC in, UTC out), so tests drive it with any instant.
 
 A schedule is a cron expression read in an IANA time zone (cronsim), an interval, or
 one time. Daylight saving time is cronsim's (Debian cron's) rule, which is what a cron
@@ -231,7 +231,8 @@ def plan(
         return Plan(None, (), 0, False, due)
     end = now if expires_at is None else min(now, expires_at)
     recent: deque[datetime] = deque(maxlen=MAX_RECORDED_SKIPS + 1)
-    count, more, slot = 0, False, due
+    count, more = 0, False
+    slot: datetime | None = due
     while slot is not None and slot <= end:
         if count == MAX_SCANNED_SLOTS:
             more = True
@@ -302,8 +303,14 @@ def _instants(naive: datetime, tz: zoneinfo.ZoneInfo, fixed: bool) -> list[datet
 def _step_back_near(tz: zoneinfo.ZoneInfo, t: datetime, later: datetime) -> timedelta:
     """How far the clocks go back between `t` and `later` (MAX_CLOCK_STEP_BACK apart):
     wall times up to this far before `t`'s come again after it."""
-    back = t.astimezone(tz).utcoffset() - later.astimezone(tz).utcoffset()
+    back = _utc_offset(t, tz) - _utc_offset(later, tz)
     return max(back, timedelta(0))
+
+
+def _utc_offset(t: datetime, tz: zoneinfo.ZoneInfo) -> timedelta:
+    offset = t.astimezone(tz).utcoffset()
+    assert offset is not None  # an aware time in a zone always has one
+    return offset
 
 
 def _cron_after(expr: str, timezone: str, t: datetime) -> datetime | None:

@@ -37,14 +37,24 @@ import unicodedata
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection
 from django.db.models.signals import pre_delete
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from chat.models import UNTITLED, ChunkType, Role, Tab
+from chat.chunks import (
+    AssistantText,
+    Error,
+    Kind,
+    Role,
+    Thinking,
+    ToolCall,
+    ToolResult,
+    UserText,
+)
+from chat.models import UNTITLED, Tab
 
 TABLE = "chat_searchentry"
 FTS_TABLE = "chat_searchentry_fts"
@@ -72,11 +82,11 @@ SNIPPET_WORDS = 24
 
 SEARCHABLE_ROLES = (Role.USER, Role.ASSISTANT, Role.TOOL)
 SEARCHABLE_TYPES = (
-    ChunkType.TEXT,
-    ChunkType.THINKING,
-    ChunkType.TOOL_CALL,
-    ChunkType.TOOL_RESULT,
-    ChunkType.ERROR,
+    Kind.TEXT,
+    Kind.THINKING,
+    Kind.TOOL_CALL,
+    Kind.TOOL_RESULT,
+    Kind.ERROR,
 )
 
 # Snippet markers: control characters that never reach the index (`_clean`
@@ -123,17 +133,20 @@ def _argument_text(value: Any) -> str:
 
 def document(type: str, data: dict[str, Any]) -> str:
     """The indexed text of a chunk: "" for a chunk not indexed."""
-    if type in (ChunkType.TEXT, ChunkType.THINKING):
-        return _clean(str(data.get("text") or ""), TEXT_CHARS).strip()
-    if type == ChunkType.TOOL_CALL:
-        args = _argument_text(data.get("arguments") or {})
-        return _clean(f"{data.get('name') or ''}\n{args}", ARGUMENT_CHARS).strip()
-    if type == ChunkType.TOOL_RESULT:
-        output = [str(data.get(k) or "") for k in ("result", "shell_output")]
-        body = "\n".join([str(data.get("name") or ""), *(o for o in output if o)])
+    if type in (Kind.TEXT, Kind.THINKING):
+        text = cast(UserText | AssistantText | Thinking, data).get("text")
+        return _clean(str(text or ""), TEXT_CHARS).strip()
+    if type == Kind.TOOL_CALL:
+        call = cast(ToolCall, data)
+        args = _argument_text(call.get("arguments") or {})
+        return _clean(f"{call.get('name') or ''}\n{args}", ARGUMENT_CHARS).strip()
+    if type == Kind.TOOL_RESULT:
+        result = cast(ToolResult, data)
+        output = [str(result.get("result") or ""), str(result.get("shell_output") or "")]
+        body = "\n".join([str(result.get("name") or ""), *(o for o in output if o)])
         return _clean(body, RESULT_CHARS).strip()
-    if type == ChunkType.ERROR:
-        return _clean(str(data.get("message") or ""), TEXT_CHARS).strip()
+    if type == Kind.ERROR:
+        return _clean(str(cast(Error, data).get("message") or ""), TEXT_CHARS).strip()
     return ""
 
 

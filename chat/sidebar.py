@@ -34,7 +34,7 @@ IDLE, RUNNING, WAITING = "idle", "running", "waiting"
 
 
 def state_of(status: dict[str, Any]) -> str:
-    """The sidebar's state of a turn status (chat.agent.TurnStatus.as_dict): compacting,
+    """The sidebar's state of a turn status (chat.turn.state.TurnStatus.as_dict): compacting,
     stopping and the rest are "running" to a list that only marks activity."""
     state = status.get("state")
     if state in (IDLE, WAITING):
@@ -80,9 +80,10 @@ def stated(tab_id: uuid.UUID | str) -> Tab | None:
 def with_entries(change: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """The change as its owner's group carries it, and the owner: with the tab's entry
     rendered for a page that shows another tab ("other") and for the tab's own page
-    ("current"). None when the tab is gone (deleted meanwhile): nothing to show."""
+    ("current"). None when the tab is gone (deleted meanwhile) or owned by no one (an
+    import not finished yet, shown to no one): nothing to show."""
     tab = stated(change["tab_id"])
-    if tab is None:
+    if tab is None or tab.owner_id is None:
         return None
     approval = change.get("approval")
     entries = {

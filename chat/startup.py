@@ -24,6 +24,14 @@ from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from chat.envcheck import (
+    EXIT_CONFIGURATION,
+    EXIT_UNAVAILABLE,
+    exit_with,
+    masked_url,
+    unreachable_line,
+    url_problem,
+)
 from chat.providers.registry import (
     OFFLINE_MODEL,
     PROVIDERS,
@@ -32,14 +40,6 @@ from chat.providers.registry import (
     model_info,
 )
 from chat.tools import files, workdir
-from dispatch.envcheck import (
-    EXIT_CONFIGURATION,
-    EXIT_UNAVAILABLE,
-    exit_with,
-    masked_url,
-    unreachable_line,
-    url_problem,
-)
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,24 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
+from chat.chunks import (
+    AssistantText,
+    ChunkData,
+    Error,
+    FileRef,
+    SystemNotice,
+    Thinking,
+    ToolCall,
+    ToolResult,
+    untyped,
+)
+
+# Defined in chat.chunks; re-exported for the modules that import them from here.
+from chat.chunks import Kind as Kind
+from chat.chunks import Role as Role
+from chat.chunks import body_key as body_key
 from chat.providers.base import (
     ErrorEvent,
     Event,
@@ -32,23 +48,6 @@ from chat.providers.base import (
     ToolCallEvent,
     ToolResultEvent,
 )
-
-
-class Role:
-    USER = "user"
-    ASSISTANT = "assistant"
-    TOOL = "tool"
-    SYSTEM = "system"
-
-
-class Kind:
-    TEXT = "text"
-    THINKING = "thinking"
-    TOOL_CALL = "tool_call"
-    TOOL_RESULT = "tool_result"
-    ERROR = "error"
-    SYSTEM = "system"
-    COMPACTION = "compaction"
 
 
 class ChunkLike(Protocol):
@@ -104,7 +103,8 @@ class Block:
     @property
     def text(self) -> str:
         """The streamable body: text, thinking or live tool output."""
-        return self.data.get(body_key(self.type), "")
+        body: str = self.data.get(body_key(self.type), "")
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,19 +169,19 @@ class Reducer:
                     # rather than write a log row that breaks every request.
                     raise ValueError(f"tool call {call_id!r} has no tool name")
                 self.pending_calls.append((call_id, name))
-                data = {"call_id": call_id, "name": name, "arguments": dict(arguments)}
-                return self._single(Role.ASSISTANT, Kind.TOOL_CALL, data)
+                call = ToolCall(call_id=call_id, name=name, arguments=dict(arguments))
+                return self._single(Role.ASSISTANT, Kind.TOOL_CALL, call)
             case ToolResultEvent():
                 return self._result(event)
             case ErrorEvent(message=message, status_code=status_code, details=details):
-                data: dict[str, Any] = {"message": message}
+                error = Error(message=message)
                 if status_code is not None:
-                    data["status_code"] = status_code
+                    error["status_code"] = status_code
                 if details:
-                    data.update(details)
-                return self._single(Role.ASSISTANT, Kind.ERROR, data)
+                    untyped(error).update(details)
+                return self._single(Role.ASSISTANT, Kind.ERROR, error)
             case SystemEvent(kind=kind, text=text):
-                return self._single(Role.SYSTEM, Kind.SYSTEM, {"kind": kind, "text": text})
+                return self._single(Role.SYSTEM, Kind.SYSTEM, SystemNotice(kind=kind, text=text))
             case Finish():
                 return self.seal()
         raise TypeError(f"not a provider event: {event!r}")
@@ -198,8 +198,8 @@ class Reducer:
     def _new(self, role: str, kind: str, data: dict[str, Any]) -> Block:
         return Block(self.new_id(), self.turn_id, self.step, role, kind, data)
 
-    def _single(self, role: str, kind: str, data: dict[str, Any]) -> list[Op]:
-        return [*self.seal(), Seal(self._new(role, kind, data))]
+    def _single(self, role: str, kind: str, data: ChunkData) -> list[Op]:
+        return [*self.seal(), Seal(self._new(role, kind, untyped(data)))]
 
     def _extend(self, role: str, kind: str, call_id: str | None, text: str) -> list[Op]:
         block = self._open
@@ -211,11 +211,13 @@ class Reducer:
             if not text and kind != Kind.TOOL_RESULT:
                 return []
             ops: list[Op] = self.seal()
+            data: ChunkData
             if kind == Kind.TOOL_RESULT:
-                data = {"call_id": call_id, "name": self._call_name(call_id), "shell_output": ""}
+                call_id = call_id or ""  # ShellOutput always names its call
+                data = ToolResult(call_id=call_id, name=self._call_name(call_id), shell_output="")
             else:
-                data = {"text": ""}
-            block = self._open = self._new(role, kind, data)
+                data = AssistantText(text="")
+            block = self._open = self._new(role, kind, untyped(data))
             self._length = 0
             ops.append(Open(replace(block, data=dict(block.data))))
         else:
@@ -236,7 +238,7 @@ class Reducer:
                 return ops  # nothing streamed and nothing to replay: no block
             # Signature-only thinking (display omitted) or redacted thinking
             # arrives with no deltas; it is still a block and must be kept.
-            self._open = self._new(Role.ASSISTANT, Kind.THINKING, {"text": ""})
+            self._open = self._new(Role.ASSISTANT, Kind.THINKING, untyped(Thinking(text="")))
         meta = {}
         if signature is not None:
             meta["signature"] = signature
@@ -256,12 +258,9 @@ class Reducer:
                 del self.pending_calls[i]
                 name = call_name or event.name
                 break
-        data: dict[str, Any] = {
-            "call_id": event.call_id,
-            "name": name,
-            "result": event.result,
-            "is_error": event.is_error,
-        }
+        data = ToolResult(
+            call_id=event.call_id, name=name, result=event.result, is_error=event.is_error
+        )
         if event.truncated:
             data["truncated"] = True
         if event.truncated_bytes:
@@ -269,7 +268,7 @@ class Reducer:
             data["truncated_bytes"] = event.truncated_bytes
             data["truncated_lines"] = event.truncated_lines
         if event.attachments:
-            data["attachments"] = [dict(ref) for ref in event.attachments]
+            data["attachments"] = [cast(FileRef, dict(ref)) for ref in event.attachments]
         block = self.open
         if (
             block is not None
@@ -278,13 +277,11 @@ class Reducer:
         ):
             # The live output streamed into this block; the result completes it.
             shell_output = event.shell_output or block.data.get("shell_output", "")
-            block.data = {**data, "shell_output": shell_output} if shell_output else data
+            block.data = untyped(
+                ToolResult(**data, shell_output=shell_output) if shell_output else data
+            )
             self._open = None
             return [Seal(block)]
         if event.shell_output:
             data["shell_output"] = event.shell_output
         return self._single(Role.TOOL, Kind.TOOL_RESULT, data)
-
-
-def body_key(kind: str) -> str:
-    return "shell_output" if kind == Kind.TOOL_RESULT else "text"

@@ -35,7 +35,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
-from typing import IO, Any
+from typing import IO, Any, Protocol, cast
 
 from asgiref.sync import sync_to_async
 from django.db import connection
@@ -44,8 +44,25 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from chat import blobs, history, log
+from chat.chunks import (
+    AssistantText,
+    Compaction,
+    Error,
+    Kind,
+    Role,
+    ShapeError,
+    SystemNotice,
+    Thinking,
+    ToolCall,
+    ToolResult,
+    UserText,
+    check_data,
+    check_kind,
+    json_kind,
+    must_be,
+)
 from chat.models import Chunk, Tab
-from chat.stream import Block, Kind, Role
+from chat.stream import Block
 
 FORMAT = "dispatch-tab"
 VERSION = 1
@@ -92,72 +109,6 @@ HEADER_FIELDS = {
     "chunks",
 }
 CHUNK_FIELDS = ("id", "seq", "turn_id", "step", "role", "type", "data", "created_at")
-
-# The (role, type) pairs the app writes, and for each the keys of `data`: key ->
-# (type, required). Anything else in a sendable chunk is refused: it would be
-# lost on the way to the provider, so a file carrying it is not one this
-# version wrote. System and error chunks are the UI's (never sent) and may
-# carry extra keys (the runner adds stop_reason, retry, ...).
-SHAPES: dict[tuple[str, str], dict[str, tuple[type, bool]]] = {
-    # `attachments`: references to blobs (chat.blobs.reference), never their bytes.
-    (Role.USER, Kind.TEXT): {
-        "text": (str, True),
-        "interrupted": (bool, False),
-        "attachments": (list, False),
-    },
-    (Role.ASSISTANT, Kind.TEXT): {"text": (str, True), "interrupted": (bool, False)},
-    (Role.ASSISTANT, Kind.THINKING): {
-        "text": (str, True),
-        "signature": (str, False),
-        "redacted_data": (str, False),
-        "duration_ms": (int, False),
-        "interrupted": (bool, False),
-    },
-    (Role.ASSISTANT, Kind.TOOL_CALL): {
-        "call_id": (str, True),
-        "name": (str, True),
-        "arguments": (dict, True),
-        "interrupted": (bool, False),
-    },
-    (Role.TOOL, Kind.TOOL_RESULT): {
-        "call_id": (str, True),
-        "name": (str, True),
-        "result": (str, False),
-        "is_error": (bool, False),
-        "truncated": (bool, False),
-        "truncated_bytes": (int, False),
-        "truncated_lines": (int, False),
-        "shell_output": (str, False),
-        "interrupted": (bool, False),
-        "attachments": (list, False),
-    },
-    (Role.ASSISTANT, Kind.ERROR): {"message": (str, True), "status_code": (int, False)},
-    (Role.SYSTEM, Kind.SYSTEM): {
-        "kind": (str, True),
-        "text": (str, True),
-        "retry": (bool, False),
-    },
-    # Sent: its summary replaces every chunk through `through_seq` (chat.context).
-    (Role.SYSTEM, Kind.COMPACTION): {
-        "summary": (str, True),
-        "through_seq": (int, True),
-        "model": (str, False),
-        "trigger": (str, False),
-        "instructions": (str, False),
-        "tokens_before": (int, False),
-    },
-}
-OPEN_SHAPES = {(Role.ASSISTANT, Kind.ERROR), (Role.SYSTEM, Kind.SYSTEM)}
-ROLES = {Role.USER, Role.ASSISTANT, Role.TOOL, Role.SYSTEM}
-TYPES = {
-    Kind.TEXT,
-    Kind.THINKING,
-    Kind.TOOL_CALL,
-    Kind.TOOL_RESULT,
-    Kind.ERROR,
-    Kind.SYSTEM,
-    Kind.COMPACTION,
-}
 
 
 class ImportRefused(ValueError):
@@ -227,10 +178,11 @@ def export_markdown(tab: Tab) -> Iterator[str]:
     """The tab for people: messages as Markdown, tool calls and results fenced."""
     end = log.last_seq(tab.pk)
     yield _markdown_head(tab)
-    section = None
+    section: str | None = None
     for chunks in _pages(tab, end):
         parts = []
         for chunk in chunks:
+            wanted: str | None
             if chunk.role == Role.USER:
                 wanted = "User"
             elif chunk.role == Role.SYSTEM:
@@ -261,41 +213,45 @@ def markdown_chunk(chunk: Any) -> str:
     data = chunk.data
     match chunk.type:
         case Kind.TEXT:
-            text = data.get("text", "")
+            text = cast(UserText | AssistantText, data).get("text", "")
             return (f"{text.rstrip()}\n\n" if text.strip() else "") + _attachment_list(data)
         case Kind.THINKING:
-            text = data.get("text", "")
+            text = cast(Thinking, data).get("text", "")
             if not text.strip():
                 return "*Reasoning not shown by the provider.*\n\n"
             return f"<details><summary>Thinking</summary>\n\n{text.rstrip()}\n\n</details>\n\n"
         case Kind.TOOL_CALL:
-            arguments = json.dumps(data.get("arguments") or {}, ensure_ascii=False, indent=2)
+            call = cast(ToolCall, data)
+            arguments = json.dumps(call.get("arguments") or {}, ensure_ascii=False, indent=2)
             return (
-                f"**Tool call** {_code(str(data.get('name', '')))}\n\n"
+                f"**Tool call** {_code(str(call.get('name', '')))}\n\n"
                 + fenced(arguments, "json", limit=MARKDOWN_TOOL_CHARS)
                 + "\n"
             )
         case Kind.TOOL_RESULT:
-            name = _code(str(data.get("name", "")))
-            if "result" in data:
-                label = "Error from" if data.get("is_error") else "Result of"
-                body = str(data["result"])
+            result = cast(ToolResult, data)
+            name = _code(str(result.get("name", "")))
+            if "result" in result:
+                label = "Error from" if result.get("is_error") else "Result of"
+                body = str(result["result"])
             else:
-                label, body = "Output so far (no result) of", data.get("shell_output", "")
+                label, body = "Output so far (no result) of", result.get("shell_output", "")
             return f"**{label}** {name}\n\n" + fenced(body, "", limit=MARKDOWN_TOOL_CHARS) + "\n"
         case Kind.ERROR:
-            status = data.get("status_code")
+            error = cast(Error, data)
+            status = error.get("status_code")
             prefix = f"Error {status}" if status else "Error"
-            return f"*{prefix}: {_italic(str(data.get('message', '')))}*\n\n"
+            return f"*{prefix}: {_italic(str(error.get('message', '')))}*\n\n"
         case Kind.SYSTEM:
-            kind = str(data.get("kind", "")).replace("-", " ").capitalize() or "Notice"
-            return f"*{_italic(kind)}: {_italic(str(data.get('text', '')))}*\n\n"
+            notice = cast(SystemNotice, data)
+            kind = str(notice.get("kind", "")).replace("-", " ").capitalize() or "Notice"
+            return f"*{_italic(kind)}: {_italic(str(notice.get('text', '')))}*\n\n"
         case Kind.COMPACTION:
             return _compaction(data)
     return f"*A chunk of unknown type {_italic(chunk.type)}.*\n\n"
 
 
-def _compaction(data: dict[str, Any]) -> str:
+def _compaction(data: Compaction) -> str:
     """A compaction as a notice, its summary (the model's Markdown) folded under it."""
     what = [f"through #{data.get('through_seq')}"]
     if data.get("trigger"):
@@ -379,9 +335,13 @@ async def _async(parts: Iterator[str]) -> AsyncIterator[str]:
     Django serves a sync iterator under ASGI by reading it into a list first,
     which would hold the whole export in memory.
     """
-    step = sync_to_async(next, thread_sensitive=True)
-    while (part := await step(parts, None)) is not None:
+    step = sync_to_async(_next_part, thread_sensitive=True)
+    while (part := await step(parts)) is not None:
         yield part
+
+
+def _next_part(parts: Iterator[str]) -> str | None:
+    return next(parts, None)
 
 
 def export_response(tab: Tab, fmt: str) -> StreamingHttpResponse:
@@ -409,7 +369,13 @@ def declared_too_large(request: HttpRequest, *, multipart: bool) -> bool:
 # --- Import --------------------------------------------------------------------------
 
 
-def _lines(stream: IO[bytes], max_bytes: int) -> Iterator[tuple[int, str]]:
+class LineSource(Protocol):
+    """What an import reads its file from: an upload, a file, or a request's body."""
+
+    def readline(self, size: int, /) -> bytes: ...
+
+
+def _lines(stream: LineSource, max_bytes: int) -> Iterator[tuple[int, str]]:
     """(line number, text) of each line; refuses the file once it passes `max_bytes`,
     and a line once it passes MAX_LINE_BYTES.
 
@@ -472,33 +438,15 @@ def _json(number: int, text: str) -> Any:
 
 def _object(number: int, value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ImportRefused(number, f"{what} must be a JSON object, not {_kind(value)}")
+        raise ImportRefused(number, f"{what} must be a JSON object, not {json_kind(value)}")
     return value
 
 
-def _kind(value: Any) -> str:
-    match value:
-        case None:
-            return "null"
-        case bool():
-            return "a boolean"
-        case int() | float():
-            return "a number"
-        case str():
-            return "a string"
-        case list():
-            return "an array"
-        case dict():
-            return "an object"
-    return type(value).__name__
-
-
 def _typed(number: int, value: Any, expected: type, where: str) -> None:
-    # bool is an int in Python; JSON tells them apart, so does this check.
-    ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
-    if not ok:
-        name = {str: "a string", bool: "a boolean", int: "an integer", dict: "an object"}
-        raise ImportRefused(number, f"{where} must be {name[expected]}, not {_kind(value)}")
+    try:
+        must_be(value, expected, where)
+    except ShapeError as exc:
+        raise ImportRefused(number, str(exc)) from None
 
 
 def _check_keys(number: int, value: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -568,16 +516,11 @@ def _base64(number: int, value: str, where: str) -> None:
 
 
 def _check_data(number: int, role: str, kind: str, data: dict[str, Any]) -> None:
-    shape = SHAPES[(role, kind)]
-    where = f"the data of this {kind} chunk ({role})"
-    if (role, kind) not in OPEN_SHAPES:
-        _check_keys(number, data, set(shape), where)
-    for key, (expected, required) in shape.items():
-        if key not in data:
-            if required:
-                raise ImportRefused(number, f"{where} has no {key!r}")
-            continue
-        _typed(number, data[key], expected, f"{where}: {key!r}")
+    """`data` has its chunk type's shape (chat.chunks), and what a request sends is sound."""
+    try:
+        check_data(role, kind, data)
+    except ShapeError as exc:
+        raise ImportRefused(number, str(exc)) from None
     if kind == Kind.THINKING:
         for key in ("signature", "redacted_data"):
             if key in data:
@@ -625,14 +568,10 @@ def _check_chunk(number: int, value: Any, seq: int, text: str) -> Block:
     if not 0 <= fields["step"] <= STEP_MAX:
         raise ImportRefused(number, f"step {fields['step']} is out of range")
     role, kind = fields["role"], fields["type"]
-    _typed(number, role, str, "role")
-    _typed(number, kind, str, "type")
-    if role not in ROLES:
-        raise ImportRefused(number, f"unknown role {role!r} (known: {', '.join(sorted(ROLES))})")
-    if kind not in TYPES:
-        raise ImportRefused(number, f"unknown type {kind!r} (known: {', '.join(sorted(TYPES))})")
-    if (role, kind) not in SHAPES:
-        raise ImportRefused(number, f"a {role} chunk cannot be of type {kind!r}")
+    try:
+        check_kind(role, kind)
+    except ShapeError as exc:
+        raise ImportRefused(number, str(exc)) from None
     if fields["created_at"] is not None:
         _typed(number, fields["created_at"], str, "created_at")
         try:
@@ -653,7 +592,7 @@ def _check_chunk(number: int, value: Any, seq: int, text: str) -> Block:
 
 def import_jsonl(
     owner: Any,
-    stream: IO[bytes],
+    stream: LineSource,
     *,
     max_bytes: int | None = None,
 ) -> Tab:

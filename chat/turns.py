@@ -24,10 +24,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from chat import blobs, bus, children, cuts, lease, log, resume
+from chat import blobs, bus, cuts, log, resume
 from chat.cuts import CutError
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block, Kind, Role
+from chat.turn import agents, lease
 
 logger = logging.getLogger(__name__)
 
@@ -114,9 +115,9 @@ def compact_command(text: str) -> str | None:
 
 
 def compact(tab: Tab, *, through: int | None = None, instructions: str = "") -> QueuedMessage:
-    """Ask for a compaction of the tab's context (DESIGN §12): through the end of
-    the turn of chunk `through`, or of everything. It runs as a turn of its own, so
-    asked while a turn runs it waits for that turn's end (queued, as a message
+    """Ask for a compaction of the tab's context ("Context management" in ARCHITECTURE.md):
+    through the end of the turn of chunk `through`, or of everything. It runs as a turn of
+    its own, so asked while a turn runs it waits for that turn's end (queued, as a message
     does). ValueError (for the user) for a chunk that does not exist, or when a
     compaction is already waiting."""
     with transaction.atomic():
@@ -177,7 +178,7 @@ def cancel(tab_id: uuid.UUID, turn_id: uuid.UUID | None = None) -> bool:
     if not lease.request_cancel(tab_id, turn_id):
         # A sub-agent's tab whose prompt no worker took yet (its parent's other children
         # hold the workers): its Stop stops it before it starts, as its parent's would.
-        return turn_id is None and children.cancel(tab_id)
+        return turn_id is None and agents.cancel(tab_id)
     message = {"type": "turn.cancel", "tab_id": str(tab_id)}
     if turn_id is not None:
         message["turn_id"] = str(turn_id)
@@ -209,7 +210,7 @@ def approve(
     )
 
 
-# --- Branches and continue (DESIGN §11) ----------------------------------------------
+# --- Branches and continue (ARCHITECTURE.md) -----------------------------------------
 
 # The same branch asked for again within this long (a double click, a client
 # retrying a request) is the branch made the first time, not a second one.

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from typing import Any, cast
 
 import genai_prices
 from django.db import connection
@@ -40,6 +40,7 @@ from django.db.models import (
     Count,
     DateField,
     F,
+    Field,
     Func,
     IntegerField,
     Max,
@@ -54,6 +55,7 @@ from django.db.models.lookups import GreaterThan, GreaterThanOrEqual
 from genai_prices import data_snapshot
 from genai_prices import types as price_types
 
+from chat.chunks import Kind, OriginKind, Role
 from chat.models import Chunk, Tab, UsageRecord, agent_children
 from chat.providers.registry import PROVIDERS
 
@@ -394,10 +396,10 @@ def _priced_groups(records: QuerySet, *keys: str) -> Iterator[tuple[tuple[Any, .
             row["sum_cache_write"] or 0,
         )
         model = row["model"]
-        day = row["price_day"]
-        if isinstance(day, datetime):
-            day = day.date()
-        rates = _rates(model, *_representative(day, row["price_segment"], row["price_tier"]))
+        price_day = row["price_day"]
+        if isinstance(price_day, datetime):
+            price_day = price_day.date()
+        rates = _rates(model, *_representative(price_day, row["price_segment"], row["price_tier"]))
         yield (
             tuple(row[key] for key in keys),
             Totals(
@@ -447,11 +449,12 @@ def _price_columns(vendor: str, time_zone: str | None) -> tuple[RawSQL, ...]:
         .query
     )
     compiler = query.get_compiler(connection=connection)
-    fields = (DateField(), IntegerField(), IntegerField())
-    return tuple(
-        RawSQL(*compiler.compile(query.annotations[name]), output_field=field)
-        for name, field in zip(names, fields, strict=True)
-    )
+    outputs: tuple[Field[Any, Any], ...] = (DateField(), IntegerField(), IntegerField())
+    columns = []
+    for name, output in zip(names, outputs, strict=True):
+        sql, params = compiler.compile(query.annotations[name])
+        columns.append(RawSQL(sql, params, output_field=output))
+    return tuple(columns)
 
 
 def _utc_day_and_second() -> tuple[Any, Any]:
@@ -475,12 +478,12 @@ def _utc_day_and_second() -> tuple[Any, Any]:
             output_field=IntegerField(),
         )
         return day, second
-    second = (
+    utc_second = (
         ExtractHour("created_at", tzinfo=UTC) * 3600
         + ExtractMinute("created_at", tzinfo=UTC) * 60
         + ExtractSecond("created_at", tzinfo=UTC)
     )
-    return TruncDate("created_at", tzinfo=UTC), second
+    return TruncDate("created_at", tzinfo=UTC), utc_second
 
 
 def _sum_by(groups: Iterable[tuple[tuple[Any, ...], Totals]]) -> dict[tuple[Any, ...], Totals]:
@@ -513,18 +516,19 @@ def _child_turns(
     tab_id: uuid.UUID, turn_ids: set[uuid.UUID]
 ) -> dict[tuple[uuid.UUID, uuid.UUID], uuid.UUID]:
     """{(descendant tab, its turn): the turn of this tab} for the children these turns'
-    `agent` calls made (chat.children), their children's, and so on down the tree: the turn
+    `agent` calls made (chat.turn.agents), their children's, and so on down the tree: the turn
     of each child's prompt is its call's work, and a grandchild's is its parent's."""
     owned: dict[tuple[uuid.UUID, uuid.UUID], uuid.UUID] = {}
     # The level's turns (any tab's: turn ids are unique) -> the turn of tab_id they count for.
     level = {turn: turn for turn in turn_ids}
     while level:
         calls = Chunk.objects.filter(
-            turn_id__in=level, type="tool_call", data__name="agent"
+            turn_id__in=level, type=Kind.TOOL_CALL, data__name="agent"
         ).values_list("tab_id", "data__call_id", "seq", "turn_id")
         by_tab: dict[uuid.UUID, list[tuple[str, int, uuid.UUID]]] = {}
         for tab, call_id, seq, turn in calls:
-            by_tab.setdefault(tab, []).append((call_id, seq, turn))
+            # Filtered on turn_id__in: never a turn-less chunk.
+            by_tab.setdefault(tab, []).append((call_id, seq, cast(uuid.UUID, turn)))
         kids = {}
         for tab, rows in by_tab.items():
             made = agent_children(tab, [(call_id, seq) for call_id, seq, _ in rows])
@@ -534,7 +538,7 @@ def _child_turns(
         if not kids:
             break
         starts = Chunk.objects.filter(
-            tab_id__in=kids, role="user", data__origin__kind="agent"
+            tab_id__in=kids, role=Role.USER, data__origin__kind=OriginKind.AGENT
         ).values_list("tab_id", "turn_id")
         level = {}
         for child, turn in starts:
@@ -544,7 +548,7 @@ def _child_turns(
 
 
 def _tree(tab_id: uuid.UUID) -> tuple[uuid.UUID, ...]:
-    """The tab and its sub-agents' tabs, theirs, and so on down (chat.children)."""
+    """The tab and its sub-agents' tabs, theirs, and so on down (chat.turn.agents)."""
     tabs, level = [tab_id], [tab_id]
     while level:
         level = [
@@ -557,7 +561,7 @@ def _tree(tab_id: uuid.UUID) -> tuple[uuid.UUID, ...]:
 
 
 def tab_totals(tab_id: uuid.UUID) -> Totals:
-    """Everything the tab's own turns used, and its sub-agents' tabs (chat.children), theirs
+    """Everything the tab's own turns used, and its sub-agents' tabs (chat.turn.agents), theirs
     and so on down.
 
     Every page of the tab shows them, and a tab of ten thousand turns has as many

@@ -1,4 +1,4 @@
-"""Wakes (DESIGN §16): claiming a due time, firing it into a tab, recovering a firing a
+"""Wakes (ARCHITECTURE.md, Wakes): claiming a due time, firing it into a tab, recovering a firing a
 crash cut short, and the scheduler every worker runs.
 
 Exactly one firing per scheduled time, whatever the number of workers: a worker claims
@@ -37,6 +37,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from chat import bus, preferences, schedule, turns
+from chat.chunks import Origin, OriginKind, Role, untyped
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, Wake, WakeRun
 
 logger = logging.getLogger(__name__)
@@ -138,14 +139,15 @@ def origin_of(wake: Wake, scheduled_for: datetime) -> dict[str, Any]:
     """The user chunk's origin: which wake and time (the dedup key of recovery), and
     what the page and the runner need without reading the wake (its name, its approval
     policy as it was when it fired)."""
-    return {
-        "kind": "wake",
-        "wake_id": wake.pk,
-        "scheduled_for": scheduled_for.isoformat(),
-        "name": str(wake),
-        "timezone": wake.timezone,
-        "approval": wake.approval,
-    }
+    origin = Origin(
+        kind=OriginKind.WAKE,
+        wake_id=wake.pk,
+        scheduled_for=scheduled_for.isoformat(),
+        name=str(wake),
+        timezone=wake.timezone,
+        approval=wake.approval,
+    )
+    return untyped(origin)
 
 
 # --- claim ---------------------------------------------------------------------------
@@ -166,7 +168,8 @@ def claim(wake_id: int, now: datetime) -> WakeRun | None:
     except (ValueError, ArithmeticError) as exc:
         # A row changed by hand (the admin, the database) into something unusable
         # (ScheduleError is a ValueError; a date past year 9999 an OverflowError).
-        return _disable(wake, due, now, f"The wake's schedule is invalid: {exc}")
+        _disable(wake, due, now, f"The wake's schedule is invalid: {exc}")
+        return None
     with transaction.atomic():
         moved = Wake.objects.filter(pk=wake.pk, enabled=True, next_run_at=due).update(
             next_run_at=plan.next_run_at, updated_at=now
@@ -330,7 +333,7 @@ def _already_sent(tab: Tab, origin: dict[str, Any]) -> int | None:
     if queued is not None:
         return queued.pk
     logged = Chunk.objects.filter(
-        tab=tab, role="user", **{f"data__origin__{k}": v for k, v in key.items()}
+        tab=tab, role=Role.USER, **{f"data__origin__{k}": v for k, v in key.items()}
     ).exists()
     return 0 if logged else None
 

@@ -22,10 +22,11 @@ from channels.routing import ChannelNameRouter
 from channels.worker import Worker
 from django.conf import settings
 
-from chat import bus, lease, sidebar, wakes
-from chat.agent import TurnRunner
+from chat import bus, sidebar, wakes
 from chat.providers import aclose_clients
 from chat.tools import mcp
+from chat.turn import lease
+from chat.turn.loop import TurnRunner
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +97,9 @@ class TurnWorker(AsyncConsumer):
         # Another call's approval is a change too: it is worth a notification.
         announced: dict[str, Any] = {}
         # The latest announcement: each waits for the one before (the pages see the states
-        # in order), and the runner waits for none — a hundred turns starting at once
-        # queued their entry reads on the one database thread ahead of their own writes,
-        # and the bench's p99 token delay went from 0.1 s to 1.8 s.
+        # in order), and the runner waits for none: with many turns starting at once, their
+        # entry reads would queue on the one database thread ahead of the turns' own writes
+        # and delay every token.
         last: list[asyncio.Task[None]] = []
 
         async def announce(message: dict[str, Any], before: asyncio.Task[None] | None) -> None:

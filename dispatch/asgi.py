@@ -6,7 +6,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch.envcheck import exit_configuration_error
+from chat.envcheck import exit_configuration_error
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatch.settings")
 # Django must be set up before anything imports models (routing does).

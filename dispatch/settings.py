@@ -18,7 +18,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from dispatch.envcheck import masked_url, url_problem
+from chat.envcheck import masked_url, url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -151,6 +151,8 @@ INSTALLED_APPS = [
     "daphne",
     # Before channels: chat's runworker command replaces Channels' own.
     "chat",
+    # The project itself, for its `serve` command (daphne with bounded request bodies).
+    "dispatch",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -416,7 +418,7 @@ if _workspace == _data or _workspace in _data.parents:
     )
 # A runaway model must not loop forever; 50 steps is far past a normal task.
 DISPATCH_MAX_STEPS = envint("DISPATCH_MAX_STEPS", 50, minimum=1)
-# Sub-agents (the `agent` tool, chat.children). A child's turn stops at this many steps:
+# Sub-agents (the `agent` tool, chat.turn.agents). A child's turn stops at this many steps:
 # a delegated task is narrower than its parent's, and a looping child must not run up
 # the parent's bill for 50 steps unseen.
 DISPATCH_CHILD_MAX_STEPS = envint("DISPATCH_CHILD_MAX_STEPS", 25, minimum=1)

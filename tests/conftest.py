@@ -16,8 +16,8 @@ from django.core.management import call_command
 from django.db import connections
 from django.test import TransactionTestCase
 
-from chat import agent
 from chat.providers.replay import ScriptedProvider
+from chat.turn import step
 from harness import chromium
 from harness.fakeprovider import FakeProviderServer
 from harness.servers import Servers
@@ -94,7 +94,7 @@ def script(monkeypatch) -> Callable[..., ScriptedProvider]:
         async def provider_for(model: str):
             return by_model.get(model, provider)
 
-        monkeypatch.setattr(agent, "provider_for", provider_for)
+        monkeypatch.setattr(step, "provider_for", provider_for)
         return provider
 
     return install

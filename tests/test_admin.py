@@ -12,10 +12,11 @@ from django.test import override_settings
 from django.urls import path, reverse
 from django.utils.http import urlencode
 
-from chat import lease, log, turns
+from chat import log, turns
 from chat.admin import CHUNK_COUNT_CAP, HIGHLIGHT_MAX_CHARS, payload_preview
 from chat.models import ApiKey, Chunk, Setting, Tab
 from chat.stream import Block
+from chat.turn import lease
 from tests import opsdata
 
 pytestmark = pytest.mark.django_db

@@ -1,8 +1,8 @@
-"""Attachments end to end (issue 17, DESIGN §13): the composer's upload endpoint, the
-message form, owner-checked blob serving, the request shapes each provider gets (against
-the fake servers, through the official SDKs), the fallback for a model that cannot take a
-file, a tool's image, `manage.py send --attach`, the API's multipart send, and the blobs
-going with their tabs (delete, wipe_history)."""
+"""Attachments end to end (issue 17; ARCHITECTURE.md, Attachments): the composer's upload
+endpoint, the message form, owner-checked blob serving, the request shapes each provider
+gets (against the fake servers, through the official SDKs), the fallback for a model that
+cannot take a file, a tool's image, `manage.py send --attach`, the API's multipart send, and
+the blobs going with their tabs (delete, wipe_history)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Attachments on the page (issue 17, DESIGN §13): a user message's files under its text
-(thumbnails that open the image, chips that download the rest), the composer tray's
-markup (chat/_attachment.html), and the Markdown export's list of names. A page carries
-references to blobs, never their bytes; an SVG is never shown; a name is text."""
+"""Attachments on the page (issue 17; ARCHITECTURE.md, Attachments): a user message's files
+under its text (thumbnails that open the image, chips that download the rest), the composer
+tray's markup (chat/_attachment.html), and the Markdown export's list of names. A page
+carries references to blobs, never their bytes; an SVG is never shown; a name is text."""
 
 from __future__ import annotations
 
@@ -181,18 +181,18 @@ def test_fifty_image_messages_make_a_page_of_links(alice, client_alice):
     ],
 )
 def test_an_entry_without_a_blob_address_is_left_out(entry):
-    item = render.Item.of(user_message("hi", [entry, PDF]))
+    item = render.present(user_message("hi", [entry, PDF]))
     assert [a.name for a in item.attachments] == ["report.pdf"]
 
 
 def test_sizes_that_are_not_positive_integers_show_no_thumbnail_box():
     odd = {**PNG, "width": True, "height": -3, "size": "big"}
-    [attachment] = render.Item.of(user_message("hi", [odd])).attachments
+    [attachment] = render.present(user_message("hi", [odd])).attachments
     assert not attachment.image and attachment.size == 0
 
 
 def test_only_a_users_message_carries_files():
-    item = render.Item.of(block("text", {"text": "x", "attachments": [PNG]}))
+    item = render.present(block("text", {"text": "x", "attachments": [PNG]}))
     assert item.attachments == []
 
 

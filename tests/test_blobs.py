@@ -1,6 +1,7 @@
-"""Attachments' bytes (chat.blobs, DESIGN §13): normalisation (the real type sniffed, the
-metadata gone, pixels and bytes bounded, the same bytes for the same file), every refusal
-with its sentence, and storage (content-addressed, idempotent, collected when unused)."""
+"""Attachments' bytes (chat.blobs; ARCHITECTURE.md, Attachments): normalisation (the real
+type sniffed, the metadata gone, pixels and bytes bounded, the same bytes for the same
+file), every refusal with its sentence, and storage (content-addressed, idempotent,
+collected when unused)."""
 
 from __future__ import annotations
 

@@ -413,7 +413,7 @@ def import_peak(owner, data: bytes) -> tuple[int, Exception | None]:
 
 @pytest.mark.django_db
 def test_an_import_holds_at_most_twice_its_size(alice):
-    # One 48 MB line (parsing it took 300 MB, ten times more for many small values):
+    # One 48 MB line (parsing it would take 300 MB, ten times more for many small values):
     # refused after MAX_LINE_BYTES, with the line and the limit.
     line = {"turn_id": None, "role": "user", "type": "text", "data": {"text": "x" * 48 * MB}}
     data = export([line])

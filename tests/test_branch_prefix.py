@@ -1,7 +1,7 @@
-"""A branch's first request shares its parent's bytes up to the cut (DESIGN §11): the
-real turn runner and the official Anthropic SDK against the fake server, whose raw
-request bodies are compared. That shared prefix is what makes the provider's prompt
-cache hit for a branch, an edit, a regenerate and a retry.
+"""A branch's first request shares its parent's bytes up to the cut (ARCHITECTURE.md,
+Branches and continue): the real turn runner and the official Anthropic SDK against the fake
+server, whose raw request bodies are compared. That shared prefix is what makes the
+provider's prompt cache hit for a branch, an edit, a regenerate and a retry.
 
 Cache markers (`cache_control`) are removed from both bodies before a prefix is
 compared, and only them: the adapter puts the moving one on each request's last

@@ -17,9 +17,10 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from chat import cuts, log, render, resume, turns, views
+from chat import cuts, log, render, resume, turns
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block, Kind, Role
+from chat.views import common
 from tests.ui_helpers import parse, top
 
 pytestmark = pytest.mark.django_db
@@ -560,13 +561,13 @@ def test_the_menu_names_the_parent_only_while_it_is_the_users(client, tab, bob):
 def test_a_tab_deleted_while_the_request_runs_is_a_404_not_a_500(client, tab, name, monkeypatch):
     """Found by the view, gone when turns locks it (a delete in another request). (Edit,
     Regenerate and Retry read the chunk first: theirs says the message is not there.)"""
-    found = views._get_tab_for_user
+    found = common.tab_for_user
 
     def found_then_deleted(request, tab_id):
         tab = found(request, tab_id)
         Tab.objects.filter(pk=tab_id).delete()
         return tab
 
-    monkeypatch.setattr(views, "_get_tab_for_user", found_then_deleted)
+    monkeypatch.setattr(common, "tab_for_user", found_then_deleted)
     response = client.post(reverse(name, args=[tab.id]), {"seq": 1, "text": "hi"})
     assert response.status_code == 404

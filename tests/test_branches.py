@@ -18,10 +18,11 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from chat import lease, log, search, turns
+from chat import log, search, turns
 from chat.cuts import CutError
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block, Kind, Role
+from chat.turn import lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -384,7 +385,7 @@ def test_a_double_click_from_two_requests_at_once_makes_one_branch(tab):
 
 def test_retry_of_an_error_in_a_reruns_first_step_answers_the_log_before_it_again(tab):
     """A regenerated branch's turn has no message of its own; overloaded again at its
-    first step, its Retry branches right before that turn (it was refused)."""
+    first step, its Retry branches right before that turn (not refused)."""
     branch = turns.regenerate(tab, 5).tab  # seqs 1 (question), 2 (forked)
     QueuedMessage.objects.filter(tab=branch).delete()
     T3 = uuid.uuid4()

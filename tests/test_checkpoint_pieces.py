@@ -16,7 +16,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from chat import agent, lease, log, turns
+from chat import log, turns
 from chat.models import CheckpointPiece, RunningTurn, Tab
 from chat.pacing import Debouncer
 from chat.providers.base import (
@@ -27,6 +27,7 @@ from chat.providers.base import (
     ToolCallEvent,
 )
 from chat.stream import Block
+from chat.turn import lease, outbox
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -181,7 +182,7 @@ def test_the_pieces_go_with_the_lease(running, tab, gone):
 @pytest.fixture
 def fast_checkpoints(monkeypatch):
     """Checkpoints every 0.15 s at most: several per block in a short stream."""
-    monkeypatch.setattr(agent, "Debouncer", partial(Debouncer, idle=0.05, max_wait=0.15))
+    monkeypatch.setattr(outbox, "Debouncer", partial(Debouncer, idle=0.05, max_wait=0.15))
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
-"""Compaction and elision end to end (DESIGN §12): the real turn runner and the official
-Anthropic SDK against the fake server, which reports usage as the API does. The
-summary request must be the live request plus one message (a cache read of the whole
-conversation); compaction happens at turn boundaries, or before the turn that
+"""Compaction and elision end to end (ARCHITECTURE.md, Context management): the real turn
+runner and the official Anthropic SDK against the fake server, which reports usage as the
+API does. The summary request must be the live request plus one message (a cache read of the
+whole conversation); compaction happens at turn boundaries, or before the turn that
 overflows, which stays verbatim; every failure leaves the log valid and says why."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from chat import context, lease, turns
+from chat import context, turns
 from chat.follow import SseRenderer
 from chat.models import QueuedMessage, Tab, UsageRecord
+from chat.turn import lease
 from harness.fakeprovider import STALL, Pause, Reply
 from tests.anthropic_wire import (
     MODEL,

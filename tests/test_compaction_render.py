@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from chat import render
-from chat.render import context_meter, fragment_queued, fragment_seal, fragment_status
+from chat.render import context_meter, fragment_queued, fragment_seal, fragment_status, fragments
 from tests.ui_helpers import block, parse, top
 
 TURN = uuid.UUID("11111111-2222-3333-4444-555555555555")
@@ -117,7 +117,7 @@ def test_a_status_without_a_meter_leaves_the_one_on_the_page():
 
 def test_a_page_without_a_meter_has_a_hidden_place_for_one():
     """The page render always has #context-meter, where a later frame's goes."""
-    html = render._render("meter", {"s": render.status_context({"state": "idle"})})
+    html = fragments.render_partial("meter", {"s": render.status_context({"state": "idle"})})
     [node] = top(html)
     assert node.get("id") == "context-meter"
     assert "hidden" in node.attrs and node.get("hx-swap-oob") is None
@@ -242,7 +242,7 @@ def test_a_compaction_turns_usage_line_is_outside_the_fold():
     tokens) goes at the end of the notice, where chat.render.usage_target puts it live."""
     items = render.group([compaction()])
     render.mark_usage(items, {TURN: render.Totals.from_dict({"steps": 1, "input": 10})})
-    chunk = notice(render._insert(items))
+    chunk = notice(fragments.insert(items))
     assert chunk.children[-1].get("id") == f"usage-{TURN}"
     assert chunk.children[-1].tag == "details" and "turn-usage" in chunk.children[-1].classes
 

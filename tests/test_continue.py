@@ -1,13 +1,12 @@
-"""Continue (DESIGN §11) through the real turn runner and the Anthropic SDK against the
-fake server: for each way a turn is cut short (Stop during text, thinking or a shell
-call; a server crash during text or a shell call, or a shutdown during one; the output
-or context limit; an error; the step limit), the message Continue sends says what was
-interrupted and where, and the continue turn's request follows the rules: interrupted
-text is sent as the user saw it, thinking cut off before its signature is not sent, an
-interrupted call is answered with an is_error result and never run again. A turn
-recovered after a crash or a shutdown waits for the user. Continue with nothing to
-continue is refused and queues nothing.
-"""
+"""Continue (ARCHITECTURE.md, Branches and continue) through the real turn runner and the
+Anthropic SDK against the fake server: for each way a turn is cut short (Stop during text,
+thinking or a shell call; a server crash during text or a shell call, or a shutdown during
+one; the output or context limit; an error; the step limit), the message Continue sends says
+what was interrupted and where, and the continue turn's request follows the rules:
+interrupted text is sent as the user saw it, thinking cut off before its signature is not
+sent, an interrupted call is answered with an is_error result and never run again. A turn
+recovered after a crash or a shutdown waits for the user. Continue with nothing to continue
+is refused and queues nothing."""
 
 from __future__ import annotations
 
@@ -21,8 +20,9 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from chat import agent, lease, log, resume, turns
+from chat import log, resume, turns
 from chat.models import Chunk, QueuedMessage, RunningTurn, Setting, Tab
+from chat.turn import lease, loop
 from harness.fakeprovider import STALL, Reply
 from tests.anthropic_wire import (
     MODEL,
@@ -106,7 +106,7 @@ def seen(watcher: Watcher, chunk_id: Any = None) -> str:
 async def stop(tab: Tab, watcher: Watcher) -> None:
     assert await database_sync_to_async(turns.cancel)(tab.pk)
     await watcher.until_idle()
-    # Idle goes out just before the lease is released (chat/agent.py).
+    # Idle goes out just before the lease is released (chat/turn/loop.py).
     await settled(tab.pk)
 
 
@@ -308,7 +308,7 @@ async def crash(tab: Tab, ready) -> dict[str, Any] | None:
         block = log.checkpointed(tab.pk)
         return block.to_dict() if block is not None else None
 
-    task = asyncio.create_task(agent.TurnRunner(tab.pk, turn_id, publish).run())
+    task = asyncio.create_task(loop.TurnRunner(tab.pk, turn_id, publish).run())
     try:
         async with asyncio.timeout(TURN_TIMEOUT):
             while not ready(await database_sync_to_async(checkpointed)()):

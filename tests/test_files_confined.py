@@ -207,7 +207,7 @@ def test_a_dangling_link_creates_its_target_inside_with_its_parents(ws):
 @pytest.fixture
 def swap_after_check(monkeypatch):
     """Run `swap` once, right after the tool's check of what it is about to open
-    and before it opens it: the window the old code left open."""
+    and before it opens it: the window a check by path followed by a use by path leaves open."""
 
     def install(checker: str, swap) -> None:
         real = getattr(files, checker)

@@ -1,5 +1,5 @@
-"""The request builder's view after a compaction and after an elision (DESIGN §12).
-Pure: chunks in, messages out."""
+"""The request builder's view after a compaction and after an elision (ARCHITECTURE.md,
+Context management). Pure: chunks in, messages out."""
 
 from __future__ import annotations
 

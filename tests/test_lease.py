@@ -15,10 +15,11 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from chat import agent, lease, worker
+from chat import worker
 from chat.models import QueuedMessage, RunningTurn
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
+from chat.turn import lease, loop, step
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -34,7 +35,7 @@ def answer(monkeypatch):
     async def provider_for(model: str):
         return provider
 
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    monkeypatch.setattr(step, "provider_for", provider_for)
     return provider
 
 
@@ -162,8 +163,8 @@ async def test_a_heartbeat_right_after_the_lease_passes_to_the_next_turn_finds_i
     async def provider_for(model: str):
         return provider
 
-    monkeypatch.setattr(agent, "provider_for", provider_for)
-    real = agent.TurnRunner._release_or_continue
+    monkeypatch.setattr(step, "provider_for", provider_for)
+    real = loop.TurnRunner._release_or_continue
     beats: list[tuple[str, str]] = []
 
     def release_then_beat(runner):
@@ -172,7 +173,7 @@ async def test_a_heartbeat_right_after_the_lease_passes_to_the_next_turn_finds_i
             beats.append(runner._beat())
         return next_turn
 
-    monkeypatch.setattr(agent.TurnRunner, "_release_or_continue", release_then_beat)
+    monkeypatch.setattr(loop.TurnRunner, "_release_or_continue", release_then_beat)
     tab = await make_tab()
     async with running_worker(), Watcher(tab.pk) as watcher:
         await submit(tab, "first")
@@ -261,7 +262,7 @@ async def test_a_stop_that_comes_while_a_turn_joins_its_control_group_still_drai
         return None
 
     monkeypatch.setattr(worker, "accepting_turns", True)
-    monkeypatch.setattr(agent.TurnRunner, "run", run)
+    monkeypatch.setattr(loop.TurnRunner, "run", run)
     consumer = worker.TurnWorker()
     consumer.channel_layer, consumer.channel_name = Layer(), "worker-channel"
     consumer.tasks, consumer.runners = set(), set()

@@ -14,9 +14,10 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from chat import agent, lease, log, rules, turns, worker
+from chat import log, rules, stream, turns, worker
 from chat.models import QueuedMessage, RunningTurn, Tab
 from chat.providers.base import Finish, TextDelta
+from chat.turn import lease, loop, state
 from tests import test_subagents as base
 from tests.engine import Watcher, chunks, make_tab, running_worker, submit
 from tests.test_subagents import call, delegate
@@ -90,7 +91,7 @@ async def test_a_runner_that_lost_its_lease_in_abort_does_not_report_the_tab_idl
     monkeypatch.setattr(lease, "HEARTBEAT_SECONDS", 3600)
     gate = asyncio.Event()
     script([TextDelta("second runner"), gate, Finish()])
-    real_load = agent.TurnConfig.load
+    real_load = state.TurnConfig.load
     first: dict = {}
 
     def load(tab):
@@ -100,7 +101,7 @@ async def test_a_runner_that_lost_its_lease_in_abort_does_not_report_the_tab_idl
             raise RuntimeError("settings unreadable")
         return real_load(tab)
 
-    monkeypatch.setattr(agent.TurnConfig, "load", staticmethod(load))
+    monkeypatch.setattr(state.TurnConfig, "load", staticmethod(load))
     tab = await make_tab()
     async with running_worker(), Watcher(tab.pk) as watcher:
         await submit(tab, "go")
@@ -134,9 +135,9 @@ async def test_taking_only_rerun_rows_is_fenced_too():
     async def publish(op):
         pass
 
-    stale = agent.TurnRunner(tab.pk, uuid.uuid4(), publish)
+    stale = loop.TurnRunner(tab.pk, uuid.uuid4(), publish)
     with pytest.raises(log.LeaseLost):
-        await database_sync_to_async(stale._take_queued_sync)()
+        await database_sync_to_async(stale.messages.take_queued_sync)()
     assert await QueuedMessage.objects.filter(pk=rerun).aexists(), (
         "a runner without the lease deleted the rerun row"
     )
@@ -151,7 +152,7 @@ async def test_taking_a_compaction_is_fenced_too():
         log.append(
             tab.pk,
             [
-                agent.Block(uuid.uuid4(), None, 0, "user", "text", {"text": "hi"}),
+                stream.Block(uuid.uuid4(), None, 0, "user", "text", {"text": "hi"}),
             ],
         )
         turns.compact(Tab.objects.get(pk=tab.pk))
@@ -164,9 +165,9 @@ async def test_taking_a_compaction_is_fenced_too():
     async def publish(op):
         pass
 
-    stale = agent.TurnRunner(tab.pk, uuid.uuid4(), publish)
+    stale = loop.TurnRunner(tab.pk, uuid.uuid4(), publish)
     with pytest.raises(log.LeaseLost):
-        await database_sync_to_async(stale._take_compaction_sync)()
+        await database_sync_to_async(stale.messages.take_compaction_sync)()
     assert await QueuedMessage.objects.filter(tab_id=tab.pk, compact=True).aexists(), (
         "a runner without the lease took the compaction request"
     )
@@ -188,9 +189,9 @@ async def test_messages_a_stale_runner_tries_to_take_stay_queued():
     async def publish(op):
         pass
 
-    stale = agent.TurnRunner(tab.pk, uuid.uuid4(), publish)
+    stale = loop.TurnRunner(tab.pk, uuid.uuid4(), publish)
     with pytest.raises(log.LeaseLost):
-        await stale._take_queued()
+        await stale.messages.take_queued()
     assert stale.lease_lost and stale.cancelled.is_set() and stale.stopping
     assert await QueuedMessage.objects.filter(pk=pk).aexists()
     assert await chunks(tab.pk) == []

@@ -16,6 +16,8 @@ from channels.db import database_sync_to_async
 
 from chat import follow, render
 from chat.providers.base import Finish, TextDelta
+from chat.render import live as live_markdown
+from chat.render import markup
 from chat.stream import Block
 from tests.engine import chunks, make_tab, running_worker, submit
 from tests.test_socket import FRAME_TIMEOUT, open_socket
@@ -38,7 +40,7 @@ def feed(text: str, cuts: list[int] | None = None) -> tuple[render.LiveText, lis
 def as_sealed(live: render.LiveText, updates: list) -> str:
     """The stable HTML the updates appended, and the tail rendered as sealed text is."""
     env = {"references": dict(live.env["references"])} if "references" in live.env else {}
-    tail = render._cleaner.clean(render._md.render(live.text[live.stable_end :], env))
+    tail = markup.cleaner.clean(markup.md.render(live.text[live.stable_end :], env))
     return "".join(u.stable for u in updates) + tail
 
 
@@ -521,7 +523,7 @@ def test_a_snapshot_builds_the_page_the_live_frames_built(n, monkeypatch):
     live_page, snapshot_page, block = live_and_snapshot(text, cuts)
     stable = f"body-{block.id}-s"
     assert html(live_page.root.by_id(stable)) == html(snapshot_page.root.by_id(stable))
-    monkeypatch.setattr(render, "TAIL_RENDER_FACTOR", 10**9)
+    monkeypatch.setattr(live_markdown, "TAIL_RENDER_FACTOR", 10**9)
     live_page, snapshot_page, block = live_and_snapshot(text, cuts)
     assert live_page.text_body(block.id) == snapshot_page.text_body(block.id)
     # Sent again (a reconnect), the snapshot replaces the chunk in place: the same page.
@@ -536,7 +538,7 @@ def test_the_seal_replaces_the_live_blocks_with_the_same_blocks(n, monkeypatch):
     """The sealed .md holds the blocks the live body showed, element for element: what
     the reader looks at does not change (the code blocks here closed, so were highlighted
     once stable)."""
-    monkeypatch.setattr(render, "TAIL_RENDER_FACTOR", 10**9)
+    monkeypatch.setattr(live_markdown, "TAIL_RENDER_FACTOR", 10**9)
     text = CORPUS[n].rstrip("\n") + "\n\nThe last paragraph."
     page, _, block = live_and_snapshot(text, splits(text, seed=n)[3])
     body = page.root.by_id(f"body-{block.id}")
@@ -577,7 +579,7 @@ async def test_a_socket_joining_mid_block_shows_what_a_socket_that_saw_it_all_sh
     page holding part of the open chunk: it is sent the whole chunk again (never the rest as
     text on top of its Markdown), and right before the seal both pages hold the same stable
     part (and with the tail rendered on every delta, the same body)."""
-    monkeypatch.setattr(render, "TAIL_RENDER_FACTOR", factor)
+    monkeypatch.setattr(live_markdown, "TAIL_RENDER_FACTOR", factor)
     pieces = [WORDS[i : i + 5] for i in range(0, len(WORDS), 5)]
     joined = asyncio.Event()
     half = len(pieces) // 2
@@ -640,13 +642,13 @@ def test_a_long_loose_list_is_not_parsed_again_at_every_item(monkeypatch):
     """A loose list never becomes stable until it ends; parsing it whole at every blank
     line made an answer of 400 items cost seconds. Re-checks wait for 1/8 more text."""
     parsed: list[int] = []
-    real = render._md.block.parse
+    real = markup.md.block.parse
 
     def counting(src, md, env, tokens):
         parsed.append(len(src))
         return real(src, md, env, tokens)
 
-    monkeypatch.setattr(render._md.block, "parse", counting)
+    monkeypatch.setattr(markup.md.block, "parse", counting)
     text = "".join(f"- item number {i} of the list\n\n" for i in range(400))
     live, updates = feed(text, list(range(12, len(text), 12)))
     assert sum(parsed) < 40 * len(text), (len(parsed), sum(parsed))

@@ -242,7 +242,7 @@ def test_an_image_that_cannot_be_read_within_the_budget_is_refused_unread(data, 
 
 
 # What normalising a 49 MP PNG may add to a process's peak memory: its strips and the
-# stored size (measured: about 35 MB; read whole, it took 560 MB).
+# stored size (measured: about 35 MB; read whole, it would take 560 MB).
 PNG_49MP_BUDGET_MB = 96
 
 MEASURE = """

@@ -131,8 +131,8 @@ async def answers(tab) -> list[str]:
 
 async def test_a_tab_whose_tools_cannot_come_from_a_hung_server_never_waits_for_it(scripted, stuck):
     """A turn's start lists only the servers the tab's allow-list could take tools from:
-    a tab of built-ins only does not wait for a hung server (it used to, for the
-    server's whole timeout, at every turn)."""
+    a tab of built-ins only does not wait for a hung server (which would cost the
+    server's whole timeout at every turn)."""
     await McpServer.objects.acreate(name="stuck", transport="http", url=stuck, timeout=TIMEOUT)
     scripted([TextDelta("hi"), Finish()])
     async with running_worker():

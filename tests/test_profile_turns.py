@@ -7,11 +7,11 @@ import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 
-from chat import agent
 from chat.models import Profile, Setting
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta, ToolCallEvent
 from chat.providers.replay import ScriptedProvider
+from chat.turn import step
 from tests.engine import Watcher, chunks, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -49,7 +49,7 @@ async def test_the_tools_run_in_the_tabs_working_directory(monkeypatch, workspac
     async def provider_for(model: str):
         return provider
 
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    monkeypatch.setattr(step, "provider_for", provider_for)
     tab = await tab_from(
         {"name": "site", "model": "scripted/test", "tools": ["list_files"]}, "site"
     )
@@ -88,7 +88,7 @@ async def test_a_call_of_a_tool_the_profile_leaves_out_is_not_run(monkeypatch, w
     async def provider_for(model: str):
         return provider
 
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    monkeypatch.setattr(step, "provider_for", provider_for)
     await database_sync_to_async(Setting.objects.update_or_create)(
         key="approve_tools", defaults={"value": False}
     )

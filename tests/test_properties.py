@@ -77,7 +77,8 @@ STREAMED = {Kind.TEXT, Kind.THINKING, Kind.TOOL_RESULT}
 def expected_chunks(step_events) -> list[tuple[str, str | None]]:
     """What one step's events must leave in the log: (type, streamed body) per chunk.
 
-    Written from the rules of DESIGN.md section 3, independently of the reducer.
+    Written from the reducer's contract (ARCHITECTURE.md, Contracts of the pure core),
+    independently of the reducer.
     """
     out: list[list] = []
     streaming = None  # (type, call_id) of the run the open chunk belongs to

@@ -83,7 +83,7 @@ async def events_of(name: str) -> list:
     ],
 )
 async def test_json_nested_past_the_parsers_limit_is_a_malformed_stream(name, says):
-    """It was a RecursionError escaping the adapter (an internal error, no retry)."""
+    """Not a RecursionError escaping the adapter (an internal error, never retried)."""
     with pytest.raises(ProviderError) as caught:
         await events_of(name)
     assert says in caught.value.message

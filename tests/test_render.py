@@ -479,7 +479,7 @@ def test_it_renders_a_running_status_with_step_usage_stop_and_queue():
 
 
 def test_it_accepts_the_database_status_with_an_iso_start_time():
-    """chat.lease.status gives started_at as ISO text; it is shown the same way."""
+    """chat.turn.lease.status gives started_at as ISO text; it is shown the same way."""
     html = fragment_status(
         {
             "state": "running",

@@ -331,8 +331,8 @@ async def test_a_shell_allow_rule_leaves_a_write_it_does_not_cover_to_the_tab(
 
 async def test_a_link_made_earlier_in_the_command_is_asked_about(script, workspace):
     """Approval off, a deny rule on .git: `ln -s` then a redirection through the link it
-    makes was allowed (the link did not exist when the rules followed the path); now the
-    call waits for the user, and denying it leaves .git alone."""
+    makes waits for the user (the link does not exist yet when the rules follow the path,
+    so they cannot allow it), and denying it leaves .git alone."""
     (workspace / ".git" / "hooks").mkdir(parents=True)
     (workspace / "src").mkdir()
     command = "ln -s ../.git/hooks src/h3; echo evil > src/h3/pre-commit"

@@ -322,8 +322,8 @@ def test_the_rule_always_allow_offers(name, arguments, expected):
         assert rules.decide([rules.parse(ALLOW, natural)], name, arguments).action == ALLOW
 
 
-# --- issue 18 review: links, wrappers, redirections ------------------------------------
-# Each row below marked "attack" let a call past a deny rule before the fix.
+# --- links, wrappers, redirections -------------------------------------------------------
+# Each row below marked "attack" is a way a call could get past a deny rule.
 
 # The workspace as the file tools see it: src/h is a link to .git/hooks, up leads out of
 # the workspace, loop is a link to itself (what chat.tools.files.resolve answers).
@@ -684,23 +684,23 @@ def test_always_allow_offers_no_rule_for_a_wrapped_or_hidden_command(command, ex
         assert decision.action == ALLOW
 
 
-# --- issue 18, second review -------------------------------------------------------------
+# --- closed descriptors, unreadable calls, targets an earlier part makes, wrappers ------
 
 
 @pytest.mark.parametrize(
     ("rule_texts", "command", "expected"),
     [
-        # closing a descriptor writes no file: it used to crash the whole decision
-        (GIT, "git status 2>&-", ALLOW),  # crashed
-        (GIT, "git status >&-", ALLOW),  # crashed
+        # closing a descriptor writes no file, and must not crash the whole decision
+        (GIT, "git status 2>&-", ALLOW),
+        (GIT, "git status >&-", ALLOW),
         (GIT, "git status <&-", ALLOW),
         (GIT, "git status 0<&0", ALLOW),
-        (["allow shell(ls *)"], "ls 1>&- 2>&-", ALLOW),  # crashed
-        (["allow shell(echo *)"], "echo >&-", ALLOW),  # crashed
-        (GIT_NO_RM, "exec 3>&-", None),  # crashed
-        (GIT_NO_RM, "rm x 2>&-", DENY),  # crashed
-        ([], "echo hi 2>&-", None),  # crashed
-        (["deny write_file(.git/**)"], "echo hi 2>&- >&-", None),  # crashed
+        (["allow shell(ls *)"], "ls 1>&- 2>&-", ALLOW),
+        (["allow shell(echo *)"], "echo >&-", ALLOW),
+        (GIT_NO_RM, "exec 3>&-", None),
+        (GIT_NO_RM, "rm x 2>&-", DENY),
+        ([], "echo hi 2>&-", None),
+        (["deny write_file(.git/**)"], "echo hi 2>&- >&-", None),
     ],
 )
 def test_a_closed_descriptor_is_no_file(rule_texts, command, expected):

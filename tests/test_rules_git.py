@@ -421,7 +421,7 @@ def test_a_bare_repository_a_clone_brings_is_not_read_before_it_exists(workspace
     assert decided_in(workspace, "git -C x/b status") is None
 
 
-# --- the runner reads the repository before deciding (chat.agent) --------------------
+# --- the runner reads the repository before deciding (chat.turn.calls) --------------------
 
 
 @pytest.mark.django_db(transaction=True)

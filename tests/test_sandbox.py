@@ -26,13 +26,14 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 
-from chat import agent, render
+from chat import render
 from chat.providers.base import Finish, ToolCallEvent
 from chat.providers.replay import ScriptedProvider
 from chat.tools import run_tool, sandbox, workdir
 from chat.tools.base import ToolOutcome
 from chat.tools.sandbox import Policy
 from chat.tools.shell import run_shell
+from chat.turn import step
 from tests.engine import Watcher, chunks, make_tab, running_worker, submit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -738,7 +739,7 @@ async def test_a_turn_runs_its_shell_in_the_sandbox_the_settings_describe(
     async def provider_for(model: str):
         return provider
 
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    monkeypatch.setattr(step, "provider_for", provider_for)
     async with running_worker():
         tab = await make_tab()
         async with Watcher(tab.pk) as watcher:

@@ -21,7 +21,7 @@ from django.core.management import CommandError, call_command
 from django.core.management.base import OutputWrapper
 from django.db import connection
 
-from chat import agent, lease, log, worker
+from chat import log, worker
 from chat.management.commands.send import TextPrinter
 from chat.models import CheckpointPiece, Chunk, RunningTurn, Tab
 from chat.preferences import new_tab
@@ -29,6 +29,7 @@ from chat.providers.base import TextDelta
 from chat.providers.offline import TOKEN_RE
 from chat.stream import Block
 from chat.tools.workdir import user_workspace_under
+from chat.turn import lease, step
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -277,7 +278,7 @@ def test_it_fails_saying_why_when_the_turn_is_interrupted_or_stopped(
     async def provider_for(model: str):
         return EndsMidStream(stopping)
 
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    monkeypatch.setattr(step, "provider_for", provider_for)
     get_user_model().objects.create_superuser("owner", password="pw")
     out, err = io.StringIO(), io.StringIO()
     with pytest.raises(CommandError) as raised:

@@ -14,9 +14,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from chat import lease, log, resume
+from chat import log, resume
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.stream import Block
+from chat.turn import lease
 from tests.test_send import last_line, send, unowned
 
 pytestmark = pytest.mark.django_db(transaction=True)

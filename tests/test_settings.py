@@ -12,7 +12,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
-from dispatch.envcheck import masked_url, reason, url_problem
+from chat.envcheck import masked_url, reason, url_problem
 from dispatch.settings import envbool, envfloat, envint, envlist
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,11 +20,12 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from chat import agent, bus, consumers, lease, sidebar, turns
+from chat import bus, consumers, sidebar, turns
 from chat.models import RunningTurn, Wake
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta, ToolCallEvent
 from chat.providers.replay import ScriptedProvider
+from chat.turn import lease, step
 from dispatch.asgi import router
 from harness.login import cookie_header, session_for
 from tests.engine import TURN_TIMEOUT, Watcher, make_tab, running_worker, submit
@@ -245,9 +246,9 @@ async def test_a_change_reads_the_tab_once_however_many_pages_are_open(script, m
 async def test_a_slow_sidebar_read_holds_up_no_turn_and_the_states_keep_their_order(
     script, monkeypatch
 ):
-    """The runner never waits for its owner's pages: a hundred turns starting at once
-    queued their entry reads ahead of their own writes (the bench's p99 token delay went
-    from 0.1 s to 1.8 s). The announcements still arrive in order once the reads go on."""
+    """The runner never waits for its owner's pages: if it did, a hundred turns starting
+    at once would queue their entry reads ahead of their own writes and hold up their
+    streams. The announcements still arrive in order once the reads go on."""
     script([TextDelta("hi"), Finish()])
     tab = await make_tab()
     gate = threading.Event()
@@ -424,7 +425,7 @@ async def test_a_recovered_turn_tells_the_owners_pages_it_is_over():
 
 async def test_a_sub_agents_new_tab_and_its_wait_reach_the_owners_group(monkeypatch):
     routed = Routed()
-    monkeypatch.setattr(agent, "provider_for", routed.provider_for)
+    monkeypatch.setattr(step, "provider_for", routed.provider_for)
     routed.script(
         "delegate it",
         [

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from chat.envcheck import EXIT_CONFIGURATION, EXIT_UNAVAILABLE
 from chat.tools import sandbox
-from dispatch.envcheck import EXIT_CONFIGURATION, EXIT_UNAVAILABLE
 from harness.servers import ROOT, SCRUBBED_ENV
 
 # Django start-up on two busy cores; a check that hangs fails here, not at the suite timeout.

@@ -519,7 +519,7 @@ IMPORT_TIMEOUT_S = 30
 
 
 def test_the_pure_core_imports_nothing_from_django():
-    """stream.py and history.py load without Django (DESIGN.md section 1's boundary)."""
+    """stream.py and history.py load without Django (the pure core: no Django, no database)."""
     code = (
         "import sys, chat.stream, chat.history\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'django')\n"

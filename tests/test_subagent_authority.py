@@ -17,7 +17,7 @@ from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from chat import children, lease, log, rules, turns
+from chat import log, rules, turns
 from chat.models import PermissionRule, Profile, Tab, Wake
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta
@@ -25,6 +25,7 @@ from chat.stream import Block
 from chat.tools import wake
 from chat.tools.base import ToolError
 from chat.tools.workdir import user_workspace
+from chat.turn import agents, lease
 from tests import test_subagents as base
 from tests.engine import Watcher, chunks, make_tab, running_worker, submit
 from tests.test_rule_turns import rule_chunks
@@ -299,7 +300,7 @@ def wake_from(kind: str, target: str):
     tab = new_tab(owner, "scripted/test", profile=staff if kind == "person" else None)
     if kind != "person":
         made = {"description": "look", "prompt": "look", "profile": "staff"}
-        tab, _ = children.ensure(tab.pk, "c1", made, call_seq=1)
+        tab, _ = agents.ensure(tab.pk, "c1", made, call_seq=1)
     if kind in ("branch", "orphan"):
         log.append(tab.pk, [Block(uuid.uuid4(), uuid.uuid4(), 0, "user", "text", {"text": "x"})])
         child, tab = tab, turns.branch(tab, 1).tab
@@ -380,7 +381,7 @@ def child_rules_for(parent_rules, profile_rules) -> tuple[list[dict], list[dict]
     for action, pattern in profile_rules:
         PermissionRule.objects.create(profile=profile, action=action, pattern=pattern)
     parent = Tab(rules=[{"action": a, "pattern": p} for a, p in parent_rules])
-    return parent.rules, children.inherited_rules(parent, profile)
+    return parent.rules, agents.inherited_rules(parent, profile)
 
 
 async def test_a_child_decides_every_call_at_least_as_strictly_as_its_parent():

@@ -1,4 +1,4 @@
-"""Sub-agents (the `agent` tool, chat.children): child tabs made, followed and read, their
+"""Sub-agents (the `agent` tool, chat.turn.agents): child tabs made, followed and read, their
 caps, approvals, Stop and usage, with scripted providers at the boundary (one per tab:
 a parent and its children stream at the same time)."""
 
@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from chat import agent, children, lease, render, turns, worker
+from chat import render, turns, worker
 from chat.models import Chunk, Profile, QueuedMessage, RunningTurn, Tab, UsageRecord
 from chat.providers import aget_provider
 from chat.providers.base import (
@@ -29,6 +29,7 @@ from chat.providers.base import (
     Usage,
 )
 from chat.providers.replay import ScriptedProvider
+from chat.turn import agents, lease, step
 from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -66,7 +67,7 @@ class Tabs:
 @pytest.fixture
 def tabs(monkeypatch, workspace):
     routed = Tabs()
-    monkeypatch.setattr(agent, "provider_for", routed.provider_for)
+    monkeypatch.setattr(step, "provider_for", routed.provider_for)
     return routed
 
 
@@ -94,14 +95,14 @@ async def run_parent(tab, text: str = "go"):
 
 
 async def child_pk(tab_pk, call_id: str) -> uuid.UUID:
-    """The id of the child the tab's last call of that id made (chat.children.child_id)."""
+    """The id of the child the tab's last call of that id made (chat.turn.agents.child_id)."""
     seq = (
         await Chunk.objects.filter(tab_id=tab_pk, type="tool_call", data__call_id=call_id)
         .order_by("-seq")
         .values_list("seq", flat=True)
         .afirst()
     )
-    return children.child_id(tab_pk, call_id, seq)
+    return agents.child_id(tab_pk, call_id, seq)
 
 
 async def child_of(tab, call_id: str) -> Tab:
@@ -174,7 +175,7 @@ async def test_a_child_that_writes_no_text_says_so(tabs):
         await run_parent(tab)
     result = result_of(await chunks(tab.pk), "c1")
     assert result.data["is_error"] is False
-    assert result.data["result"].startswith(children.NO_TEXT + "\n\n{")
+    assert result.data["result"].startswith(agents.NO_TEXT + "\n\n{")
     assert tail(result)["status"] == "completed"
 
 
@@ -446,7 +447,7 @@ async def test_ensure_finds_the_child_a_call_made(tabs):
     """A resumed call makes no second child and queues no second prompt."""
     tab = await make_tab()
     arguments = {"description": "d", "prompt": "p"}
-    ensure = database_sync_to_async(children.ensure)
+    ensure = database_sync_to_async(agents.ensure)
     first, made = await ensure(tab.pk, "c1", arguments, call_seq=2)
     again, made_again = await ensure(tab.pk, "c1", arguments, call_seq=2)
     assert made and not made_again and first.pk == again.pk
@@ -773,7 +774,7 @@ async def test_a_child_followed_late_shows_its_approval_and_keeps_it_across_poll
     """A parent that starts following a child already waiting for approval (re-attached
     after a crash) learns the approval from the child's runner; the database polls that
     follow (which know the state, not the question) keep it."""
-    monkeypatch.setattr(children, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(agents, "POLL_SECONDS", 0.05)
     tabs.script(
         "write it",
         [call("w", "write_file", path="x.txt", content="hi"), Finish(stop_reason="tool_use")],
@@ -790,19 +791,19 @@ async def test_a_child_followed_late_shows_its_approval_and_keeps_it_across_poll
     async with running_worker():
         parent = await make_tab(approve_tools=True)
         arguments = {"description": "Write", "prompt": "write it"}
-        child, _ = await database_sync_to_async(children.ensure)(
+        child, _ = await database_sync_to_async(agents.ensure)(
             parent.pk, "c1", arguments, call_seq=2
         )
         async with Watcher(child.pk) as watcher:
             await watcher.until(lambda m: m["op"] == "status" and m["status"].get("approval"))
         stop = asyncio.Event()
         following = asyncio.create_task(
-            children.wait(child.pk, "c1", on_status, timeout=60, cancelled=stop)
+            agents.wait(child.pk, "c1", on_status, timeout=60, cancelled=stop)
         )
         await polls.wait()
         stop.set()
         _, why = await following
-        assert why == children.STOPPED
+        assert why == agents.STOPPED
         asked = [i for i, live in enumerate(seen) if live.get("approval")]
         assert asked, seen
         assert seen[asked[0]]["approval"]["call_id"] == "w"

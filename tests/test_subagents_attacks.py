@@ -13,13 +13,14 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from chat import children, lease, log, turns, worker
+from chat import log, turns, worker
 from chat.history import History
 from chat.models import Chunk, PermissionRule, Profile, QueuedMessage, RunningTurn, Tab
 from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta, Usage
 from chat.stream import Block
 from chat.tools import shell
+from chat.turn import agents, lease
 from tests import test_subagents as base
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
 from tests.test_subagents import call, child_of, child_pk, delegate, result_of, run_parent, tail
@@ -292,10 +293,10 @@ async def test_a_child_stopped_before_a_worker_took_its_prompt_never_runs(tabs):
     worker finds anything left to run."""
     ran = tabs.script("late task", [TextDelta("I ran anyway"), Finish()])
     tab = await make_tab()
-    child, _ = await database_sync_to_async(children.ensure)(
+    child, _ = await database_sync_to_async(agents.ensure)(
         tab.pk, "c1", {"description": "d", "prompt": "late task"}, call_seq=2
     )
-    outcome, why = await children.stop(
+    outcome, why = await agents.stop(
         child.pk, "c1", "ran out of time (1 s)", "its parent's time limit for it (1 s) ran out"
     )
     assert outcome.done and outcome.status == "cancelled" and why == "ran out of time (1 s)"
@@ -309,7 +310,7 @@ async def test_a_child_stopped_before_a_worker_took_its_prompt_never_runs(tabs):
     }
     assert await database_sync_to_async(lease.acquire)(child.pk, "w:1:x") is None
     assert not ran.requests
-    result = children.result(child.pk, child.title, outcome, why=why)
+    result = agents.result(child.pk, child.title, outcome, why=why)
     assert result.is_error and "ran out of time (1 s)" in result.text
 
 
@@ -319,11 +320,11 @@ async def test_the_users_stop_on_a_child_no_worker_took_yet_stops_it(tabs):
     tab with nothing running or waiting still does nothing."""
     tabs.script("late task", [TextDelta("I ran anyway"), Finish()])
     tab = await make_tab()
-    child, _ = await database_sync_to_async(children.ensure)(
+    child, _ = await database_sync_to_async(agents.ensure)(
         tab.pk, "c1", {"description": "d", "prompt": "late task"}, call_seq=2
     )
     assert await database_sync_to_async(turns.cancel)(child.pk)
-    outcome = await database_sync_to_async(children.read)(child.pk, "c1")
+    outcome = await database_sync_to_async(agents.read)(child.pk, "c1")
     assert outcome.done and outcome.status == "cancelled"
     assert not await QueuedMessage.objects.filter(tab_id=child.pk).aexists()
     rows = await chunks(child.pk)
@@ -478,7 +479,7 @@ async def test_an_empty_last_step_returns_no_text_not_the_preamble_before(tabs):
         await run_parent(tab)
     result = result_of(await chunks(tab.pk), "c1").data
     assert result["is_error"] is False
-    assert result["result"].startswith(children.NO_TEXT + "\n\n{")
+    assert result["result"].startswith(agents.NO_TEXT + "\n\n{")
 
 
 async def test_a_long_result_is_capped_as_a_shell_commands_output(tabs):

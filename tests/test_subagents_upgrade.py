@@ -1,7 +1,7 @@
 """Children made before calls were keyed on their seq (id uuid5(parent, call id)): a tab
 that crossed that upgrade still finds each one from the call that made it — its usage in
 the parent's turn, its result for a resumed turn, no second child — and a later call that
-repeats the id does not take it (the bug the seq fixed)."""
+repeats the id does not take it (call ids repeat; seqs do not)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import uuid
 import pytest
 from django.contrib.auth.models import User
 
-from chat import children, usage
+from chat import usage
 from chat.models import Chunk, Tab, UsageRecord, agent_child_id, agent_children
+from chat.turn import agents
 
 pytestmark = pytest.mark.django_db
 
@@ -65,8 +66,8 @@ def test_a_legacy_child_counts_in_its_parents_turn():
 
 def test_the_call_that_made_a_legacy_child_finds_it_and_makes_no_second():
     parent, child, _ = parent_with_a_legacy_child()
-    assert children.made(parent.pk, [("c1", 2)]) == {"c1"}
-    found, made_now = children.ensure(
+    assert agents.made(parent.pk, [("c1", 2)]) == {"c1"}
+    found, made_now = agents.ensure(
         parent.pk, "c1", {"description": "d", "prompt": "p"}, call_seq=2
     )
     assert (found.pk, made_now) == (child.pk, False)

@@ -8,12 +8,13 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from chat import agent, turns
+from chat import turns
 from chat.forms import MAX_SYSTEM_PROMPT_CHARS
 from chat.models import Setting, Tab
 from chat.preferences import DEFAULT_SYSTEM_PROMPT, new_tab
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
+from chat.turn import step
 from tests.engine import Watcher, make_tab, running_worker, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -100,7 +101,7 @@ async def test_the_model_is_sent_the_tabs_own_prompt(monkeypatch):
     async def provider_for(model: str):
         return provider
 
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    monkeypatch.setattr(step, "provider_for", provider_for)
     tab = await make_tab()
     await database_sync_to_async(turns.set_system_prompt)(tab, "Only ever say ok.")
     async with running_worker(), Watcher(tab.pk) as watcher:

@@ -1,8 +1,8 @@
-"""The tab's tool set is frozen (DESIGN §14): every request of a tab sends the same tools,
-byte for byte, through the real turn runner and the official Anthropic SDK against the
-fake server; a change (an admin's edit of the tab's allowed tools, as an MCP server's new
-list would be) takes effect at the next turn's start with a config-reload chunk, never
-within a turn."""
+"""The tab's tool set is frozen (ARCHITECTURE.md, Tool sets, profiles and working
+directories): every request of a tab sends the same tools, byte for byte, through the real
+turn runner and the official Anthropic SDK against the fake server; a change (an admin's
+edit of the tab's allowed tools, as an MCP server's new list would be) takes effect at the
+next turn's start with a config-reload chunk, never within a turn."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from chat import agent
 from chat.models import Tab
 from chat.tools import TOOLS, toolset
+from chat.turn import calls
 from tests.anthropic_wire import MARKER, MODEL, reply, text, tool_use, use_anthropic
 from tests.engine import Watcher, chunks, make_tab, owner_workspace, running_worker, submit
 
@@ -48,7 +48,7 @@ async def test_tools_are_byte_stable_across_turns_and_change_only_at_a_turn_star
     fake_server, monkeypatch, workspace
 ):
     use_anthropic(monkeypatch, fake_server)
-    real_run_tool = agent.tools.run_tool
+    real_run_tool = calls.tools.run_tool
 
     async def edited_meanwhile(*args, **kwargs):
         # An admin narrows the tab's tools while its turn runs.
@@ -67,9 +67,9 @@ async def test_tools_are_byte_stable_across_turns_and_change_only_at_a_turn_star
         await run_one(tab, "first")
         await run_one(tab, "second")
         await Tab.objects.filter(pk=tab.pk).aupdate(tool_allow=["list_files", "read_file"])
-        monkeypatch.setattr(agent.tools, "run_tool", edited_meanwhile)
+        monkeypatch.setattr(calls.tools, "run_tool", edited_meanwhile)
         await run_one(tab, "third")
-        monkeypatch.setattr(agent.tools, "run_tool", real_run_tool)
+        monkeypatch.setattr(calls.tools, "run_tool", real_run_tool)
         await run_one(tab, "fourth")
     raw = [r.body for r in fake_server.requests]
     assert len(raw) == 5

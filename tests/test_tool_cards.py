@@ -17,14 +17,16 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from chat import agent, log, render, transfer, views
+from chat import log, render, transfer
 from chat.models import Tab
 from chat.providers.base import Finish, ToolCallEvent, ToolResultEvent, ToolResultPart
 from chat.providers.replay import ScriptedProvider
-from chat.render import counts, fragment_open, fragment_seal, size
+from chat.render import counts, fragment_open, fragment_seal, fragments, size
 from chat.stream import Block, Kind, Reducer, Role
 from chat.tools import run_tool
 from chat.tools.shell import OUTPUT_CAP, OUTPUT_HEAD, OUTPUT_TAIL
+from chat.turn import step
+from chat.views import files
 from tests.engine import Watcher, chunks, make_tab, owner_workspace, running_worker, submit
 from tests.test_transfer import export_bytes, request_json
 from tests.ui_helpers import block, parse, top
@@ -120,7 +122,7 @@ async def test_the_runner_records_the_cut_and_sends_the_model_the_result_alone(
     async def provider_for(model: str):
         return provider
 
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    monkeypatch.setattr(step, "provider_for", provider_for)
     async with running_worker():
         tab = await make_tab()
         async with Watcher(tab.pk) as watcher:
@@ -318,9 +320,9 @@ def test_a_call_card_carries_its_running_indicator_and_when_it_was_made():
     call was logged (a Chunk row's created_at), or now for a call sealed just now."""
     call = {"call_id": "c1", "name": "shell", "arguments": {"command": "sleep 9"}}
     made = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    row = render.Item(uuid.uuid4(), 3, TURN, 1, Role.ASSISTANT, Kind.TOOL_CALL, call,
-                      created_at=made)  # fmt: skip
-    tree = parse(render._insert([row]))
+    row = render.ToolCall(uuid.uuid4(), 3, TURN, 1, Role.ASSISTANT, Kind.TOOL_CALL, call,
+                          created_at=made)  # fmt: skip
+    tree = parse(fragments.insert([row]))
     [run] = classed(tree, "tool-run")
     assert classed(run, "spinner")[0].get("aria-hidden") == "true"
     [clock] = classed(run, "tool-clock")
@@ -420,7 +422,7 @@ def test_it_needs_a_login_and_a_get(web, alice):
 
 def test_a_huge_output_goes_out_in_bounded_pieces(web, alice, monkeypatch):
     """Never encoded whole at once: pieces of OUTPUT_PIECE_CHARS characters, all there."""
-    monkeypatch.setattr(views, "OUTPUT_PIECE_CHARS", 1000)
+    monkeypatch.setattr(files, "OUTPUT_PIECE_CHARS", 1000)
     output = "é" * 4500 + "\n"
     tab = logged(alice, result(result="r", shell_output=output))
     response = web.get(output_url(tab, 1))

@@ -290,6 +290,24 @@ def test_export_then_import_gives_a_new_tab_whose_next_request_is_byte_identical
     assert again == first
 
 
+def test_messages_a_wake_or_a_parent_agent_sent_keep_their_origin_through_a_round_trip(alice):
+    # QueuedMessage.chunk_data puts `origin` in the user chunk (chat.chunks.UserText).
+    turn, child = uuid.uuid4(), uuid.uuid4()
+    wake = {"kind": "wake", "wake_id": 3, "scheduled_for": "2026-01-01T09:00:00+00:00"}
+    agent = {"kind": "agent", "parent_tab": str(uuid.uuid4()), "call_id": "c1"}
+    original = make_tab(
+        alice,
+        [
+            b("user", "text", {"text": "Daily report", "origin": wake}, turn, 0),
+            b("assistant", "text", {"text": "Done."}, turn),
+            b("user", "text", {"text": "Look into it", "origin": agent}, child, 0),
+        ],
+    )
+    copy = import_bytes(alice, export_bytes(original))
+    assert [c.data.get("origin") for c in Chunk.objects.filter(tab=copy)] == [wake, None, agent]
+    assert request_json(copy) == request_json(original)
+
+
 def test_import_of_a_file_whose_chunk_ids_exist_makes_new_ids_and_leaves_the_original(alice):
     original = make_tab(alice, rich_log())
     before = list(Chunk.objects.filter(tab=original).values_list("id", "seq", "data"))
@@ -475,6 +493,16 @@ CHUNK_CASES = [
         "unknown field(s) in the data of this text chunk (user): colour",
     ),
     (1, {"data": ["text"]}, "data must be a JSON object, not an array"),
+    (
+        1,
+        {"data": {"text": "x", "attachments": "a.png"}},
+        "the data of this text chunk (user): 'attachments' must be an array, not a string",
+    ),
+    (
+        1,
+        {"data": {"text": "x", "origin": "wake"}},
+        "the data of this text chunk (user): 'origin' must be an object, not a string",
+    ),
     (1, {"step": -1}, "step -1 is out of range"),
     (1, {"step": 1.5}, "step must be an integer, not a number"),
     (1, {"turn_id": "not-a-uuid"}, "turn_id is not a UUID: 'not-a-uuid'"),

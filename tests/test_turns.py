@@ -10,7 +10,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.db import transaction
 
-from chat import agent, bus, lease, log, render, resume, retry, turns, worker
+from chat import bus, log, render, resume, retry, turns, worker
 from chat.models import (
     CheckpointPiece,
     Chunk,
@@ -30,6 +30,7 @@ from chat.providers.base import (
     Usage,
 )
 from chat.providers.replay import ScriptedProvider
+from chat.turn import calls, ending, lease, loop, step
 from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -154,10 +155,15 @@ async def test_a_tool_error_is_a_result_and_the_turn_goes_on(script, workspace):
 
 
 async def test_it_stops_at_the_step_limit(script, workspace):
-    """A model that always calls a tool is stopped after max_steps with a notice."""
+    """A model that always calls a tool is stopped after max_steps with a notice. (Its
+    calls differ: the same call three times in a row would stop to ask the user first,
+    see test_turns_repeats.)"""
     loop_step = [call("c", "list_files", path="."), Finish(stop_reason="tool_use")]
     provider = script(
-        *[[call(f"c{i}", "list_files", path="."), Finish(stop_reason="tool_use")] for i in range(5)]
+        *[
+            [call(f"c{i}", "list_files", path="." + "/" * (i % 2)), Finish(stop_reason="tool_use")]
+            for i in range(5)
+        ]
     )
     assert loop_step
     await database_sync_to_async(Setting.objects.create)(key="max_steps", value=3)
@@ -615,7 +621,7 @@ async def test_a_cancel_before_the_stream_starts_stops_the_turn(workspace, monke
         await release.wait()
         return provider
 
-    monkeypatch.setattr(agent, "provider_for", slow_provider_for)
+    monkeypatch.setattr(step, "provider_for", slow_provider_for)
     async with running_worker():
         tab = await make_tab()
         async with Watcher(tab.pk) as watcher:
@@ -698,7 +704,7 @@ async def test_a_crash_while_a_shell_command_runs_says_it_ran(script, workspace,
         on_output("half the build\n")
         raise RuntimeError("the tool runner broke")
 
-    monkeypatch.setattr(agent.tools, "run_tool", breaks_after_output)
+    monkeypatch.setattr(calls.tools, "run_tool", breaks_after_output)
     script(
         [
             call("a", "shell", command="make"),
@@ -713,12 +719,12 @@ async def test_a_crash_while_a_shell_command_runs_says_it_ran(script, workspace,
     ran, never = rows[-3].data, rows[-2].data
     assert (ran["call_id"], ran["result"], ran["shell_output"]) == (
         "a",
-        agent.CRASHED_WHILE_RUNNING,
+        ending.CRASHED_WHILE_RUNNING,
         "half the build\n",
     )
     assert (never["call_id"], never["result"], "shell_output" in never) == (
         "b",
-        agent.NOT_RUN_CRASHED,
+        ending.NOT_RUN_CRASHED,
         False,
     )
     assert ran["interrupted"] and never["interrupted"]
@@ -735,7 +741,7 @@ async def test_a_crash_answers_every_pending_call(script, workspace, monkeypatch
     async def broken_run_tool(*args, **kwargs):
         raise RuntimeError("the tool runner broke")
 
-    monkeypatch.setattr(agent.tools, "run_tool", broken_run_tool)
+    monkeypatch.setattr(calls.tools, "run_tool", broken_run_tool)
     script(
         [call("a", "list_files", path="."), call("b", "list_files"), Finish(stop_reason="tool_use")]
     )
@@ -746,7 +752,7 @@ async def test_a_crash_answers_every_pending_call(script, workspace, monkeypatch
     assert kinds(rows)[-3:] == ["tool/tool_result", "tool/tool_result", "assistant/error"]
     assert [r.data["call_id"] for r in rows[-3:-1]] == ["a", "b"]
     assert all(
-        r.data["is_error"] and r.data["result"] == agent.NOT_RUN_CRASHED for r in rows[-3:-1]
+        r.data["is_error"] and r.data["result"] == ending.NOT_RUN_CRASHED for r in rows[-3:-1]
     )
     assert rows[-1].data["message"] == (
         "Internal error in the turn runner: RuntimeError: the tool runner broke"
@@ -796,7 +802,7 @@ async def test_a_channel_layer_that_fails_for_good_still_ends_the_turn(script, w
             raise RuntimeError("channel layer down")
         published.append(op)
 
-    await agent.TurnRunner(tab.pk, turn_id, publish).run()
+    await loop.TurnRunner(tab.pk, turn_id, publish).run()
     rows = await chunks(tab.pk)
     assert kinds(rows) == ["user/text", "assistant/text", "assistant/error"]
     assert rows[-1].data["message"] == (
@@ -890,7 +896,7 @@ async def test_a_stalled_attempt_is_retried_and_left_out_of_the_request(
 async def test_the_status_says_since_when_the_model_has_been_silent(script, workspace, monkeypatch):
     """Silent past WAITING_STATUS_AFTER: a status with `waiting_since` goes out; the next
     event clears it."""
-    monkeypatch.setattr(agent, "WAITING_STATUS_AFTER", 0.05)
+    monkeypatch.setattr(step, "WAITING_STATUS_AFTER", 0.05)
     gate = asyncio.Event()
     script([TextDelta("a"), gate, TextDelta("b"), Finish()])
     async with running_worker():
@@ -921,7 +927,7 @@ async def test_a_crash_escaping_the_runner_is_ended_by_the_worker(script, worksp
     async def broken_run(self):
         raise RuntimeError("run() broke")
 
-    monkeypatch.setattr(agent.TurnRunner, "run", broken_run)
+    monkeypatch.setattr(loop.TurnRunner, "run", broken_run)
     async with running_worker():
         tab = await make_tab()
         watcher = await run_one(tab, "hi")
@@ -947,7 +953,7 @@ async def test_a_crash_message_is_capped(script, workspace):
     message = (await chunks(tab.pk))[-1].data["message"]
     prefix = "Internal error in the turn runner: TypeError: "
     assert message.startswith(prefix + "not a provider event: xxx")
-    assert len(message) == len(prefix) + agent.CRASH_MESSAGE_CHARS and message.endswith("…")
+    assert len(message) == len(prefix) + loop.CRASH_MESSAGE_CHARS and message.endswith("…")
 
 
 async def test_a_message_queued_inside_a_callers_transaction_asks_for_a_run_once_it_commits(

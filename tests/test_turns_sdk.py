@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import agent, retry
+from chat import retry
 from chat.models import RunningTurn, UsageRecord
+from chat.turn import step
 from harness.fakeprovider import STALL, Pause, Reply, recorded
 from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 
@@ -365,7 +366,7 @@ async def test_a_server_that_only_pings_is_cut_off_within_a_bound(
     # Pings 20 times the idle timeout apart: a busy machine (the suite runs in three
     # processes) must not turn a late ping into "sent nothing".
     monkeypatch.setenv("ANTHROPIC_STREAM_IDLE_TIMEOUT", "1.0")
-    monkeypatch.setattr(agent, "STREAM_SILENT_MAX", 2.0)
+    monkeypatch.setattr(step, "STREAM_SILENT_MAX", 2.0)
     monkeypatch.setattr(retry, "RETRY_DELAYS", ())
     monkeypatch.setattr(retry, "JITTER", 0)
     pings = [item for _ in range(200) for item in (Pause(0.05), {"type": "ping"})]

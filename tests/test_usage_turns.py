@@ -1,5 +1,5 @@
 """A turn's end tells its watchers the turn's tokens and cost and the tab's, read back from
-the usage records as a page render reads them (chat.agent, chat.usage.turn_end)."""
+the usage records as a page render reads them (chat.turn, chat.usage.turn_end)."""
 
 from __future__ import annotations
 

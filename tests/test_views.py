@@ -16,7 +16,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from chat import agent, bus, lease, log, turns, worker
+from chat import bus, log, turns, worker
 from chat.models import (
     ApiKey,
     Chunk,
@@ -31,6 +31,7 @@ from chat.preferences import DEFAULT_SYSTEM_PROMPT
 from chat.providers import default_model
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
+from chat.turn import lease, step
 from tests.engine import TURN_TIMEOUT, Watcher, make_tab, running_worker, submit
 from tests.ui_helpers import block, parse, seed_every_type
 
@@ -860,7 +861,7 @@ async def test_deleting_a_tab_mid_turn_ends_the_turn_quietly(caplog, monkeypatch
     async def provider_for(model: str):
         return provider
 
-    monkeypatch.setattr(agent, "provider_for", provider_for)
+    monkeypatch.setattr(step, "provider_for", provider_for)
     caplog.set_level(logging.INFO)
     async with running_worker():
         tab = await make_tab()

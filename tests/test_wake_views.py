@@ -157,8 +157,8 @@ def test_keep_racing_the_scheduler_does_not_put_back_the_claimed_time(
     client, alice, tab, monkeypatch
 ):
     """Keep read the wake (next run 09:00); the scheduler claimed 09:00 before Keep
-    wrote. The wake keeps its new next time (Keep used to save the whole row read: the
-    wake was due at 09:00 again, its claim hit the existing run, and it never fired
+    wrote. The wake keeps its new next time (saving the whole row Keep read would make the
+    wake due at 09:00 again: its claim would hit the existing run, and it would never fire
     again while the scheduler spun)."""
     nine = timezone.now().replace(microsecond=0) - timedelta(minutes=1)
     wake = _wake(alice, tab, next_run_at=nine, created_by="agent", expires_at=nine + D6)

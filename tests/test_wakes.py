@@ -195,8 +195,8 @@ def test_recovery_does_not_send_again_what_was_submitted_before_the_crash(owner,
 def test_a_time_that_has_a_run_already_is_moved_past_not_fired_again(owner, tab):
     """The clock steps back half an hour after 09:00 fired, and the wake is disabled and
     enabled: its next time is 09:00 again. Reaching it, the claim moves the wake on to
-    10:00 without a second firing, and the scheduler sleeps (it used to roll the move
-    back on the unique run and spin at 0 s, the wake never firing again)."""
+    10:00 without a second firing, and the scheduler sleeps (rather than rolling the move
+    back on the unique run and spinning at 0 s, the wake never firing again)."""
     wake = make_wake(owner, tab)
     assert [r.status for r in wakes.run_due(NOW)] == ["submitted"]
     wakes.disable(wake, NOW - timedelta(minutes=30))
@@ -357,7 +357,7 @@ def test_each_claim_is_stamped_when_it_happens(owner, tab, monkeypatch):
 def test_a_recovery_while_the_run_is_submitted_does_not_submit_it_again(owner, tab, monkeypatch):
     """Another worker, its clock a minute ahead, recovers while this one submits: the
     run is already marked submitted in the submitting transaction, so it is not taken
-    (both used to submit it)."""
+    (and not submitted twice)."""
     make_wake(owner, tab, timezone="UTC")
     real = turns.submit
     recovered = []
@@ -423,7 +423,7 @@ def test_a_tab_deleted_by_a_wipe_while_firing_says_the_wake_moved_to_new_tabs(
 ):
     """The run read the wake (into its tab); a history wipe made it a new-tab wake and
     deleted the tab before the submit: the run fails, and its reason says what is true
-    of the wake now (it used to say "the wake is disabled")."""
+    of the wake now (not "the wake is disabled")."""
     wake = make_wake(owner, tab)
     run = wakes.claim(wake.pk, NOW)
     real = wakes.origin_of

@@ -55,7 +55,7 @@ def routed(monkeypatch, top):
     run without asking."""
     Setting.objects.update_or_create(key="approve_tools", defaults={"value": False})
     tabs = Tabs()
-    monkeypatch.setattr("chat.agent.provider_for", tabs.provider_for)
+    monkeypatch.setattr("chat.turn.step.provider_for", tabs.provider_for)
     return tabs
 
 

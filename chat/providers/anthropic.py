@@ -303,8 +303,8 @@ def _block(part: Any, files: Files) -> dict[str, Any] | None:
         case ToolResultPart(call_id=call_id, result=result, is_error=is_error, images=images):
             block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
             if images:
-                text = [{"type": "text", "text": result}] if result else []
-                block["content"] = text + [_file(image, files) for image in images]
+                content = [{"type": "text", "text": result}] if result else []
+                block["content"] = content + [_file(image, files) for image in images]
             elif result:
                 block["content"] = result
             if is_error:

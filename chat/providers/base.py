@@ -193,7 +193,7 @@ class Message:
     then any text: the Anthropic shape. Adapters for other wire formats split it.
     """
 
-    role: str  # "user" | "assistant"
+    role: str  # Role.USER or Role.ASSISTANT (chat.chunks)
     parts: tuple[Part, ...]
 
 

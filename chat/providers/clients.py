@@ -1,8 +1,8 @@
 """The SDK clients of this process: one per endpoint and event loop, reused across streams.
 
-A turn used to build its own client: an SSL context (~20 ms of CPU to load the CA
-store) and a new TCP and TLS handshake for every request. A pooled client keeps its
-connections open between turns instead.
+A client per turn would cost an SSL context (~20 ms of CPU to load the CA store) and a
+new TCP and TLS handshake for every request; a pooled client keeps its connections open
+between turns.
 
 Keyed by the caller's endpoint key (the adapter, base URL, API key and timeouts), so a
 key or URL changed in Settings gets a client of its own, and the old one ages out: at

@@ -7,7 +7,7 @@ import asyncio
 import base64
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import httpx2
@@ -151,7 +151,7 @@ async def read_body(
     reader: Any,
     classify: Callable[[BaseException], Exception],
     seen: Callable[[], None],
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """The events of a streaming response `body` (an httpx2 response), piece by piece
     through the adapter's `reader` (feed(piece) -> events; `done` once the answer is
     complete). `seen()` on every piece: bytes are life, events or not (see
@@ -178,7 +178,8 @@ def endpoint_key(
     """What makes two providers share an SDK client: every option the client is built
     with. A timeout is an httpx2.Timeout (not hashable) or seconds."""
     if isinstance(timeout, httpx2.Timeout):
-        timeout = (timeout.connect, timeout.read, timeout.write, timeout.pool)
+        parts = (timeout.connect, timeout.read, timeout.write, timeout.pool)
+        return (adapter, base_url, api_key, parts)
     return (adapter, base_url, api_key, timeout)
 
 

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 
+from chat.envcheck import masked_url
 from chat.providers.base import ProviderError
 from chat.providers.common import json_loads
 from chat.providers.registry import (
@@ -32,7 +33,6 @@ from chat.providers.registry import (
     idle_env,
     idle_timeout,
 )
-from dispatch.envcheck import masked_url
 
 # Statuses where the same request may succeed later: timeout, conflict (a
 # concurrent request), rate limit, and every server-side failure (5xx, 529).

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chat.chunks import Kind, Role
 from chat.providers.base import (
     Event,
     Finish,
@@ -112,13 +113,13 @@ class OfflineProvider:
         plan = make_plan(request)
         delay = 1 / self.pace if self.pace else 0.0
         output = 0
-        for kind, text in (("thinking", plan.thinking), ("text", plan.text)):
+        for kind, text in ((Kind.THINKING, plan.thinking), (Kind.TEXT, plan.text)):
             for token in TOKEN_RE.findall(text):
                 if delay:
                     await asyncio.sleep(delay)
                 output += 1
-                yield ReasoningDelta(token) if kind == "thinking" else TextDelta(token)
-            if kind == "thinking":
+                yield ReasoningDelta(token) if kind == Kind.THINKING else TextDelta(token)
+            if kind == Kind.THINKING:
                 yield ReasoningEnd()
         prefix = call_id_prefix(request)
         for i, call in enumerate(plan.calls):
@@ -155,7 +156,7 @@ def _count_tokens(request: Request) -> int:
 def make_plan(request: Request) -> Plan:
     """The demo's whole behaviour, as a pure function of the request."""
     last = request.messages[-1] if request.messages else None
-    if last is None or last.role != "user":
+    if last is None or last.role != Role.USER:
         return _greeting("")
     results = [p for p in last.parts if isinstance(p, ToolResultPart)]
     text = "\n".join(p.text for p in last.parts if isinstance(p, TextPart)).strip()
@@ -272,7 +273,7 @@ def _describe(call: Call, *, markdown: bool = False) -> str:
 
 
 def _calls_before(messages: Sequence[Message]) -> dict[str, ToolCallPart]:
-    if len(messages) < 2 or messages[-2].role != "assistant":
+    if len(messages) < 2 or messages[-2].role != Role.ASSISTANT:
         return {}
     return {p.call_id: p for p in messages[-2].parts if isinstance(p, ToolCallPart)}
 

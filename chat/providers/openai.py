@@ -32,6 +32,7 @@ from typing import Any
 import httpx2
 import openai
 
+from chat.chunks import Role
 from chat.providers import errors
 from chat.providers.base import (
     DocumentPart,
@@ -266,7 +267,7 @@ def wire_messages(
 ) -> list[dict[str, Any]]:
     """One neutral message as Chat Completions messages (`files`: how the model is given
     images and PDFs; without it, each is a line of text)."""
-    if message.role == "assistant":
+    if message.role == Role.ASSISTANT:
         return [_assistant(message, send_reasoning)]
     files = files if files is not None else Files(None, None)
     out: list[dict[str, Any]] = []

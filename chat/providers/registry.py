@@ -30,6 +30,7 @@ import contextlib
 import functools
 import os
 from dataclasses import dataclass, field, replace
+from typing import TypedDict
 from urllib.parse import urlsplit
 
 from chat.providers.base import ProviderError
@@ -65,8 +66,8 @@ class ModelInfo:
     OpenAI-compatible adapter send reasoning back as `reasoning_content` on
     assistant messages with tool calls (DeepSeek's thinking mode requires it).
     `available` is whether a key is configured (set by `list_models`). `images` and
-    `pdf` say what files the model takes (DESIGN §13); a file it does not take is sent
-    as a line of text saying where it is in the workspace (a PDF: with its text).
+    `pdf` say what files the model takes (ARCHITECTURE.md, Attachments); a file it does
+    not take is sent as a line of text saying where it is in the workspace (a PDF: with its text).
     """
 
     id: str
@@ -107,6 +108,13 @@ class ModelInfo:
         return self.id.partition("/")[2]
 
 
+class ModelOptions(TypedDict, total=False):
+    """ModelInfo options shared by several models, passed as keywords."""
+
+    images: bool
+    pdf: bool
+
+
 @dataclass(frozen=True, slots=True)
 class ProviderSpec:
     name: str
@@ -123,11 +131,11 @@ class ProviderSpec:
     # without one is bound to.
     default_url: str = ""
     # ModelInfo options of a model of this provider that MODELS does not list.
-    defaults: dict[str, object] = field(default_factory=dict)
+    defaults: ModelOptions = field(default_factory=ModelOptions)
 
 
 # What a Claude model takes: images (image blocks) and PDFs (document blocks).
-CLAUDE_FILES = {"images": True, "pdf": True}
+CLAUDE_FILES: ModelOptions = {"images": True, "pdf": True}
 
 PROVIDERS: dict[str, ProviderSpec] = {
     spec.name: spec
@@ -141,7 +149,7 @@ PROVIDERS: dict[str, ProviderSpec] = {
             url_env="ANTHROPIC_BASE_URL",
             default_url="https://api.anthropic.com",
             # Every current Claude model reads images and PDFs.
-            defaults=dict(CLAUDE_FILES),
+            defaults=CLAUDE_FILES.copy(),
         ),
         ProviderSpec(
             "openai",

@@ -44,6 +44,7 @@ import re
 import stat
 from contextlib import ExitStack
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from chat.tools.base import ImageFile, ToolError, ToolOutcome, display_name
 
@@ -178,87 +179,123 @@ def _walk(
     except OSError as exc:
         raise ToolError(f"the workspace cannot be opened: {exc.strerror or exc}") from exc
     stack.callback(os.close, root_fd)
-    here = root_fd
-    # The names from the workspace down to `here`: a `..` in a link target
-    # walks them again from the top rather than trusting the directory's `..`.
-    trail: list[str] = []
-    pending = parts[::-1]
-    hops = 0
-    # How many names at the end of `trail` were never made (only with `landed`).
-    virtual = 0
+    walk = _Walk(root, root_fd, parts, shown, missing=missing, landing=landed is not None)
     try:
-        while pending:
-            name = pending.pop()
-            if name == "..":
-                if not trail:
-                    raise ToolError(
-                        f"{shown}: resolves outside the workspace through a symlink; refused"
-                    )
-                trail.pop()
-                if virtual:
-                    virtual -= 1
-                else:
-                    here = _move(here, _open_trail(root_fd, trail, shown), root_fd)
-                continue
-            if virtual:
-                if not pending:
-                    break
-                trail.append(name)
-                virtual += 1
-                continue
-            info = _lstat(here, name, shown)
-            if info is not None and stat.S_ISLNK(info.st_mode):
-                hops += 1
-                if hops > MAX_SYMLINK_HOPS:
-                    raise ToolError(
-                        f"{shown}: more than {MAX_SYMLINK_HOPS} symbolic links on the way "
-                        "(a loop?); refused"
-                    )
-                target = _readlink(here, name, shown)
-                if target.startswith("/"):
-                    target_parts = PurePosixPath(target).parts
-                    if target_parts[: len(root.parts)] != root.parts:
-                        raise ToolError(
-                            f"{shown}: resolves outside the workspace through a symlink; refused"
-                        )
-                    target_parts = target_parts[len(root.parts) :]
-                    trail = []
-                    here = _move(here, root_fd, root_fd)
-                else:
-                    target_parts = PurePosixPath(target).parts
-                pending.extend(reversed(target_parts))
-                continue
-            if not pending:
-                break
-            if info is None:
-                if missing is not None:
-                    raise ToolError(f"{shown}: {missing}")
-                if landed is not None:
-                    trail.append(name)
-                    virtual = 1
-                    continue
-                _mkdir(here, name, shown)
-            elif not stat.S_ISDIR(info.st_mode):
-                if missing is not None:
-                    raise ToolError(f"{shown}: {missing}")
-                raise ToolError(
-                    f"{shown}: cannot create its parent directory: "
-                    f"{display_name(name)} is not a directory"
-                )
-            here = _move(here, _open_dir(here, name, shown), root_fd)
-            trail.append(name)
-        else:
-            # Nothing left to follow: the path names the directory reached.
-            name, info = ".", _lstat(here, ".", shown)
+        name, info = walk.run()
     except BaseException:
-        if here != root_fd:
-            os.close(here)
+        if walk.here != root_fd:
+            os.close(walk.here)
         raise
-    if here != root_fd:
-        stack.callback(os.close, here)
+    if walk.here != root_fd:
+        stack.callback(os.close, walk.here)
     if landed is not None:
-        landed[:] = [*trail, name] if name != "." else trail
-    return here, name, info
+        landed[:] = [*walk.trail, name] if name != "." else walk.trail
+    return walk.here, name, info
+
+
+class _Walk:
+    """One walk of _walk: where it is (`here`, `trail`) and what is left (`pending`)."""
+
+    def __init__(
+        self,
+        root: Path,
+        root_fd: int,
+        parts: list[str],
+        shown: str,
+        *,
+        missing: str | None,
+        landing: bool,
+    ) -> None:
+        self.root = root
+        self.root_fd = root_fd
+        self.shown = shown
+        self.missing = missing
+        self.landing = landing
+        self.here = root_fd
+        # The names from the workspace down to `here`: a `..` in a link target
+        # walks them again from the top rather than trusting the directory's `..`.
+        self.trail: list[str] = []
+        self.pending = parts[::-1]
+        self.hops = 0
+        # How many names at the end of `trail` were never made (only when landing).
+        self.virtual = 0
+
+    def run(self) -> tuple[str, os.stat_result | None]:
+        """The last component's name in `here` and its lstat, once nothing is pending."""
+        while self.pending:
+            name = self.pending.pop()
+            if name == "..":
+                self._climb()
+            elif self.virtual:
+                if not self.pending:
+                    # Below a directory that was never made, so nothing is there.
+                    return name, None
+                self.trail.append(name)
+                self.virtual += 1
+            else:
+                info = _lstat(self.here, name, self.shown)
+                if info is not None and stat.S_ISLNK(info.st_mode):
+                    self._follow(name)
+                elif not self.pending:
+                    return name, info
+                else:
+                    self._descend(name, info)
+        # Nothing left to follow: the path names the directory reached.
+        return ".", _lstat(self.here, ".", self.shown)
+
+    def _climb(self) -> None:
+        """Take a `..` (from a link's target): up one name of `trail`, never above it."""
+        if not self.trail:
+            raise ToolError(
+                f"{self.shown}: resolves outside the workspace through a symlink; refused"
+            )
+        self.trail.pop()
+        if self.virtual:
+            self.virtual -= 1
+        else:
+            opened = _open_trail(self.root_fd, self.trail, self.shown)
+            self.here = _move(self.here, opened, self.root_fd)
+
+    def _follow(self, name: str) -> None:
+        """Put the target of the link `name` in `here` in front of what is pending."""
+        self.hops += 1
+        if self.hops > MAX_SYMLINK_HOPS:
+            raise ToolError(
+                f"{self.shown}: more than {MAX_SYMLINK_HOPS} symbolic links on the way "
+                "(a loop?); refused"
+            )
+        target = _readlink(self.here, name, self.shown)
+        target_parts = PurePosixPath(target).parts
+        if target.startswith("/"):
+            root_parts = self.root.parts
+            if target_parts[: len(root_parts)] != root_parts:
+                raise ToolError(
+                    f"{self.shown}: resolves outside the workspace through a symlink; refused"
+                )
+            target_parts = target_parts[len(root_parts) :]
+            self.trail = []
+            self.here = _move(self.here, self.root_fd, self.root_fd)
+        self.pending.extend(reversed(target_parts))
+
+    def _descend(self, name: str, info: os.stat_result | None) -> None:
+        """Step into the directory `name` in `here` (lstat `info`), made if missing."""
+        if info is None:
+            if self.missing is not None:
+                raise ToolError(f"{self.shown}: {self.missing}")
+            if self.landing:
+                self.trail.append(name)
+                self.virtual = 1
+                return
+            _mkdir(self.here, name, self.shown)
+        elif not stat.S_ISDIR(info.st_mode):
+            if self.missing is not None:
+                raise ToolError(f"{self.shown}: {self.missing}")
+            raise ToolError(
+                f"{self.shown}: cannot create its parent directory: "
+                f"{display_name(name)} is not a directory"
+            )
+        self.here = _move(self.here, _open_dir(self.here, name, self.shown), self.root_fd)
+        self.trail.append(name)
 
 
 def _move(old: int, new: int, root_fd: int) -> int:
@@ -449,7 +486,7 @@ def read_file(
             raise ToolError(f"{shown}: {exc.strerror or exc}") from exc
 
 
-def _read_image(f, shown: str, size: int) -> ToolOutcome:
+def _read_image(f: BinaryIO, shown: str, size: int) -> ToolOutcome:
     if size > READ_IMAGE_MAX_BYTES:
         raise ToolError(
             f"{shown}: an image of {size} bytes, more than the {READ_IMAGE_MAX_BYTES} an "
@@ -474,7 +511,7 @@ def _check_readable(info: os.stat_result | None, shown: str) -> None:
         raise ToolError(f"{shown}: not a regular file")
 
 
-def _read_lines(f, shown: str, size: int, offset: int, limit: int) -> ToolOutcome:
+def _read_lines(f: BinaryIO, shown: str, size: int, offset: int, limit: int) -> ToolOutcome:
     if b"\x00" in f.read(BINARY_SNIFF_BYTES):
         raise ToolError(
             f"{shown}: looks like a binary file ({size} bytes); inspect it with the shell tool"
@@ -487,9 +524,9 @@ def _read_lines(f, shown: str, size: int, offset: int, limit: int) -> ToolOutcom
             )
     pieces: list[bytes] = []
     used = 0
-    shown = 0
+    lines = 0
     cut = False
-    while shown < limit:
+    while lines < limit:
         budget = READ_MAX_BYTES - used
         if budget == 0:
             break
@@ -502,15 +539,15 @@ def _read_lines(f, shown: str, size: int, offset: int, limit: int) -> ToolOutcom
             break
         pieces.append(line)
         used += len(line)
-        shown += 1
+        lines += 1
     more = cut or bool(f.read(1))
     text = b"".join(pieces).decode("utf-8", errors="replace")
-    if shown == 0 and not cut:
+    if lines == 0 and not cut:
         return ToolOutcome("(empty file)", is_error=False)
     if not more:
         return ToolOutcome(text, is_error=False)
-    last = offset + shown - 1
-    if cut and shown == 0:
+    last = offset + lines - 1
+    if cut and lines == 0:
         note = (
             f"[truncated: line {offset} alone is longer than {READ_MAX_BYTES // 1024} KiB; "
             "read it in pieces with the shell tool (e.g. head -c, cut -c)]"
@@ -526,7 +563,7 @@ def _read_lines(f, shown: str, size: int, offset: int, limit: int) -> ToolOutcom
     return ToolOutcome(text + separator + note, is_error=False, truncated=True)
 
 
-def _skip_line(f) -> bool:
+def _skip_line(f: BinaryIO) -> bool:
     """Read past one line; False when the file had already ended."""
     started = False
     while True:

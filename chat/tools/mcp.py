@@ -1212,8 +1212,9 @@ async def call(
     limit = timeout or config.timeout
     live = shell._Output(on_output)
 
-    async def progress(done: float, total: float | None, message: str | None) -> None:
-        counted = f"{done:g}/{total:g}" if total else f"{done:g}"
+    # mcp's ProgressFnT names its parameters: these names are part of the type.
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        counted = f"{progress:g}/{total:g}" if total else f"{progress:g}"
         live.feed(f"[{counted}] {message or ''}".rstrip().encode() + b"\n")
 
     try:
@@ -1223,7 +1224,7 @@ async def call(
     try:
         async with _using(connection), asyncio.timeout(limit):
             result = await connection._session().call_tool(
-                spec.tool, dict(arguments), progress_callback=progress
+                spec.tool, dict(arguments), progress_callback=on_progress
             )
     except TimeoutError:
         # The server may be stuck: the next call starts it (or its session) afresh.

@@ -53,7 +53,13 @@ class Tool:
     run: Runner
 
 
-async def _list_files(args, place, on_output, timeout, policy) -> ToolOutcome:
+async def _list_files(
+    args: Mapping[str, Any],
+    place: Place,
+    on_output: OnOutput | None,
+    timeout: float,
+    policy: sandbox.Policy,
+) -> ToolOutcome:
     return await asyncio.to_thread(
         functools.partial(files.list_files, root_fd=place.fd),
         place.root,
@@ -61,7 +67,13 @@ async def _list_files(args, place, on_output, timeout, policy) -> ToolOutcome:
     )
 
 
-async def _read_file(args, place, on_output, timeout, policy) -> ToolOutcome:
+async def _read_file(
+    args: Mapping[str, Any],
+    place: Place,
+    on_output: OnOutput | None,
+    timeout: float,
+    policy: sandbox.Policy,
+) -> ToolOutcome:
     return await asyncio.to_thread(
         functools.partial(files.read_file, root_fd=place.fd),
         place.root,
@@ -71,7 +83,13 @@ async def _read_file(args, place, on_output, timeout, policy) -> ToolOutcome:
     )
 
 
-async def _write_file(args, place, on_output, timeout, policy) -> ToolOutcome:
+async def _write_file(
+    args: Mapping[str, Any],
+    place: Place,
+    on_output: OnOutput | None,
+    timeout: float,
+    policy: sandbox.Policy,
+) -> ToolOutcome:
     return await asyncio.to_thread(
         functools.partial(files.write_file, root_fd=place.fd),
         place.root,
@@ -80,7 +98,13 @@ async def _write_file(args, place, on_output, timeout, policy) -> ToolOutcome:
     )
 
 
-async def _shell(args, place, on_output, timeout, policy) -> ToolOutcome:
+async def _shell(
+    args: Mapping[str, Any],
+    place: Place,
+    on_output: OnOutput | None,
+    timeout: float,
+    policy: sandbox.Policy,
+) -> ToolOutcome:
     return await shell.run_shell(
         args["command"],
         place.root,
@@ -92,14 +116,20 @@ async def _shell(args, place, on_output, timeout, policy) -> ToolOutcome:
     )
 
 
-async def _schedule_wake(args, place, on_output, timeout, policy) -> ToolOutcome:
+async def _schedule_wake(
+    args: Mapping[str, Any],
+    place: Place,
+    on_output: OnOutput | None,
+    timeout: float,
+    policy: sandbox.Policy,
+) -> ToolOutcome:
     # run_tool calls chat.tools.wake with the tab instead: a wake is made for a tab.
     return ToolOutcome(f"{wake.NAME} runs only in a tab's turn", is_error=True)
 
 
 _PATH = {"type": "string", "description": "A path relative to the workspace."}
 
-# The sub-agent tool. The turn runner runs it (chat.children: it makes a tab and waits
+# The sub-agent tool. The turn runner runs it (chat.turn.agents: it makes a tab and waits
 # for that tab's turn), never run_tool, which has no tab to make one from.
 AGENT = "agent"
 AGENT_SCHEMA: Mapping[str, Any] = {
@@ -128,7 +158,13 @@ AGENT_SCHEMA: Mapping[str, Any] = {
 }
 
 
-async def _agent(args, place, on_output, timeout, policy) -> ToolOutcome:
+async def _agent(
+    args: Mapping[str, Any],
+    place: Place,
+    on_output: OnOutput | None,
+    timeout: float,
+    policy: sandbox.Policy,
+) -> ToolOutcome:
     return ToolOutcome(f"{AGENT} runs only in a tab's turn", is_error=True)
 
 

@@ -304,39 +304,11 @@ async def _run(
     root_fd: int | None = None,
 ) -> ToolOutcome:
     become_subreaper()
-    bound = root_fd is not None and sandbox.binds_fd(policy)
     output = _Output(on_output)
     loop = asyncio.get_running_loop()
     read_fd, write_fd = os.pipe()
     try:
-        try:
-            # From the event loop's thread, which lives as long as the
-            # server: bwrap's parent-death signal fires when the thread that
-            # started it ends, not the process.
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=write_fd,
-                stderr=write_fd,
-                # The folder opened, not its path: the child resolves its own
-                # descriptor's link before it lets go of its descriptors.
-                cwd=root if root_fd is None else f"/proc/self/fd/{root_fd}",
-                env=shell_env(root, sandboxed=not policy.unsandboxed),
-                start_new_session=True,
-                pass_fds=(
-                    *(network.child_fds() if network is not None else ()),
-                    *((seccomp,) if seccomp is not None else ()),
-                    # bwrap closes it once bound: a command holding a descriptor of a
-                    # folder mounted outside its root could climb out with "..".
-                    *((root_fd,) if bound else ()),
-                ),
-            )
-        finally:
-            # The children hold the write end now; this process must not, or
-            # the pipe would never reach end of file.
-            os.close(write_fd)
-            if network is not None:
-                network.started()
+        proc = await _start(root, argv, write_fd, policy, network, seccomp, root_fd)
     except OSError as exc:
         os.close(read_fd)
         return ToolOutcome(f"the command could not be started: {exc}", is_error=True)
@@ -344,8 +316,79 @@ async def _run(
         os.close(read_fd)
         raise
 
+    eof = _read_into(loop, read_fd, output)
+    try:
+        timed_out, problem = await _wait(proc, network, timeout)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(eof), DRAIN_GRACE)
+    finally:
+        loop.remove_reader(read_fd)
+        os.close(read_fd)
+    output.finish()
+    if problem is not None:
+        return ToolOutcome(problem, is_error=True)
+
+    kept = output.text()
+    status = _status(proc.returncode, policy, timeout, timed_out=timed_out)
+    result = (kept if not kept or kept.endswith("\n") else kept + "\n") + status
+    dropped_bytes, dropped_lines = output.dropped()
+    return ToolOutcome(
+        result,
+        is_error=timed_out or proc.returncode != 0,
+        truncated=output.truncated,
+        shell_output=kept,
+        truncated_bytes=dropped_bytes,
+        truncated_lines=dropped_lines,
+    )
+
+
+async def _start(
+    root: Path,
+    argv: list[str],
+    write_fd: int,
+    policy: sandbox.Policy,
+    network: sandbox.Network | None,
+    seccomp: int | None,
+    root_fd: int | None,
+) -> asyncio.subprocess.Process:
+    """Start the command in its own session, writing to `write_fd` (closed here either way)."""
+    try:
+        bound = root_fd is not None and sandbox.binds_fd(policy)
+        # From the event loop's thread, which lives as long as the
+        # server: bwrap's parent-death signal fires when the thread that
+        # started it ends, not the process.
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=write_fd,
+            stderr=write_fd,
+            # The folder opened, not its path: the child resolves its own
+            # descriptor's link before it lets go of its descriptors.
+            cwd=root if root_fd is None else f"/proc/self/fd/{root_fd}",
+            env=shell_env(root, sandboxed=not policy.unsandboxed),
+            start_new_session=True,
+            pass_fds=(
+                *(network.child_fds() if network is not None else ()),
+                *((seccomp,) if seccomp is not None else ()),
+                # bwrap closes it once bound: a command holding a descriptor of a
+                # folder mounted outside its root could climb out with "..".
+                *((root_fd,) if bound else ()),
+            ),
+        )
+    finally:
+        # The children hold the write end now; this process must not, or
+        # the pipe would never reach end of file.
+        os.close(write_fd)
+        if network is not None:
+            network.started()
+
+
+def _read_into(
+    loop: asyncio.AbstractEventLoop, read_fd: int, output: _Output
+) -> asyncio.Future[None]:
+    """Feed what arrives on `read_fd` to `output`; the future is done at end of file."""
     os.set_blocking(read_fd, False)
-    eof = loop.create_future()
+    eof: asyncio.Future[None] = loop.create_future()
 
     def readable() -> None:
         try:
@@ -362,57 +405,48 @@ async def _run(
                 eof.set_result(None)
 
     loop.add_reader(read_fd, readable)
+    return eof
+
+
+async def _wait(
+    proc: asyncio.subprocess.Process, network: sandbox.Network | None, timeout: float
+) -> tuple[bool, str | None]:
+    """Wait for the command, at most `timeout`, then end its group: (timed out, the
+    reason its network could not start, if it could not)."""
     timed_out = False
     problem = None
     try:
-        try:
-            if network is not None:
-                # bwrap waits with the command until its network is up.
-                problem = await network.start()
-            if problem is None:
-                await asyncio.wait_for(proc.wait(), timeout)
-        except TimeoutError:
-            timed_out = True
-        finally:
-            # On cancellation too: the group dies before the call ends.
-            await _end_group(proc)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(eof), DRAIN_GRACE)
+        if network is not None:
+            # bwrap waits with the command until its network is up.
+            problem = await network.start()
+        if problem is None:
+            await asyncio.wait_for(proc.wait(), timeout)
+    except TimeoutError:
+        timed_out = True
     finally:
-        loop.remove_reader(read_fd)
-        os.close(read_fd)
-    output.finish()
-    if problem is not None:
-        return ToolOutcome(problem, is_error=True)
+        # On cancellation too: the group dies before the call ends.
+        await _end_group(proc)
+    return timed_out, problem
 
-    kept = output.text()
+
+def _status(
+    returncode: int | None, policy: sandbox.Policy, timeout: float, *, timed_out: bool
+) -> str:
+    """The line after the output that says how the command ended."""
     if timed_out:
-        status = (
-            f"[timed out after {timeout:g} s; the command and everything it started were killed]"
-        )
-    elif proc.returncode is not None and proc.returncode < 0:
-        status = f"[killed by signal {_signal_name(-proc.returncode)}]"
-    elif (
+        return f"[timed out after {timeout:g} s; the command and everything it started were killed]"
+    if returncode is not None and returncode < 0:
+        return f"[killed by signal {_signal_name(-returncode)}]"
+    if (
         not policy.unsandboxed
-        and proc.returncode is not None
-        and SIGNAL_EXIT_BASE < proc.returncode < SIGNAL_EXIT_END
+        and returncode is not None
+        and SIGNAL_EXIT_BASE < returncode < SIGNAL_EXIT_END
     ):
         # bwrap reports a command killed by signal N as exit code 128 + N, as
         # shells do; the signal's name is the useful part.
-        number = proc.returncode - SIGNAL_EXIT_BASE
-        status = f"[exit code {proc.returncode} (128 + {_signal_name(number)})]"
-    else:
-        status = f"[exit code {proc.returncode}]"
-    result = (kept if not kept or kept.endswith("\n") else kept + "\n") + status
-    dropped_bytes, dropped_lines = output.dropped()
-    return ToolOutcome(
-        result,
-        is_error=timed_out or proc.returncode != 0,
-        truncated=output.truncated,
-        shell_output=kept,
-        truncated_bytes=dropped_bytes,
-        truncated_lines=dropped_lines,
-    )
+        number = returncode - SIGNAL_EXIT_BASE
+        return f"[exit code {returncode} (128 + {_signal_name(number)})]"
+    return f"[exit code {returncode}]"
 
 
 async def _end_group(proc: asyncio.subprocess.Process) -> None:

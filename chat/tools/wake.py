@@ -1,5 +1,5 @@
-"""The `schedule_wake` tool: the model asks for a prompt to be sent later (a Wake row,
-DESIGN §16). It always waits for the user's approval (registry.ALWAYS_ASK: no allow
+"""The `schedule_wake` tool: the model asks for a prompt to be sent later (a Wake row;
+ARCHITECTURE.md, Wakes). It always waits for the user's approval (registry.ALWAYS_ASK: no allow
 rule and no "don't ask" setting lets it through), since a wake acts later with nobody
 watching. A recurring wake it makes expires after AGENT_WAKE_LIFETIME unless the user
 keeps it on the Wakes page.
@@ -112,6 +112,8 @@ def _create(args: Mapping[str, Any], tab_id: uuid.UUID, now: datetime) -> ToolOu
                 "'this_tab'): its profile was the model's choice, and a new tab would get "
                 "that profile's allow rules."
             )
+        if tab.owner_id is None:
+            raise ToolError("A wake runs as its tab's owner, and this tab has none.")
         wake = Wake.objects.create(
             owner_id=tab.owner_id,
             name=args["name"].strip()[:200],
@@ -139,16 +141,17 @@ def _create(args: Mapping[str, Any], tab_id: uuid.UUID, now: datetime) -> ToolOu
 
 def _from_sub_agent(tab: Tab) -> bool:
     """A sub-agent's tab, or a branch of one: a tab whose profile a person never chose
-    (chat.children), so new tabs made with it would have more than the tab has. Its
+    (chat.turn.agents), so new tabs made with it would have more than the tab has. Its
     inherited rules say so too, where a deleted tab broke the chain of branches."""
     if tab.profile_by_model or any(
         isinstance(r, dict) and r.get("source") for r in tab.rules or []
     ):
         return True
     seen: set[uuid.UUID] = set()
-    while tab is not None and tab.pk not in seen:
-        if tab.parent_call_id:
+    branch: Tab | None = tab
+    while branch is not None and branch.pk not in seen:
+        if branch.parent_call_id:
             return True
-        seen.add(tab.pk)
-        tab = tab.parent
+        seen.add(branch.pk)
+        branch = branch.parent
     return False

@@ -7,7 +7,7 @@
 // - Inserts are idempotent: an inserted element whose id is already on the page
 //   replaces it in place (a frame may arrive twice around a reconnect).
 // - On every (re)connect the page says what it holds, so the server sends what
-//   is missing (DESIGN §5).
+//   is missing (ARCHITECTURE.md, One turn, step 8).
 // - The log follows the stream only while the reader is at the bottom, keeps a
 //   bounded number of chunks, and loads older pages without jumping.
 (function () {

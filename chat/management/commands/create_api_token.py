@@ -7,8 +7,10 @@ user's API tokens page or in the admin.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from chat.models import ApiToken
 
@@ -19,7 +21,7 @@ NAME_MAX_CHARS = 100
 class Command(BaseCommand):
     help = "Create a personal API token for a user and print it once."
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username")
         parser.add_argument("--name", default="", help="What the token is for (a label).")
         parser.add_argument(
@@ -28,7 +30,7 @@ class Command(BaseCommand):
             help="The token may read tabs and chunks, never send, stop or approve.",
         )
 
-    def handle(self, *args, username: str, name: str, read_only: bool, **options) -> None:
+    def handle(self, *args: Any, username: str, name: str, read_only: bool, **options: Any) -> None:
         name = name.strip()
         if len(name) > NAME_MAX_CHARS:
             raise CommandError(f"--name has at most {NAME_MAX_CHARS} characters.")

@@ -12,14 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.sqlite3.creation import DatabaseCreation as SQLiteCreation
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from chat.lease import is_stale
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
 from chat.tools import sandbox
+from chat.turn.lease import is_stale
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ def database_size(using: str = DEFAULT_DB_ALIAS) -> DatabaseSize:
     connection = connections[using]
     name = str(connection.settings_dict["NAME"])
     if connection.vendor == "sqlite":
-        if connection.creation.is_in_memory_db(name):
+        if SQLiteCreation.is_in_memory_db(name):
             return DatabaseSize("sqlite", name, None)
         size = sum(os.path.getsize(path) for path in (name, f"{name}-wal") if os.path.exists(path))
         return DatabaseSize("sqlite", name, size)
@@ -107,7 +108,7 @@ class Command(BaseCommand):
         "and the shell's sandbox."
     )
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
 
     def handle(self, *args: Any, **options: Any) -> None:

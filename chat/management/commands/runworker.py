@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -21,7 +22,7 @@ from chat.worker import run_worker
 class Command(BaseCommand):
     help = "Run turns from the channel layer (needs REDIS_URL)."
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         if not settings.REDIS_URL:
             raise CommandError(
                 "REDIS_URL is not set: without Redis, turns run inside the web process "

@@ -37,18 +37,20 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chat import blobs, bus, lease, startup, turns
+from chat import blobs, bus, startup, turns
+from chat.chunks import Kind, Role, SystemKind
 from chat.models import QueuedMessage, Tab
 from chat.preferences import new_tab, profile_named
+from chat.turn import lease
 from chat.worker import run_worker
 
 
 class Command(BaseCommand):
     help = "Send a message to a tab and stream the turn to the terminal."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         target = parser.add_mutually_exclusive_group(required=True)
         target.add_argument("--tab", help="id of an existing tab")
         target.add_argument("--new", action="store_true", help="create a new tab")
@@ -83,7 +85,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("message", nargs="?")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         _check_arguments(options)
         startup.check()
         files = _read_files(options["attach"])
@@ -104,7 +106,7 @@ class Command(BaseCommand):
         if failure is not None:
             raise CommandError(failure)
 
-    def _tab(self, options) -> Tab:
+    def _tab(self, options: dict[str, Any]) -> Tab:
         model = options["model"]
         if options["new"]:
             owner = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
@@ -125,7 +127,12 @@ class Command(BaseCommand):
         return tab
 
     async def _run(
-        self, tab: Tab, start: Callable[[], QueuedMessage], printer, *, echo: bool = False
+        self,
+        tab: Tab,
+        start: Callable[[], QueuedMessage],
+        printer: JsonPrinter | TextPrinter,
+        *,
+        echo: bool = False,
     ) -> str | None:
         """Queue the message `start` makes and follow its turn; `echo` prints the
         message first (one the user did not type: a continue)."""
@@ -149,7 +156,14 @@ class Command(BaseCommand):
                 worker.cancel()
                 await asyncio.gather(worker, return_exceptions=True)
 
-    async def _follow(self, layer, channel, tab, queued_id, printer) -> str | None:
+    async def _follow(
+        self,
+        layer: Any,
+        channel: str,
+        tab: Tab,
+        queued_id: int,
+        printer: JsonPrinter | TextPrinter,
+    ) -> str | None:
         """Print the turn's ops until it is idle; why it failed, or None."""
         taken = False
         failure: str | None = None
@@ -244,15 +258,18 @@ def _continue(tab: Tab, *, auto_approve: bool) -> QueuedMessage:
 
 
 # What a sealed system chunk of these kinds says about how the turn ended.
-ENDINGS = {"interrupted": "the turn was interrupted", "cancelled": "the turn was stopped"}
+ENDINGS = {
+    SystemKind.INTERRUPTED: "the turn was interrupted",
+    SystemKind.CANCELLED: "the turn was stopped",
+}
 
 
 def _failure(block: dict[str, Any]) -> str | None:
     """The one-line reason a chunk gives for a failed turn, or None."""
     data = block["data"]
-    if block["type"] == "error":
+    if block["type"] == Kind.ERROR:
         reason = f"the turn ended with an error: {data.get('message', '')}"
-    elif block["type"] == "system" and data.get("kind") in ENDINGS:
+    elif block["type"] == Kind.SYSTEM and data.get("kind") in ENDINGS:
         reason = f"{ENDINGS[data['kind']]}: {data.get('text', '')}"
     else:
         return None
@@ -302,9 +319,9 @@ class TextPrinter:
         match message["op"]:
             case "open":
                 self.open_type = message["block"]["type"]
-                if self.open_type == "thinking":
+                if self.open_type == Kind.THINKING:
                     self.write("[thinking] ")
-                elif self.open_type == "tool_result":
+                elif self.open_type == Kind.TOOL_RESULT:
                     self.write(f"[{message['block']['data'].get('name', 'tool')} output]\n")
             case "delta":
                 self.write(message["text"])
@@ -317,25 +334,26 @@ class TextPrinter:
         data, kind, was_open = block["data"], block["type"], self.open_type == block["type"]
         self.open_type = None
         match kind:
-            case "text" if block["role"] == "user":
+            case Kind.TEXT if block["role"] == Role.USER:
                 self.write(f"> {data['text']}\n")
-            case "text" | "thinking":
+            case Kind.TEXT | Kind.THINKING:
                 if not was_open:
-                    self.write(("[thinking] " if kind == "thinking" else "") + data.get("text", ""))
+                    prefix = "[thinking] " if kind == Kind.THINKING else ""
+                    self.write(prefix + data.get("text", ""))
                 self.write("\n")
-            case "tool_call":
+            case Kind.TOOL_CALL:
                 args = json.dumps(data.get("arguments", {}), ensure_ascii=False, sort_keys=True)
                 self.write(f"→ {data['name']} {args}\n")
-            case "tool_result":
+            case Kind.TOOL_RESULT:
                 if was_open and not data.get("shell_output", "").endswith("\n"):
                     self.write("\n")
                 first = (data.get("result") or "").strip().splitlines()[:1]
                 mark = "✗" if data.get("is_error") else "←"
                 self.write(f"{mark} {data['name']}: {first[0] if first else '(empty)'}\n")
-            case "error":
+            case Kind.ERROR:
                 code = f" ({data['status_code']})" if data.get("status_code") else ""
                 self.err.write(terminal_safe(f"✗ error{code}: {data['message']}"))
-            case "system":
+            case Kind.SYSTEM:
                 self.write(f"· {data.get('kind')}: {data.get('text')}\n")
 
     def sent(self, text: str) -> None:

@@ -10,9 +10,10 @@ from any process, whichever web process counted them.
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from axes.models import AccessAttempt
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Q
 from django.utils import timezone
 
@@ -22,14 +23,16 @@ from chat import throttle
 class Command(BaseCommand):
     help = "List sign-in locks (no options) or lift them (--user, --ip, --all)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--user", action="append", default=[], metavar="NAME")
         parser.add_argument("--ip", action="append", default=[], metavar="ADDRESS")
         parser.add_argument(
             "--all", action="store_true", dest="everything", help="forget every failed sign-in"
         )
 
-    def handle(self, *args, user: list[str], ip: list[str], everything: bool, **options):
+    def handle(
+        self, *args: Any, user: list[str], ip: list[str], everything: bool, **options: Any
+    ) -> None:
         if everything and (user or ip):
             raise CommandError("--all already lifts every lock: drop --user / --ip.")
         for address in ip:

@@ -1,4 +1,5 @@
-"""`manage.py wake add|list|remove|run|run-due`: wakes from the command line (DESIGN §16)."""
+"""`manage.py wake add|list|remove|run|run-due`: wakes from the command line
+(ARCHITECTURE.md, Wakes)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from chat import schedule, wakes
@@ -17,7 +18,7 @@ from chat.models import Profile, Tab, Wake
 class Command(BaseCommand):
     help = "Add, list, remove and run wakes (prompts sent on a schedule)."
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
         add = sub.add_parser("add", help="Add a wake.")
         add.add_argument("--owner", required=True, help="The user it runs as (username).")

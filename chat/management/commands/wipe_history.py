@@ -18,15 +18,15 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from django.apps import apps
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.models import Model
 
-from chat import blobs, lease, search, turns
+from chat import blobs, search, turns
 from chat.management.commands.dispatch_status import database_size, human_size
 from chat.models import (
     Attachment,
@@ -40,6 +40,7 @@ from chat.models import (
     WakeRun,
 )
 from chat.tools import workdir
+from chat.turn import lease
 
 # Deletion order: every table before the table its foreign keys point to.
 HISTORY_MODELS: tuple[type[Model], ...] = (
@@ -54,7 +55,7 @@ HISTORY_MODELS: tuple[type[Model], ...] = (
 
 # How long --force waits for cancelled turns to stop. A turn stops at its next
 # stream event or tool poll, in well under a few seconds; waiting past
-# chat.lease.LEASE_STALE_SECONDS (15 s) also covers a worker that dies
+# chat.turn.lease.LEASE_STALE_SECONDS (15 s) also covers a worker that dies
 # meanwhile, since its lease then goes stale and is wiped with the rest.
 CANCEL_WAIT_SECONDS = 30.0
 # Polling the lease rows this often is cheap and keeps the wait short.
@@ -74,11 +75,13 @@ def _detach(using: str) -> int:
     WakeRun.objects.using(using).filter(tab__isnull=False).update(tab=None)
     moved = 0
     for wake in Wake.objects.using(using).filter(tab__isnull=False).select_related("tab"):
+        tab = wake.tab
+        assert tab is not None  # the filter above
         Wake.objects.using(using).filter(pk=wake.pk).update(
             tab=None,
             new_tab=True,
-            model=wake.model or wake.tab.model,
-            profile_id=wake.profile_id or wake.tab.profile_id,
+            model=wake.model or tab.model,
+            profile_id=wake.profile_id or tab.profile_id,
         )
         moved += 1
     return moved
@@ -145,7 +148,7 @@ class Command(BaseCommand):
     # call_command(..., stdin=...) lets tests answer the question.
     stealth_options = ("stdin",)
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--yes",
             "--noinput",
@@ -165,7 +168,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = DEFAULT_DB_ALIAS
-        self.stdin = options.get("stdin", sys.stdin)
+        self.stdin: TextIO | None = options.get("stdin", sys.stdin)
         kept = _kept_models(using)
         refs = foreign_history_refs(kept)
         if refs:
@@ -188,7 +191,8 @@ class Command(BaseCommand):
         users = Path(settings.DISPATCH_WORKSPACE) / workdir.USERS
         self.stdout.write(f"  the users' workspaces (their files): {users}")
 
-        live, stale = [], []
+        live: list[RunningTurn] = []
+        stale: list[RunningTurn] = []
         for running in RunningTurn.objects.select_related("tab").order_by("started_at"):
             (stale if lease.is_stale(running) else live).append(running)
         if stale:
@@ -236,14 +240,15 @@ class Command(BaseCommand):
         self._vacuum(using, size_before)
 
     def _confirm(self) -> None:
-        isatty = getattr(self.stdin, "isatty", None)
-        if not (isatty and isatty()):
+        stdin = self.stdin
+        isatty = getattr(stdin, "isatty", None)
+        if stdin is None or not (isatty and isatty()):
             raise CommandError(
                 "No terminal to ask on: rerun with --yes to delete the history without asking."
             )
         self.stdout.write("Delete all chat history above? Type 'yes' to continue: ", ending="")
         self.stdout.flush()
-        answer = self.stdin.readline().strip().lower()
+        answer = stdin.readline().strip().lower()
         if answer != "yes":
             raise CommandError("Not confirmed: nothing was deleted.")
 

@@ -14,35 +14,38 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from types import FrameType
+from typing import Any
 
+from daphne.endpoints import build_endpoint_description_strings
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
+from django.utils.module_loading import import_string
 from twisted.internet import defer
 
 from chat import startup, worker
 from chat.providers import default_model
 from chat.tools import sandbox
 
+# daphne's Server, its request bodies bounded as they arrive; importing it installs the
+# asyncio reactor Twisted must use, before anything imports Twisted's default one.
+from dispatch.server import Server
+
 
 class Command(BaseCommand):
     help = "Serve Dispatch over HTTP and WebSocket (daphne)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
 
-    def handle(self, *args, host: str, port: int, **options):
-        from daphne.endpoints import build_endpoint_description_strings
-
-        # daphne's Server, its request bodies bounded as they arrive (dispatch/server.py).
-        from dispatch.server import Server
-
+    def handle(self, *args: Any, host: str, port: int, **options: Any) -> None:
         # Before anything reads the database: a bad value or a dead service is one line.
         startup.check()
 
-        # Imported only now: importing it builds the app, which reads the
+        # Loaded only now: importing it builds the app, which reads the
         # database the check above has just vouched for.
-        from dispatch.asgi import application
+        application = import_string(settings.ASGI_APPLICATION)
 
         model = default_model()
         note = (
@@ -70,13 +73,15 @@ class Command(BaseCommand):
         from twisted.internet import reactor
 
         worker.start_embedded_worker()
-        # Twisted waits for a "before shutdown" trigger's Deferred before it stops.
-        reactor.addSystemEventTrigger("before", "shutdown", self._drain)
+        # Twisted waits for a "before shutdown" trigger's Deferred before it stops. Its
+        # interfaces declare methods without `self`, and mypy (without the zope plugin)
+        # takes the first parameter for it.
+        reactor.addSystemEventTrigger("before", "shutdown", self._drain)  # type: ignore[arg-type]
 
-    def _drain(self) -> defer.Deferred:
+    def _drain(self) -> defer.Deferred[None]:
         loop = asyncio.get_event_loop()
 
-        def again(signum, frame) -> None:
+        def again(signum: int, frame: FrameType | None) -> None:
             loop.call_soon_threadsafe(worker.interrupt_turns)
 
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -21,15 +21,18 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from chat import bus, context, log, sidebar
+from chat.chunks import Kind
 from chat.history import History
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab, UsageRecord, agent_children
 from chat.providers import registry
-from chat.stream import Block, Kind, Role
+from chat.stream import Block, Reducer
 from chat.tools.registry import AGENT
+from chat.turn import ending
+from chat.turn.ending import RESUMING  # noqa: F401 (tests and the runner's notice)
 
 logger = logging.getLogger(__name__)
 
@@ -243,92 +246,25 @@ def _broadcast_recovered(tab_id: uuid.UUID, blocks: list[Block]) -> None:
     sidebar.announce(tab_id, sidebar.state_of(now))
 
 
-# What a recovered turn whose sub-agents run on says: it goes on by itself.
-RESUMING = " Its sub-agents are still running: the turn goes on to wait for them."
-
-
 def _recover(running: RunningTurn) -> list[Block]:
-    """Close a turn whose worker is gone, so the log is a valid history again.
-
-    Seals the checkpointed open block marked interrupted, answers the calls
-    left without a result, and says so in a system chunk. Runs inside the
-    caller's transaction, holding the tab lock.
-    """
-    turn_id, tab_id = running.turn_id, running.tab_id
+    """Close a turn whose worker is gone, so the log is a valid history again: as its
+    runner would have closed it (chat.turn.ending), with the turn's reducer rebuilt from
+    the log and the checkpoint. Runs inside the caller's transaction, holding the tab
+    lock."""
     if running.status == RunningTurn.Status.FINISHING:
         # Its end is in the log: only the release was lost. A message queued
         # meanwhile is sent to the workers by the caller.
         running.delete()
         return []
-    blocks: list[Block] = []
-    lost = ""
-    block = log.checkpointed(tab_id)
-    # The seal may have reached the log just before the crash.
-    if block is not None and not Chunk.objects.filter(pk=block.id).exists():
-        block.data["interrupted"] = True
-        blocks.append(block)
-        lost = " The last block was saved up to its last checkpoint (at most a second lost)."
-    calls = {
-        row["call_id"]: (row["name"], step, seq)
-        for row, step, seq in (
-            (c.data, c.step, c.seq)
-            for c in Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_CALL)
-        )
-    }
-    answered = set(
-        Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_RESULT).values_list(
-            "data__call_id", flat=True
-        )
-    )
-    answered.update(b.data.get("call_id") for b in blocks if b.type == Kind.TOOL_RESULT)
+    tab_id = running.tab_id
+    reducer, checkpoint_lost = _dead_reducer(running)
     # A sub-agent runs on under its own lease: its call stays open, and the turn goes on
-    # (a rerun message) to wait for it and take its result (chat.children).
+    # (a rerun message) to wait for it and take its result (chat.turn.agents).
     has_children = Tab.objects.filter(parent_tab_id=tab_id).exists()
-    made = agent_children(
-        tab_id, [(call_id, seq) for call_id, (name, _, seq) in calls.items() if name == AGENT]
-    )
-    for call_id, (name, step, seq) in calls.items():
-        if call_id in answered:
-            continue
-        if name == AGENT and (call_id, seq) in made:
-            continue
-        blocks.append(
-            Block(
-                uuid.uuid4(),
-                turn_id,
-                step,
-                Role.TOOL,
-                Kind.TOOL_RESULT,
-                {
-                    "call_id": call_id,
-                    "name": name,
-                    "is_error": True,
-                    "result": "Not run to completion: the server stopped during this call.",
-                    "interrupted": True,
-                },
-            )
-        )
-    for block in blocks:
-        if block.type == Kind.TOOL_RESULT and "result" not in block.data:
-            block.data.update(
-                result="Interrupted: the server stopped while this call ran.", is_error=True
-            )
-    waiting = open_children(tab_id, has_children, blocks)
-    blocks.append(
-        Block(
-            uuid.uuid4(),
-            turn_id,
-            running.step,
-            Role.SYSTEM,
-            Kind.SYSTEM,
-            {
-                "kind": "interrupted",
-                "text": "The server stopped in the middle of this turn."
-                + lost
-                + (RESUMING if waiting else ""),
-            },
-        )
-    )
+    # Read before the ending's results go in: they answer every call but those.
+    waiting = open_children(tab_id, has_children)
+    end = ending.End.recovered(checkpoint_lost=checkpoint_lost, resuming=bool(waiting))
+    blocks = ending.sealed(ending.end_ops(reducer, end))
     log.append(tab_id, blocks)
     running.delete()
     if waiting:
@@ -336,15 +272,44 @@ def _recover(running: RunningTurn) -> list[Block]:
     return blocks
 
 
-def open_children(tab_id: uuid.UUID, has_children: bool, more: list[Block]) -> list[str]:
+def _dead_reducer(running: RunningTurn) -> tuple[Reducer, bool]:
+    """The dead turn's reducer as its runner had it: the checkpointed block open (unless
+    its seal reached the log just before the crash), and its calls without a result
+    pending, but for `agent` calls whose child runs on. And whether a block was open."""
+    turn_id, tab_id = running.turn_id, running.tab_id
+    block = log.checkpointed(tab_id)
+    if block is not None and Chunk.objects.filter(pk=block.id).exists():
+        block = None  # its seal reached the log just before the crash
+    # The open block goes in as the reducer's own, as its runner had it.
+    reducer = Reducer(turn_id, running.step, _open=block)
+    calls = {
+        c.data["call_id"]: (c.data["name"], c.seq)
+        for c in Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_CALL)
+    }
+    answered = set(
+        Chunk.objects.filter(tab_id=tab_id, turn_id=turn_id, type=Kind.TOOL_RESULT).values_list(
+            "data__call_id", flat=True
+        )
+    )
+    made = agent_children(
+        tab_id, [(call_id, seq) for call_id, (name, seq) in calls.items() if name == AGENT]
+    )
+    reducer.pending_calls = [
+        (call_id, name)
+        for call_id, (name, seq) in calls.items()
+        if call_id not in answered and not (name == AGENT and (call_id, seq) in made)
+    ]
+    return reducer, block is not None
+
+
+def open_children(tab_id: uuid.UUID, has_children: bool) -> list[str]:
     """The call ids of the tab's open `agent` calls (as the resumed turn's runner finds
-    them: History.open_calls) whose child exists, the log read with `more` after it. Not
-    only the dying turn's: a resumed turn's re-attached call is in the turn before it."""
+    them: History.open_calls) whose child exists. Not only the dying turn's: a resumed
+    turn's re-attached call is in the turn before it."""
     if not has_children:
         return []
     try:
         history = History.build(log.context_tail(tab_id))
-        history.extend(more)
         open_calls = history.open_calls()
     except ValueError:
         # A log no request can be built from fails the resumed turn anyway: the recovery
@@ -370,7 +335,7 @@ def open_children(tab_id: uuid.UUID, has_children: bool, more: list[Block]) -> l
 # --- The running turn's own writes (from its runner, on the database thread) --------
 
 
-def _mine(tab_id: uuid.UUID, turn_id: uuid.UUID):
+def _mine(tab_id: uuid.UUID, turn_id: uuid.UUID) -> QuerySet[RunningTurn]:
     """This turn's lease row: after a recovery the tab's lease may be another's."""
     return RunningTurn.objects.filter(tab_id=tab_id, turn_id=turn_id)
 

@@ -1,7 +1,9 @@
 """Checking and showing configuration values, and the one line a bad one stops the process with.
 
-Pure (the standard library only), so settings.py, manage.py, asgi.py and
-chat.startup can all use it before Django is set up.
+Pure (the standard library only), so dispatch.settings, manage.py, dispatch.asgi,
+chat.startup and the provider errors can all use it before Django is set up. It is
+chat's, at the bottom of its layers: the project (dispatch/) imports chat, never the
+other way round (.importlinter).
 """
 
 from __future__ import annotations

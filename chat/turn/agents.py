@@ -1,4 +1,5 @@
-"""Sub-agents (DESIGN §15): the `agent` tool's child tabs, made, watched, read and stopped.
+"""Sub-agents: the `agent` tool's child tabs, made, watched, read and stopped; and the
+runner's side of an `agent` call (`Agents`: start, follow, answer, re-attach).
 
 A child is a normal tab (`parent_tab`, `parent_call_id`) whose id is
 `uuid5(parent tab id, "call id@seq of the call's chunk")`: `ensure` finds the child a call
@@ -38,9 +39,11 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 
-from chat import bus, lease, log, preferences, resume, rules
+from chat import bus, log, preferences, resume, rules
 from chat import usage as chat_usage
+from chat.chunks import Kind, OriginKind, Role, SystemKind
 from chat.models import (
     Chunk,
     Profile,
@@ -51,9 +54,15 @@ from chat.models import (
     agent_child_id,
     agent_children,
 )
-from chat.stream import Block, Kind, Role
+from chat.providers.base import ToolResultEvent
+from chat.stream import Block, Reducer
 from chat.tools import shell, toolset
 from chat.tools.registry import AGENT, AGENT_SCHEMA, check_arguments
+from chat.tools.workdir import BadWorkdir
+from chat.turn import lease
+from chat.turn.ending import End, end_ops, last_sealed, sealed
+from chat.turn.outbox import Outbox
+from chat.turn.state import TurnState, unattended_message
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +81,11 @@ NO_TEXT = "(the sub-agent returned no text)"
 TITLE_CHARS = 200
 # The ways a child's turn ends that are not a finished task, and what the parent is told.
 FAILURES = {
-    "cancelled": "it was stopped",
-    "interrupted": "its server stopped in the middle of its turn",
-    "step-limit": "it stopped at its step limit ({steps} steps)",
-    "output-limit": "its answer was cut off at the model's output limit",
-    "context-limit": "it filled its model's context window",
+    SystemKind.CANCELLED: "it was stopped",
+    SystemKind.INTERRUPTED: "its server stopped in the middle of its turn",
+    SystemKind.STEP_LIMIT: "it stopped at its step limit ({steps} steps)",
+    SystemKind.OUTPUT_LIMIT: "its answer was cut off at the model's output limit",
+    SystemKind.CONTEXT_LIMIT: "it filled its model's context window",
 }
 
 
@@ -179,63 +188,69 @@ def ensure(
             )
         title = " ".join(arguments["description"].split())[:TITLE_CHARS]
         family = {"id": pk, "parent_tab": parent, "parent_call_id": call_id}
-        if name := (arguments.get("profile") or "").strip():
-            profile = preferences.profile_named(name)
-            allow = confined(parent, list(profile.tools), name)
-            try:
-                child = preferences.new_tab(
-                    parent.owner,
-                    profile.model or parent.model,
-                    profile=profile,
-                    workdir=parent.workdir,
-                    title=title,
-                    profile_by_model=True,
-                    **family,
-                )
-            except preferences.workdirs.BadWorkdir as exc:
-                raise ValueError(str(exc)) from exc
-            child.tool_allow, child.rules = allow, inherited_rules(parent, profile)
-            child.save(update_fields=["tool_allow", "rules"])
-        else:
-            # The parent's own copy (what a branch keeps): its prompt already holds
-            # AGENTS.md, and its profile may have changed since it was made.
-            child = Tab.objects.create(
-                owner_id=parent.owner_id,
-                title=title,
-                model=parent.model,
-                system_prompt=parent.system_prompt,
-                tool_allow=parent.tool_allow,
-                rules=inherited_rules(parent, None),
-                workdir=parent.workdir,
-                profile_id=parent.profile_id,
-                profile_by_model=parent.profile_by_model,
-                **family,
-            )
-        origin = {"kind": "agent", "parent_tab": str(parent_id), "call_id": call_id}
+        child = _new_child(parent, (arguments.get("profile") or "").strip(), title, family)
+        origin = {"kind": OriginKind.AGENT, "parent_tab": str(parent_id), "call_id": call_id}
         if unattended:
             origin["approval"] = "deny"
         queued = QueuedMessage.objects.create(
             tab=child, text=arguments["prompt"].strip(), origin=origin
         )
+
         # As turns.submit does: the page of the child, if open, sees it queued, and a
         # worker is asked once the row is there to take.
-        transaction.on_commit(
-            lambda: (
-                bus.publish(child.pk, {"op": "queued", "id": queued.pk, "text": queued.text}),
-                bus.request_run(child.pk),
-            )
-        )
+        def tell() -> None:
+            bus.publish(child.pk, {"op": "queued", "id": queued.pk, "text": queued.text})
+            bus.request_run(child.pk)
+
+        transaction.on_commit(tell)
     return child, True
 
 
-def inherited_rules(parent: Tab, profile: Profile | None) -> list[dict[str, str]]:
+def _new_child(parent: Tab, profile_name: str, title: str, family: dict[str, Any]) -> Tab:
+    """The child tab: with `profile_name`'s prompt, model and narrowed tools and rules, or
+    else as its parent's own copy."""
+    if profile_name:
+        profile = preferences.profile_named(profile_name)
+        allow = confined(parent, list(profile.tools), profile_name)
+        try:
+            child = preferences.new_tab(
+                parent.owner,
+                profile.model or parent.model,
+                profile=profile,
+                workdir=parent.workdir,
+                title=title,
+                profile_by_model=True,
+                **family,
+            )
+        except BadWorkdir as exc:
+            raise ValueError(str(exc)) from exc
+        child.tool_allow, child.rules = allow, inherited_rules(parent, profile)
+        child.save(update_fields=["tool_allow", "rules"])
+        return child
+    # The parent's own copy (what a branch keeps): its prompt already holds AGENTS.md,
+    # and its profile may have changed since it was made.
+    return Tab.objects.create(
+        owner_id=parent.owner_id,
+        title=title,
+        model=parent.model,
+        system_prompt=parent.system_prompt,
+        tool_allow=parent.tool_allow,
+        rules=inherited_rules(parent, None),
+        workdir=parent.workdir,
+        profile_id=parent.profile_id,
+        profile_by_model=parent.profile_by_model,
+        **family,
+    )
+
+
+def inherited_rules(parent: Tab, profile: Profile | None) -> list[dict[str, Any]]:
     """A child's rules: the deny and ask rules of the profile the model chose for it, then
     every rule of its parent tab, each marked with where it came from (the audit names
     it). The profile's allow rules are left out: a person never chose that profile for
     this tab, so they would let the model give its child what the parent's tab would have
     asked about. The parent's allow rules hold (the child may do what its parent may),
     and its deny and ask rules too, so the child's decisions are at most the parent's."""
-    own = [
+    own: list[dict[str, Any]] = [
         {"action": r.action, "pattern": r.pattern, "source": rules.PROFILE}
         for r in (profile.rules.all() if profile is not None else [])
         if r.action != rules.ALLOW
@@ -411,31 +426,17 @@ def cancel(tab_id: uuid.UUID, call_id: str | None = None, why: str = "") -> bool
             message = {"type": "turn.cancel", "tab_id": str(tab_id), "why": why}
             transaction.on_commit(lambda: bus.group_send(bus.control_group(tab_id), message))
             return True
-        waiting = QueuedMessage.objects.filter(tab_id=tab_id, origin__kind="agent")
+        waiting = QueuedMessage.objects.filter(tab_id=tab_id, origin__kind=OriginKind.AGENT)
         if call_id is not None:
             waiting = waiting.filter(origin__call_id=call_id)
         queued = list(waiting)
         if not queued:
             return False
         turn_id = uuid.uuid4()
-        text = (
-            f"Stopped before it started: {why}."
-            if why
-            else "Stopped by the user before it started."
-        )
         blocks = [
             Block(uuid.uuid4(), turn_id, 0, Role.USER, Kind.TEXT, q.chunk_data()) for q in queued
         ]
-        blocks.append(
-            Block(
-                uuid.uuid4(),
-                turn_id,
-                0,
-                Role.SYSTEM,
-                Kind.SYSTEM,
-                {"kind": "cancelled", "text": text},
-            )
-        )
+        blocks += sealed(end_ops(Reducer(turn_id), End.stopped_before_start(why)))
         log.append(tab_id, blocks)
         ids = [q.pk for q in queued]
         QueuedMessage.objects.filter(pk__in=ids).delete()
@@ -469,11 +470,11 @@ async def wait(
     limit: float | None = None,
 ) -> tuple[Outcome, str]:
     """Follow the child's turn until it ends, `timeout` passes (the child is stopped), or
-        `cancelled` is set (STOPPED: the caller decides whether the child stops too); returns what
-        the log says then and why the parent stopped waiting ("" when the child's turn ended
-        by itself). `on_status` gets the child's live status: {state, step, approval, children}
-    (the database poll's only {state, step}, and approval None once the child no longer
-    waits)."""
+    `cancelled` is set (STOPPED: the caller decides whether the child stops too); returns
+    what the log says then and why the parent stopped waiting ("" when the child's turn
+    ended by itself). `on_status` gets the child's live status: {state, step, approval,
+    children} (the database poll's only {state, step}, and approval None once the child
+    no longer waits)."""
     layer = get_channel_layer()
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     channel = await layer.new_channel()
@@ -492,9 +493,9 @@ async def wait(
         bus.control_group(tab_id),
         {"type": "turn.snapshot", "reply_to": channel, "tab_id": str(tab_id)},
     )
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = asyncio.get_running_loop().time() + timeout
     stopping = asyncio.create_task(cancelled.wait())
+    seconds = f"{timeout if limit is None else limit:g} s"
     try:
         while True:
             outcome = await database_sync_to_async(read)(tab_id, call_id)
@@ -506,38 +507,16 @@ async def wait(
             if outcome.state != "waiting":
                 polled["approval"] = None
             await on_status(polled)
-            polled_at = loop.time()
-            while loop.time() - polled_at < POLL_SECONDS:
-                left = deadline - loop.time()
-                if left <= 0:
-                    seconds = f"{timeout if limit is None else limit:g} s"
-                    return await stop(
-                        tab_id,
-                        call_id,
-                        f"ran out of time ({seconds})",
-                        f"its parent's time limit for it ({seconds}) ran out",
-                    )
-                getting = asyncio.ensure_future(inbox.get())
-                done, _ = await asyncio.wait(
-                    {getting, stopping},
-                    timeout=min(left, POLL_SECONDS - (loop.time() - polled_at)),
-                    return_when=asyncio.FIRST_COMPLETED,
+            why = await _listen_a_while(inbox, stopping, deadline, on_status)
+            if why == _TIMED_OUT:
+                return await stop(
+                    tab_id,
+                    call_id,
+                    f"ran out of time ({seconds})",
+                    f"its parent's time limit for it ({seconds}) ran out",
                 )
-                if stopping in done:
-                    getting.cancel()
-                    return outcome, STOPPED
-                if getting not in done:
-                    getting.cancel()
-                    continue
-                message = getting.result()
-                if message.get("op") != "status" and message.get("type") != "tab.snapshot":
-                    continue
-                status = message.get("status") or {}
-                if not status:
-                    continue  # a snapshot from a runner without a turn
-                if status.get("state") == "idle":
-                    break  # read its ending from the log
-                await on_status(live_status(status))
+            if why == STOPPED:
+                return outcome, STOPPED
     finally:
         stopping.cancel()
         listener.cancel()
@@ -545,6 +524,49 @@ async def wait(
             await listener
         with suppress(Exception):
             await layer.group_discard(group, channel)
+
+
+# `_listen_a_while`'s word that the parent's time limit for the child ran out.
+_TIMED_OUT = "timed out"
+
+
+async def _listen_a_while(
+    inbox: asyncio.Queue[dict[str, Any]],
+    stopping: asyncio.Task[Any],
+    deadline: float,
+    on_status: OnStatus,
+) -> str:
+    """Pass the child's live statuses on for up to POLL_SECONDS: "" when it is time to
+    read the database again (the child went idle, or the time is up), STOPPED when the
+    parent stops, _TIMED_OUT at the deadline."""
+    loop = asyncio.get_running_loop()
+    polled_at = loop.time()
+    while loop.time() - polled_at < POLL_SECONDS:
+        left = deadline - loop.time()
+        if left <= 0:
+            return _TIMED_OUT
+        getting = asyncio.ensure_future(inbox.get())
+        done, _ = await asyncio.wait(
+            {getting, stopping},
+            timeout=min(left, POLL_SECONDS - (loop.time() - polled_at)),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if stopping in done:
+            getting.cancel()
+            return STOPPED
+        if getting not in done:
+            getting.cancel()
+            continue
+        message = getting.result()
+        if message.get("op") != "status" and message.get("type") != "tab.snapshot":
+            continue
+        status = message.get("status") or {}
+        if not status:
+            continue  # a snapshot from a runner without a turn
+        if status.get("state") == "idle":
+            return ""  # read its ending from the log
+        await on_status(live_status(status))
+    return ""
 
 
 def live_status(status: dict[str, Any]) -> dict[str, Any]:
@@ -563,7 +585,7 @@ def live_status(status: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# What an entry of a status's `children` holds (chat.agent.Status.children).
+# What an entry of a status's `children` holds (chat.turn.state.TurnStatus.children).
 CHILD_KEYS = ("tab", "title", "call_id", "state", "step", "approval", "children")
 
 
@@ -581,3 +603,197 @@ async def stop(
         await asyncio.sleep(min(POLL_SECONDS, 0.2))
         outcome = await database_sync_to_async(read)(tab_id, call_id)
     return outcome, why
+
+
+# --- the runner's side of `agent` calls ---------------------------------------------
+
+Tasks = dict[str, "asyncio.Task[Result | None]"]
+
+
+class Agents:
+    """One runner's `agent` calls: each child started (or found) and followed side by
+    side with the step's other calls, its result into the log as it ends."""
+
+    def __init__(self, state: TurnState, outbox: Outbox) -> None:
+        self.state = state
+        self.outbox = outbox
+        # Calls of this step refused for repeating an `agent` call's id, by that id: their
+        # results go into the log right after its (a result answers the first open call
+        # of its id).
+        self.repeats: dict[str, list[str]] = {}
+        # Run when a step's calls are done (or cut short): its other bookkeeping goes.
+        self.on_step_end: Callable[[], None] | None = None
+
+    async def with_agents(self, start: Callable[[Tasks], Awaitable[None]]) -> None:
+        """Run `start`, which may start `agent` calls, then answer those as they end."""
+        agents: Tasks = {}
+        try:
+            await start(agents)
+            await self._results(agents)
+        finally:
+            if any(not task.done() for task in agents.values()):
+                # Cut short (a Stop, a crash): the children are stopped (or, when this
+                # worker stops, left running for the resumed turn) before the turn ends.
+                self.state.agents_stop.set()
+                await asyncio.gather(*agents.values(), return_exceptions=True)
+            self.state.status.children.clear()
+            self.repeats.clear()
+            if self.on_step_end is not None:
+                self.on_step_end()
+
+    async def start(self, agents: Tasks, call_id: str, call: Any) -> None:
+        """Start waiting for the call's child (made now, or found: a resumed turn's); a
+        call that cannot start one is answered at once."""
+        problem = bad_arguments(call)
+        if problem is None and len(agents) >= settings.DISPATCH_CHILD_CONCURRENCY:
+            problem = (
+                f"Not run: too many sub-agents at once (at most "
+                f"{settings.DISPATCH_CHILD_CONCURRENCY} in one step). Call it again "
+                "once these have returned."
+            )
+        if problem is not None:
+            event = ToolResultEvent(call_id, AGENT, problem, True)
+            await self.outbox.apply(self.state.reducer.feed(event))
+            return
+        seq = self.state.seqs.get(call_id)
+        if seq is None:  # never: every call is sealed, or read back, before it runs
+            raise RuntimeError(f"agent call {call_id!r} is not in the log")
+        agents[call_id] = asyncio.create_task(self._agent(call_id, call, seq))
+
+    async def _agent(self, call_id: str, call: dict[str, Any], seq: int) -> Result | None:
+        """Run one `agent` call (its chunk at `seq`): its child made (or found), followed
+        until its turn ends or a cap stops it; its result. None when this worker stops:
+        the call stays open for the resumed turn, the child running on."""
+        state = self.state
+        try:
+            child, _ = await database_sync_to_async(ensure)(
+                state.tab_id,
+                call_id,
+                call,
+                call_seq=seq,
+                unattended=state.unattended,
+                turn_id=state.turn_id,
+            )
+        except log.LeaseLost as exc:
+            state.lose_lease(gone=exc.gone)
+            return None
+        except ValueError as exc:
+            return Result(f"Not run: {exc}", True, "", "not-started")
+        entry: dict[str, Any] = {
+            "tab": str(child.pk),
+            "title": child.title,
+            "call_id": call_id,
+            "state": "queued",
+            "step": 0,
+            "approval": None,
+        }
+        state.status.children[call_id] = entry
+
+        async def on_status(live: dict[str, Any]) -> None:
+            if {k: entry.get(k) for k in live} != live:
+                entry.update(live)
+                await self.outbox.status()
+
+        limit = settings.DISPATCH_CHILD_TIMEOUT
+        outcome, why = await wait(
+            child.pk,
+            call_id,
+            on_status,
+            timeout=max(limit - await self._spent(seq), 0.0),
+            limit=limit,
+            cancelled=state.agents_stop,
+        )
+        if why == STOPPED:
+            if state.stopping and not state.tab_gone:
+                return None
+            outcome, why = await stop(
+                child.pk,
+                call_id,
+                "was stopped with its parent",
+                "its parent was deleted" if state.tab_gone else STOPPED_TEXT,
+            )
+            if state.tab_gone:
+                return None  # no log to answer in
+        return result(child.pk, child.title, outcome, why=why)
+
+    async def _spent(self, seq: int) -> float:
+        """Seconds since the call at `seq` was made. The limit runs from the call, not
+        from this wait: a turn resumed after a crash (or several) gives its child no more
+        time than the first."""
+        called = (
+            await Chunk.objects.filter(tab_id=self.state.tab_id, seq=seq)
+            .values_list("created_at", flat=True)
+            .afirst()
+        )
+        if called is None:
+            return 0.0
+        return max((timezone.now() - called).total_seconds(), 0.0)
+
+    async def reattach(self) -> None:
+        """Answer the `agent` calls a stopped turn left open (its worker died or shut down
+        while their children ran on): each waits for the child it made, never a new one."""
+        state = self.state
+        open_calls = [c for c in state.history_built.open_calls() if c[1] == AGENT]
+        if not open_calls:
+            return
+        ids = [call_id for call_id, _ in open_calls]
+        found = await database_sync_to_async(call_arguments)(state.tab_id, ids)
+        for call_id, (seq, arguments) in found.items():
+            state.seqs[call_id], state.args[call_id] = seq, arguments
+        if not state.unattended:
+            seqs = [seq for seq, _ in found.values()]
+            state.unattended = await database_sync_to_async(self._resumes_unattended)(seqs)
+        state.reducer.pending_calls.extend(open_calls)
+
+        async def start(agents: Tasks) -> None:
+            for call_id in ids:
+                await self.start(agents, call_id, state.args.get(call_id, {}))
+
+        await self.with_agents(start)
+
+    def _resumes_unattended(self, seqs: list[int]) -> bool:
+        """Whether this turn, which took no message (a rerun after a recovery or a
+        shutdown), goes on with a turn no one attends: the messages of the turn that made
+        the calls at `seqs` all come from a deny wake (or a child of one), whose policy
+        holds for the rest of that work, its new children's too."""
+        state = self.state
+        users = Chunk.objects.filter(tab_id=state.tab_id, role=Role.USER)
+        if users.filter(turn_id=state.turn_id).exists():
+            return False  # someone sent a message since: they attend it
+        started = Chunk.objects.filter(tab_id=state.tab_id, seq__in=seqs).values("turn_id")
+        messages = list(users.filter(turn_id__in=started).values_list("data", flat=True))
+        return bool(messages) and all(unattended_message(data) for data in messages)
+
+    async def _results(self, agents: Tasks) -> None:
+        """The step's children's results, each into the log as it comes."""
+        state = self.state
+        waiting = set(agents.values())
+        by_task = {task: call_id for call_id, task in agents.items()}
+        while waiting:
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                call_id = by_task[task]
+                outcome = task.result()
+                state.status.children.pop(call_id, None)
+                if outcome is None or state.lease_lost:
+                    continue  # this worker stops: answered by the interrupt, or resumed
+                ops = state.reducer.feed(
+                    ToolResultEvent(
+                        call_id,
+                        AGENT,
+                        outcome.text,
+                        outcome.is_error,
+                        bool(outcome.truncated_bytes),
+                        truncated_bytes=outcome.truncated_bytes,
+                    )
+                )
+                if outcome.child_tab:
+                    block = last_sealed(ops)
+                    block.data["child_tab"] = outcome.child_tab
+                    block.data["child_status"] = outcome.status
+                await self.outbox.apply(ops)
+                for why in self.repeats.pop(call_id, []):
+                    event = ToolResultEvent(call_id, AGENT, why, True)
+                    await self.outbox.apply(state.reducer.feed(event))
+                await self.outbox.status()
+        state.check_cancel()

@@ -1,0 +1,266 @@
+"""The presenters of a conversation's words: messages and answers, reasoning, errors,
+notices and compactions (tool calls and results are chat.render.cards')."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from typing import ClassVar
+
+from django.urls import reverse
+from django.utils.safestring import SafeString
+
+from chat import schedule
+from chat.chunks import OriginKind, Role, SystemKind
+from chat.render.figures import count, tokens
+from chat.render.item import Attachment, Item
+from chat.render.markup import code_spans, markdown
+
+SYSTEM_LABELS = {
+    SystemKind.NOTICE: "Notice",
+    SystemKind.MODEL_CHANGED: "Model changed",
+    SystemKind.CONFIG_RELOAD: "Settings reloaded",
+    SystemKind.CANCELLED: "Cancelled",
+    SystemKind.INTERRUPTED: "Interrupted",
+    SystemKind.FORKED: "Branch",
+    SystemKind.STEP_LIMIT: "Step limit",
+    SystemKind.RULE: "Rule",
+    SystemKind.ELIDE: "Context trimmed",
+}
+# The system notices that end a turn early: with an error chunk, what Continue
+# applies to (as chat.resume reads them).
+ENDING_KINDS = SystemKind.ENDINGS
+# How a compaction chunk says it was asked for (chat.turn.compaction writes one of these).
+COMPACTION_TRIGGERS = ("auto", "manual")
+
+
+@dataclass(eq=False)
+class Text(Item):
+    """A text chunk: the model's answer (a user's message is `UserText`)."""
+
+    may_end_turn: ClassVar[bool] = True
+
+    @property
+    def wake(self) -> dict[str, str] | None:
+        """The wake that sent a user's message (`UserText`)."""
+        return None
+
+    @property
+    def offers_copy(self) -> bool:
+        # A message of files alone has no Markdown to copy.
+        return self.sealed and bool(self.text)
+
+    @property
+    def offers_compact(self) -> bool:
+        """ "Summarise up to here": on an answer that ends its turn (a compaction keeps
+        turns whole). A page render knows where (`cut`, as for a branch); a live answer
+        carries it `if-end`, as `offers_end`."""
+        return (
+            self.sealed
+            and self.role == Role.ASSISTANT
+            and self.turn_id is not None
+            and (self.cut or not self.known)
+        )
+
+
+@dataclass(eq=False)
+class UserText(Text):
+    """A user's message: its files, the wake that sent it, and Edit."""
+
+    @cached_property
+    def wake(self) -> dict[str, str] | None:
+        """A wake's message: its name and scheduled time in its zone, for the clock badge."""
+        origin = self.data.get("origin")
+        if not isinstance(origin, dict) or origin.get("kind") != OriginKind.WAKE:
+            return None
+        when = str(origin.get("scheduled_for", ""))
+        with suppress(ValueError, schedule.ScheduleError):
+            zone = schedule.zone(str(origin.get("timezone") or "UTC"))
+            at = datetime.fromisoformat(when).astimezone(zone)
+            when = f"{at:%Y-%m-%d %H:%M %Z}"
+        return {"name": str(origin.get("name") or "wake"), "when": when}
+
+    @cached_property
+    def attachments(self) -> list[Attachment]:
+        """The message's files, shown under it as the model got them."""
+        return Attachment.all_of(self.data)
+
+    @property
+    def offers_edit(self) -> bool:
+        return self.sealed and (self.cut_before or not self.known)
+
+
+@dataclass(eq=False)
+class Thinking(Item):
+    """The model's reasoning: shown folded, or said to be encrypted or hidden."""
+
+    @property
+    def redacted(self) -> bool:
+        return bool(self.data.get("redacted_data")) and not self.text
+
+    @property
+    def duration(self) -> str:
+        ms = self.data.get("duration_ms")
+        if not isinstance(ms, int | float) or ms < 0:
+            return ""
+        seconds = ms / 1000
+        return (
+            f"{seconds:.1f} s"
+            if seconds < 60
+            else f"{int(seconds // 60)} min {int(seconds % 60)} s"
+        )
+
+
+@dataclass(eq=False)
+class Error(Item):
+    """A provider's or the runner's error, as a card: what happened, what to do."""
+
+    may_end_turn: ClassVar[bool] = True
+
+    @property
+    def assistant_side(self) -> bool:
+        # An error outside any turn stands alone.
+        return self.role != Role.USER and self.turn_id is not None
+
+    @property
+    def message(self) -> str:
+        return str(self.data.get("message") or "")
+
+    @property
+    def status_code(self) -> object:
+        return self.data.get("status_code")
+
+    @property
+    def summary(self) -> str:
+        """What happened, in words (providers.errors.explain); older errors have none."""
+        return str(self.data.get("summary") or "")
+
+    @property
+    def hint(self) -> SafeString:
+        """What to do about the error: its text escaped, `names` as code."""
+        return code_spans(str(self.data.get("hint") or ""))
+
+    @property
+    def base_url(self) -> str:
+        """The endpoint tried, when the hint does not already say it."""
+        url = str(self.data.get("base_url") or "")
+        return "" if url in str(self.data.get("hint") or "") else url
+
+    @property
+    def ends_turn(self) -> bool:
+        return self.turn_id is not None
+
+    @property
+    def offers_retry(self) -> bool:
+        return self.sealed and self.turn_id is not None
+
+
+@dataclass(eq=False)
+class Notice(Item):
+    """A system notice: a model change, a stop, a branch's origin, a rule's decision …
+    (its `kind`)."""
+
+    may_end_turn: ClassVar[bool] = True
+
+    @property
+    def assistant_side(self) -> bool:
+        # A notice outside any turn (a model change, a branch's origin) stands alone.
+        return self.role != Role.USER and self.turn_id is not None
+
+    @property
+    def kind(self) -> str:
+        return str(self.data.get("kind") or SystemKind.NOTICE)
+
+    @property
+    def kind_label(self) -> str:
+        return SYSTEM_LABELS.get(self.kind, self.kind.replace("-", " ").capitalize())
+
+    @property
+    def rule_text(self) -> SafeString:
+        """A rule's decision (chat.rules.Decision.text): its `patterns` as code."""
+        return code_spans(str(self.data.get("text") or ""))
+
+    @property
+    def forked(self) -> bool:
+        return self.kind == SystemKind.FORKED
+
+    @property
+    def ends_turn(self) -> bool:
+        return self.turn_id is not None and self.kind in ENDING_KINDS
+
+    @property
+    def has_actions(self) -> bool:
+        # A notice outside any turn is no place to act from: the chunk before it offers
+        # the same cut.
+        return self.turn_id is not None and super().has_actions
+
+    @property
+    def fork_text(self) -> tuple[str, str, str]:
+        """A `forked` notice's text around the parent's title: (before, title, after).
+        ("", "", text) when the text does not quote a title."""
+        text = str(self.data.get("text") or "")
+        before, quote, rest = text.partition("“")
+        title, close, after = rest.rpartition("”")
+        if not quote or not close:
+            return "", "", text
+        return before, f"“{title}”", after
+
+    @property
+    def origin_url(self) -> str:
+        """The parent tab at the cut, for a `forked` notice ("" when its data is not one)."""
+        try:
+            tab_id = uuid.UUID(str(self.data.get("from_tab")))
+            at_seq = int(self.data["at_seq"])
+        except (KeyError, TypeError, ValueError):
+            return ""
+        url = reverse("tab", args=[tab_id])
+        # The tab page's ?seq= starts at 1: a cut before the first message shows that one.
+        return f"{url}?seq={max(at_seq, 1)}"
+
+
+@dataclass(eq=False)
+class Compaction(Item):
+    """A compaction (chat.context): a thin notice that opens to the summary the model is
+    sent instead of the log before it."""
+
+    @property
+    def assistant_side(self) -> bool:
+        # A compaction splits a turn it happens in.
+        return False
+
+    @property
+    def compaction_summary(self) -> str:
+        return str(self.data.get("summary") or "")
+
+    @cached_property
+    def compaction_html(self) -> SafeString:
+        """The summary is the model's Markdown: rendered and sanitised as its answers are."""
+        return markdown(self.compaction_summary)
+
+    @property
+    def compaction_line(self) -> str:
+        """What the folded notice says after its label: how it was asked for, how much,
+        up to where."""
+        parts = []
+        if (trigger := self.data.get("trigger")) in COMPACTION_TRIGGERS:
+            parts.append(trigger)
+        if before := count(self.data.get("tokens_before")):
+            parts.append(f"{tokens(before)} tokens summarised")
+        if through := count(self.data.get("through_seq")):
+            parts.append(f"up to #{through}")
+        return " · ".join(parts)
+
+    @property
+    def compaction_note(self) -> str:
+        """Under the summary: who wrote it, what it was told to focus on."""
+        notes = [
+            "The model is sent this summary instead of the messages before it; the log keeps them."
+        ]
+        if model := str(self.data.get("model") or ""):
+            notes.append(f"Written by {model}.")
+        if focus := " ".join(str(self.data.get("instructions") or "").split()):
+            notes.append(f"Focus: {focus}")
+        return " ".join(notes)

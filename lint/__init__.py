@@ -1,0 +1,1 @@
+"""Checks `make lint` runs beside ruff and import-linter."""
