@@ -289,6 +289,7 @@ def test_wipe_history_keeps_tokens(alice):
 
 
 @pytest.mark.browser
+@pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.django_db(transaction=True)
 async def test_a_non_staff_user_manages_tokens_in_chromium(browser, serve):
     """From the sidebar link to a working token and back to none: the error for a missing

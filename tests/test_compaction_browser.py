@@ -21,7 +21,11 @@ from chat.stream import Block, Kind, Role
 from harness.login import session_for
 from tests.live import ARTIFACTS, make_tab, make_user, open_page, synced
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 SUMMARY = (
     "## Where things stand\n\n- The user is tidying `src/`.\n- Three files were renamed; "

@@ -39,7 +39,11 @@ from tests.live import (
     until,
 )
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 DESKTOP = {"width": 1280, "height": 800}
 # app.css's colours of the page's background (--bg), light and dark.

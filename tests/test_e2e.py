@@ -44,7 +44,11 @@ from tests.live import (
 )
 from tests.ui_helpers import seed_every_type
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 
 def offline_reply(text: str) -> str:

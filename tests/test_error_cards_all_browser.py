@@ -17,7 +17,11 @@ from tests.test_provider_error_words import CASES
 from tests.test_render_browser import _make_tab, open_tab
 from tests.ui_helpers import block
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 SHOWN = [
     "401, key saved in Settings",

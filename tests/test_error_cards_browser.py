@@ -27,7 +27,11 @@ from tests.live import (
     turn_ended,
 )
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 MODEL = "anthropic/claude-sonnet-4-5"
 DESKTOP = {"width": 1280, "height": 800}

@@ -25,7 +25,11 @@ from tests.live import (
     turn_ended,
 )
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 LAST = "That is all: the seal changes nothing you can see."
 ANSWER = (

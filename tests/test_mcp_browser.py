@@ -31,7 +31,11 @@ from tests.live import (
     turn_ended,
 )
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 MODEL = "anthropic/claude-sonnet-4-5"
 TOOLS = str(Path(__file__).parent / "mcp_servers" / "tools.py")

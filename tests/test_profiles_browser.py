@@ -11,7 +11,11 @@ from chat.models import Profile, Tab
 from harness.login import session_for
 from tests.live import ARTIFACTS, make_user, open_page
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 
 async def test_a_profile_is_added_in_settings_and_a_tab_made_from_it(browser, serve):

@@ -23,7 +23,11 @@ from chat.stream import Block
 from harness.login import browser_cookie, session_for
 from tests.ui_helpers import block
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 # Generous for a loaded CI machine; a passing test never waits this long.
 WAIT_SECONDS = 10.0

@@ -400,6 +400,7 @@ async def test_a_sign_out_in_one_process_ends_a_socket_in_another_at_once(settin
 
 
 @pytest.mark.browser
+@pytest.mark.asyncio(loop_scope="session")
 async def test_pages_go_to_sign_in_when_signed_out_and_say_when_their_tab_is_deleted(
     browser, serve
 ):

@@ -21,7 +21,11 @@ from tests.live import (
     turn_ended,
 )
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 
 async def test_always_allow_then_the_rule_decides_and_the_pages_show_the_rules(browser, serve):

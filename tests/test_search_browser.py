@@ -18,7 +18,11 @@ from chat.stream import Block
 from harness.login import session_for
 from tests.live import make_user, open_page, screenshot, synced
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 # Far more chunks than a page (200 by default), so the hit's window is detached from the
 # live end and the socket would replace it if the page's hello said the wrong thing.

@@ -11,7 +11,11 @@ from chat.preferences import DEFAULT_SYSTEM_PROMPT, new_tab
 from harness.login import session_for
 from tests.live import ARTIFACTS, make_user, open_page, send_message, synced
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 
 async def test_a_new_tabs_prompt_is_edited_then_frozen_by_the_first_message(browser, serve):

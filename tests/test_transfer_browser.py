@@ -15,7 +15,11 @@ from harness.login import session_for
 from tests.live import make_user, open_page
 from tests.test_transfer import make_tab, request_json, rich_log
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 
 async def download(page, name: str, tmp_path: Path) -> tuple[str, bytes]:

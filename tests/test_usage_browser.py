@@ -28,7 +28,11 @@ from tests.live import (
     turn_ended,
 )
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 MODEL = "anthropic/claude-sonnet-4-5"
 # Sonnet 4.5 per million tokens: $3 in, $15 out, $0.30 cache read, $3.75 cache write.

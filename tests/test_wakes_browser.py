@@ -13,7 +13,11 @@ from harness.login import session_for
 from tests.live import make_tab, make_user, open_page, rows, turn_ended, until
 from tests.test_rules_browser import shots
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.asyncio(loop_scope="session"),
+]
 
 # Far enough ahead that the form is submitted before it is due.
 FIRES_IN = timedelta(seconds=4)
