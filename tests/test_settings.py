@@ -1,8 +1,16 @@
-"""Settings: typed environment helpers fail loudly; defaults need nothing but a data dir."""
+"""Settings: typed environment helpers fail loudly; defaults need nothing but a data dir.
+
+Each way out is run as a real process (a bad value through plain `django.setup()` and
+through `manage.py check`, good values through `manage.py check`). Which values are
+refused, and the words, are checked by running dispatch/settings.py itself in this
+process (`load_settings`), as those processes import it: a process costs seconds of
+imports, this milliseconds.
+"""
 
 from __future__ import annotations
 
 import os
+import runpy
 import stat
 import subprocess
 import sys
@@ -12,7 +20,13 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
-from chat.envcheck import masked_url, reason, url_problem
+from chat.envcheck import (
+    EXIT_CONFIGURATION,
+    exit_configuration_error,
+    masked_url,
+    reason,
+    url_problem,
+)
 from dispatch.settings import envbool, envfloat, envint, envlist
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,43 +98,75 @@ def _settings_in_subprocess(tmp_path: Path, **env: str) -> subprocess.CompletedP
     )
 
 
-def test_the_defaults_are_sqlite_in_the_data_dir_and_the_in_memory_layer(tmp_path):
-    import json
+def load_settings(
+    monkeypatch, data_dir: Path, *, unset: tuple[str, ...] = (), **env: str
+) -> dict[str, object]:
+    """The names dispatch/settings.py defines, run in this process under the environment
+    a subprocess above or below is given: this one's, without `unset` and the two service
+    URLs, with DISPATCH_DATA_DIR=`data_dir` and `env`. Raises what it raises."""
+    for name in ("DATABASE_URL", "REDIS_URL", *unset):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "dispatch.settings")
+    monkeypatch.setenv("DISPATCH_DATA_DIR", str(data_dir))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return runpy.run_path(str(ROOT / "dispatch" / "settings.py"), run_name="settings_under_test")
 
-    done = _settings_in_subprocess(tmp_path)
-    assert done.returncode == 0, done.stderr
-    values = json.loads(done.stdout)
-    assert values["db"] == "django.db.backends.sqlite3"
-    assert values["name"] == str(tmp_path / "dispatch.db")
-    assert values["layer"] == "chat.layers.EmbeddedChannelLayer"
-    assert values["debug"] is False
-    assert values["hosts"] == ["localhost", "127.0.0.1"]
+
+# What _settings_in_subprocess leaves out of the environment.
+SETTINGS_SUBPROCESS_UNSET = ("SECRET_KEY", "DEBUG", "ALLOWED_HOSTS")
+
+
+def test_the_defaults_are_sqlite_in_the_data_dir_and_the_in_memory_layer(monkeypatch, tmp_path):
+    values = load_settings(monkeypatch, tmp_path, unset=SETTINGS_SUBPROCESS_UNSET)
+    assert values["DATABASES"]["default"]["ENGINE"] == "django.db.backends.sqlite3"
+    assert str(values["DATABASES"]["default"]["NAME"]) == str(tmp_path / "dispatch.db")
+    assert values["CHANNEL_LAYERS"]["default"]["BACKEND"] == "chat.layers.EmbeddedChannelLayer"
+    assert values["DEBUG"] is False
+    assert values["ALLOWED_HOSTS"] == ["localhost", "127.0.0.1"]
     # The secret key is generated once, kept with mode 0600, and reused.
     key_file = tmp_path / "secret_key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    again = json.loads(_settings_in_subprocess(tmp_path).stdout)
-    assert again["key"] == values["key"] == key_file.read_text()
+    again = load_settings(monkeypatch, tmp_path, unset=SETTINGS_SUBPROCESS_UNSET)
+    assert again["SECRET_KEY"] == values["SECRET_KEY"] == key_file.read_text()
 
 
-def test_redis_url_and_database_url_switch_the_backends(tmp_path):
-    import json
-
-    done = _settings_in_subprocess(
-        tmp_path, REDIS_URL="redis://127.0.0.1:6379/9", DATABASE_URL="postgres://u@h/db"
+def test_redis_url_and_database_url_switch_the_backends(monkeypatch, tmp_path):
+    values = load_settings(
+        monkeypatch,
+        tmp_path,
+        unset=SETTINGS_SUBPROCESS_UNSET,
+        REDIS_URL="redis://127.0.0.1:6379/9",
+        DATABASE_URL="postgres://u@h/db",
     )
-    assert done.returncode == 0, done.stderr
-    values = json.loads(done.stdout)
-    assert values["layer"] == "channels_redis.core.RedisChannelLayer"
-    assert values["db"] == "django.db.backends.postgresql"
+    assert values["CHANNEL_LAYERS"]["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    assert values["DATABASES"]["default"]["ENGINE"] == "django.db.backends.postgresql"
 
 
 def test_a_bad_environment_value_stops_start_up_with_its_name(tmp_path):
+    """Plain `django.setup()`, as any process that imports the settings."""
     done = _settings_in_subprocess(tmp_path, DEBUG="perhaps")
     assert done.returncode != 0
     assert "DEBUG='perhaps' is not a boolean" in done.stderr
 
 
 # --- Every variable, checked at start-up -----------------------------------------------
+
+
+def check_in_process(
+    monkeypatch, capsys, data_dir: Path, **env: str
+) -> subprocess.CompletedProcess:
+    """How `manage.py check` (`_manage_check`) stops on `env`, run in this process: the
+    settings module raises, and manage.py's exit_configuration_error reports it."""
+    try:
+        load_settings(monkeypatch, data_dir, **env)
+    except ImproperlyConfigured as exc:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            exit_configuration_error(exc)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["manage.py", "check"], stopped.value.code, out, err)
+    return subprocess.CompletedProcess(["manage.py", "check"], 0, "", "")
 
 
 def _manage_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
@@ -173,19 +219,30 @@ def _manage_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
         ({"DISPATCH_TRUSTED_PROXIES": "one"}, "DISPATCH_TRUSTED_PROXIES='one' is not an integer"),
     ],
 )
-def test_a_bad_value_is_one_line_naming_it_and_no_traceback(tmp_path, env, expected):
-    done = _manage_check(tmp_path, **env)
-    assert done.returncode == 2, done.stderr
+def test_a_bad_value_is_one_line_naming_it_and_no_traceback(
+    monkeypatch, capsys, tmp_path, env, expected
+):
+    assert_one_line(check_in_process(monkeypatch, capsys, tmp_path, **env), expected)
+
+
+def test_a_bad_value_is_one_line_naming_it_and_no_traceback_as_a_process(tmp_path):
+    """The table above, through `manage.py check` as started: its exit status and line."""
+    done = _manage_check(tmp_path, DATABASE_URL="mysql://u:hunter2@h/db")
+    assert_one_line(done, "DATABASE_URL='mysql://u:***@h/db' is not a SQLite or PostgreSQL URL")
+
+
+def assert_one_line(done: subprocess.CompletedProcess, expected: str) -> None:
+    assert done.returncode == EXIT_CONFIGURATION == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert done.stderr.startswith(f"Configuration error: {expected}"), done.stderr
     assert "hunter2" not in done.stderr
 
 
-def test_a_workspace_that_is_a_file_is_refused(tmp_path):
+def test_a_workspace_that_is_a_file_is_refused(monkeypatch, capsys, tmp_path):
     path = tmp_path / "workspace"
     path.write_text("not a directory")
-    done = _manage_check(tmp_path, DISPATCH_WORKSPACE=str(path))
+    done = check_in_process(monkeypatch, capsys, tmp_path, DISPATCH_WORKSPACE=str(path))
     assert done.returncode == 2
     assert done.stderr.strip() == (
         f"Configuration error: DISPATCH_WORKSPACE='{path}' is not a directory: point it at a "
@@ -204,11 +261,17 @@ def test_a_workspace_that_is_a_file_is_refused(tmp_path):
         ("link-to-data", "data"),
     ],
 )
-def test_a_workspace_that_holds_the_data_directory_is_refused(tmp_path, workspace, data):
+def test_a_workspace_that_holds_the_data_directory_is_refused(
+    monkeypatch, capsys, tmp_path, workspace, data
+):
     (tmp_path / "data").mkdir()
     (tmp_path / "link-to-data").symlink_to(tmp_path / "data")
-    done = _manage_check(
-        tmp_path / data, DISPATCH_WORKSPACE=str(tmp_path / workspace), SECRET_KEY="k"
+    done = check_in_process(
+        monkeypatch,
+        capsys,
+        tmp_path / data,
+        DISPATCH_WORKSPACE=str(tmp_path / workspace),
+        SECRET_KEY="k",
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
@@ -220,9 +283,11 @@ def test_a_workspace_that_holds_the_data_directory_is_refused(tmp_path, workspac
 
 
 @pytest.mark.parametrize("workspace", [None, "data/workspace", "elsewhere", "data-2"])
-def test_a_workspace_inside_or_beside_the_data_directory_is_accepted(tmp_path, workspace):
+def test_a_workspace_inside_or_beside_the_data_directory_is_accepted(
+    monkeypatch, capsys, tmp_path, workspace
+):
     env = {"DISPATCH_WORKSPACE": str(tmp_path / workspace)} if workspace else {}
-    done = _manage_check(tmp_path / "data", **env)
+    done = check_in_process(monkeypatch, capsys, tmp_path / "data", **env)
     assert done.returncode == 0, done.stderr
 
 

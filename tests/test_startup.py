@@ -2,7 +2,10 @@
 `migrate` and plain daphne with one line naming the variable and the fix, no traceback,
 passwords masked; valid settings still serve.
 
-Real processes, as an operator starts them.
+Each way out (serve's check, plain daphne's, manage.py's, each exit status) is run as a
+real process, as an operator starts it. Which values the check refuses, and its words,
+are checked in this process through the very function those processes call
+(chat.startup.check, and the commands' handle): a process costs seconds of imports.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 
+from chat import startup
 from chat.envcheck import EXIT_CONFIGURATION, EXIT_UNAVAILABLE
 from chat.tools import sandbox
 from harness.servers import ROOT, SCRUBBED_ENV
@@ -52,6 +57,40 @@ def run(tmp_path: Path, argv: list[str], **env: str) -> subprocess.CompletedProc
 
 def manage(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     return run(tmp_path, [sys.executable, "manage.py", *args], **env)
+
+
+def check_in_process(
+    settings, monkeypatch, capsys, tmp_path: Path, command: list[str] | None = None, **env: str
+) -> subprocess.CompletedProcess:
+    """How `serve` (or `command`) stops on `env`, run in this process: the exit status and
+    output of chat.startup.check, as `manage()` reports a process's.
+
+    The environment is `manage()`'s; the values dispatch.settings reads (the models, the
+    workspace) go through the `settings` fixture, the rest (provider URLs, stream idle
+    timeouts) stay in the environment, where the check reads them.
+    """
+    for name in (*SCRUBBED_ENV, "DISPATCH_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    settings.DISPATCH_MODEL = settings.DISPATCH_FALLBACK_MODEL = ""
+    settings.DISPATCH_WORKSPACE = tmp_path / "data" / "workspace"
+    for name, value in env.items():
+        if name in startup.MODEL_VARIABLES:
+            setattr(settings, name, value)
+        elif name == "DISPATCH_WORKSPACE":
+            settings.DISPATCH_WORKSPACE = Path(value)
+        elif name == "REDIS_URL":
+            settings.REDIS_URL = value
+        else:
+            monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        if command is None:
+            # What `serve` runs first (dispatch/management/commands/serve.py).
+            startup.check()
+        else:
+            call_command(*command)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(command or ["serve"], stopped.value.code, out, err)
 
 
 def one_line(done: subprocess.CompletedProcess, code: int) -> str:
@@ -94,9 +133,23 @@ def one_line(done: subprocess.CompletedProcess, code: int) -> str:
         ),
     ],
 )
-def test_serve_stops_on_a_value_only_the_app_can_check(tmp_path, env, expected):
-    line = one_line(manage(tmp_path, "serve", "--port", "0", **env), EXIT_CONFIGURATION)
+def test_serve_stops_on_a_value_only_the_app_can_check(
+    settings, monkeypatch, capsys, tmp_path, env, expected
+):
+    done = check_in_process(settings, monkeypatch, capsys, tmp_path, **env)
+    line = one_line(done, EXIT_CONFIGURATION)
     assert line.startswith(expected), line
+    assert line.endswith("or unset it."), "the line says how to fix it"
+
+
+def test_serve_stops_on_a_value_only_the_app_can_check_as_a_process(tmp_path):
+    """The check above, in `serve` as started: its one line and exit status."""
+    line = one_line(
+        manage(tmp_path, "serve", "--port", "0", DISPATCH_MODEL="foo/bar"), EXIT_CONFIGURATION
+    )
+    assert line.startswith(
+        "Configuration error: DISPATCH_MODEL='foo/bar': unknown model provider 'foo'"
+    ), line
     assert line.endswith("or unset it."), "the line says how to fix it"
 
 
@@ -104,34 +157,49 @@ def test_serve_stops_on_a_value_only_the_app_can_check(tmp_path, env, expected):
     ("variable", "value"),
     [("ANTHROPIC_STREAM_IDLE_TIMEOUT", "soon"), ("OFFLINE_STREAM_IDLE_TIMEOUT", "0")],
 )
-def test_serve_stops_on_a_bad_stream_idle_timeout(tmp_path, variable, value):
+def test_serve_stops_on_a_bad_stream_idle_timeout(
+    settings, monkeypatch, capsys, tmp_path, variable, value
+):
     """Read when a turn starts its provider: without the check, every turn of that provider
     would fail, long after start-up."""
-    line = one_line(
-        manage(tmp_path, "serve", "--port", "0", **{variable: value}), EXIT_CONFIGURATION
-    )
+    done = check_in_process(settings, monkeypatch, capsys, tmp_path, **{variable: value})
+    line = one_line(done, EXIT_CONFIGURATION)
     assert line == (
         f"Configuration error: {variable}={value!r} is not a number of seconds between 0 "
         "and 600: fix it or unset it (default 60)."
     )
 
 
-def test_serve_stops_when_the_workspace_cannot_be_created(tmp_path):
+def test_serve_stops_when_the_workspace_cannot_be_created(settings, monkeypatch, capsys, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    line = one_line(
-        manage(tmp_path, "serve", "--port", "0", DISPATCH_WORKSPACE=str(blocker / "ws")),
-        EXIT_CONFIGURATION,
+    done = check_in_process(
+        settings, monkeypatch, capsys, tmp_path, DISPATCH_WORKSPACE=str(blocker / "ws")
     )
+    line = one_line(done, EXIT_CONFIGURATION)
     assert line.startswith(f"Configuration error: DISPATCH_WORKSPACE='{blocker / 'ws'}' cannot ")
 
 
-def test_runworker_and_send_check_too(tmp_path):
-    worker = manage(
-        tmp_path, "runworker", REDIS_URL="redis://127.0.0.1:6379/0", DISPATCH_MODEL="x/y"
+def test_runworker_and_send_check_too(settings, monkeypatch, capsys, tmp_path):
+    """Their handle() runs the check `serve` runs, before anything else; it exits the same."""
+    worker = check_in_process(
+        settings,
+        monkeypatch,
+        capsys,
+        tmp_path,
+        ["runworker"],
+        REDIS_URL="redis://127.0.0.1:6379/0",
+        DISPATCH_MODEL="x/y",
     )
     assert one_line(worker, EXIT_CONFIGURATION).startswith("Configuration error: DISPATCH_MODEL=")
-    send = manage(tmp_path, "send", "--new", "hi", DISPATCH_FALLBACK_MODEL="x/y")
+    send = check_in_process(
+        settings,
+        monkeypatch,
+        capsys,
+        tmp_path,
+        ["send", "--new", "hi"],
+        DISPATCH_FALLBACK_MODEL="x/y",
+    )
     line = one_line(send, EXIT_CONFIGURATION)
     assert line.startswith("Configuration error: DISPATCH_FALLBACK_MODEL=")
 
@@ -177,9 +245,9 @@ def test_a_database_without_its_migrations_is_named_with_the_fix(tmp_path):
     assert line.endswith("run `manage.py migrate` first (with the same DATABASE_URL).")
 
 
-def test_every_configuration_problem_is_listed_at_once(tmp_path):
-    done = manage(
-        tmp_path, "serve", "--port", "0", DISPATCH_MODEL="foo/bar", OPENAI_BASE_URL="nope"
+def test_every_configuration_problem_is_listed_at_once(settings, monkeypatch, capsys, tmp_path):
+    done = check_in_process(
+        settings, monkeypatch, capsys, tmp_path, DISPATCH_MODEL="foo/bar", OPENAI_BASE_URL="nope"
     )
     assert done.returncode == EXIT_CONFIGURATION and "Traceback" not in done.stderr
     assert [line.split("=")[0] for line in done.stderr.splitlines()] == [
