@@ -36,10 +36,12 @@ import base64
 import binascii
 import contextlib
 import dataclasses
+import importlib
 import json
 import logging
 import os
 import signal
+import sys
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -66,6 +68,25 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
+
+# Imported on a thread before the first connection: importing them takes about half a
+# second, which would stall the event loop (every tab's turn) that once.
+SDK_MODULES = (
+    "anyio",
+    "jsonschema",
+    "mcp.client.session",
+    "mcp.client.streamable_http",
+    "mcp.shared.exceptions",
+    "mcp.shared.message",
+    "mcp_types",
+    "pydantic",
+)
+
+
+def _import_sdk() -> None:
+    for name in SDK_MODULES:
+        importlib.import_module(name)
+
 
 # An unused connection is closed after this: long enough that a conversation's pauses
 # (reading an answer, typing the next question) keep it, short enough that a server is
@@ -278,6 +299,8 @@ class Connection:
 
     async def open(self) -> None:
         """Start the server (or reach it) and shake hands, within the server's timeout."""
+        if any(name not in sys.modules for name in SDK_MODULES):
+            await asyncio.to_thread(_import_sdk)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Stopped while connecting, nobody awaits it when the connection's task fails it:
         # taken here, or asyncio logs an error for every such Stop.
