@@ -49,7 +49,6 @@ from django.db.models import Sum
 from django.utils import timezone
 from PIL import Image, ImageCms, ImageFile, ImageOps, UnidentifiedImageError
 
-from chat import pdftext
 from chat.models import Attachment, Blob
 from chat.providers.base import upload_path
 from chat.tools.files import make_private
@@ -57,6 +56,10 @@ from chat.tools.files import make_private
 logger = logging.getLogger(__name__)
 
 pillow_heif.register_heif_opener()
+
+# Run as a script, never imported: this process never parses a PDF, and importing pypdf
+# would add to every Django process's start.
+PDFTEXT_SCRIPT = Path(__file__).with_name("pdftext.py")
 
 # The most files one message carries: a handful of screenshots, not an album (each is
 # sent again in every later request of the tab).
@@ -323,7 +326,7 @@ def _read_pdf(data: bytes, shown: str) -> dict[str, Any]:
     limits = (MAX_PDF_PAGES, MAX_PDF_CONTENT_BYTES, MAX_PDF_TEXT_CHARS, PDF_SECONDS)
     try:
         done = subprocess.run(
-            [sys.executable, "-I", pdftext.__file__, *map(str, limits)],
+            [sys.executable, "-I", str(PDFTEXT_SCRIPT), *map(str, limits)],
             input=data,
             capture_output=True,
             # CPU time is the child's own limit; this is for a machine too busy to

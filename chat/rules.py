@@ -75,9 +75,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-import bashlex
-import bashlex.ast
-
 logger = logging.getLogger(__name__)
 
 ALLOW = "allow"
@@ -685,6 +682,10 @@ def read_shell(command: object) -> Shell:
         # bash and bashlex may read a control character differently.
         shell.cannot("the command holds control characters")
     else:
+        # Imported here: bashlex takes a tenth of a second to import, which every Django
+        # process would pay at its start, and only a shell call checked against rules needs it.
+        import bashlex
+
         try:
             trees = bashlex.parse(command)
         except Exception as exc:  # bashlex raises several types, NotImplementedError too

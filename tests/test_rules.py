@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bashlex
 import pytest
 
 from chat import rules
@@ -726,7 +727,7 @@ def test_a_call_rules_fail_to_read_is_never_allowed_and_never_raises(
     # No input is known to break the parser's output now (the fuzzer in the issue found
     # >&-); a parser returning a tree of a shape rules do not know stands for the next one.
     parsed = [rule(t) for t in rule_texts]
-    monkeypatch.setattr(rules.bashlex, "parse", lambda command: [object()])
+    monkeypatch.setattr(bashlex, "parse", lambda command: [object()])
     decision = rules.decide(parsed, "shell", {"command": "git status"})
     assert (decision.action if decision else None) == expected
     if unprovable:

@@ -36,35 +36,57 @@ import base64
 import binascii
 import contextlib
 import dataclasses
+import importlib
 import json
 import logging
 import os
 import signal
+import sys
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import anyio
 import httpx2
-import jsonschema
-import mcp_types as types
 from channels.db import database_sync_to_async
 from django.conf import settings
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-from mcp.shared.message import SessionMessage
-from mcp_types import methods as mcp_methods
-from pydantic import ValidationError
 
 from chat.models import McpServer
 from chat.tools import files, mcp_names, sandbox, shell, workdir
 from chat.tools.base import MAX_RESULT_IMAGES, ImageFile, ToolOutcome, clean_text
 
+# The MCP SDK (mcp, mcp_types, with pydantic, anyio, starlette, ...) and jsonschema are
+# imported by the functions that use them, which run only once a server is configured:
+# importing them takes a large share of every Django process's start, and most never
+# reach an MCP server (tests/test_lazy_imports.py).
+if TYPE_CHECKING:
+    import mcp_types as types
+    from mcp.client.session import ClientSession
+    from mcp.shared.message import SessionMessage
+    from pydantic import ValidationError
+
 logger = logging.getLogger(__name__)
+
+# Imported on a thread before the first connection: importing them takes about half a
+# second, which would stall the event loop (every tab's turn) that once.
+SDK_MODULES = (
+    "anyio",
+    "jsonschema",
+    "mcp.client.session",
+    "mcp.client.streamable_http",
+    "mcp.shared.exceptions",
+    "mcp.shared.message",
+    "mcp_types",
+    "pydantic",
+)
+
+
+def _import_sdk() -> None:
+    for name in SDK_MODULES:
+        importlib.import_module(name)
+
 
 # An unused connection is closed after this: long enough that a conversation's pauses
 # (reading an answer, typing the next question) keep it, short enough that a server is
@@ -277,6 +299,8 @@ class Connection:
 
     async def open(self) -> None:
         """Start the server (or reach it) and shake hands, within the server's timeout."""
+        if any(name not in sys.modules for name in SDK_MODULES):
+            await asyncio.to_thread(_import_sdk)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Stopped while connecting, nobody awaits it when the connection's task fails it:
         # taken here, or asyncio logs an error for every such Stop.
@@ -297,6 +321,9 @@ class Connection:
             raise
 
     async def _hold(self, ready: asyncio.Future[None]) -> None:
+        # Imported here for the startup cost (see the imports at the top).
+        from mcp.client.session import ClientSession
+
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
@@ -324,6 +351,9 @@ class Connection:
                 ready.set_exception(Unreachable("closed while connecting"))
 
     def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
+        # Imported here for the startup cost (see the imports at the top).
+        from mcp.client.streamable_http import streamable_http_client
+
         if self.config.transport == McpServer.Transport.HTTP:
             client = httpx2.AsyncClient(
                 headers=dict(self.config.headers),
@@ -434,6 +464,9 @@ class Connection:
         return argv, env, home, binds
 
     async def _on_message(self, message: Any) -> None:
+        # Imported here for the startup cost (see the imports at the top).
+        import mcp_types as types
+
         if isinstance(message, types.ToolListChangedNotification):
             self.generation += 1
             self.tools = None
@@ -474,6 +507,9 @@ class Connection:
             return listed
 
     async def _pages(self) -> list[types.Tool]:
+        # Imported here for the startup cost (see the imports at the top).
+        import mcp_types as types
+
         session = self._session()
         tools: list[types.Tool] = []
         cursor: str | None = None
@@ -553,6 +589,10 @@ class _Screen:
     def screened(self, item: SessionMessage | Exception) -> SessionMessage | Exception:
         """A tools/list answer without the tools that must not be offered. The SDK checks
         a listing as a whole: one tool's bad schema would refuse all the server's tools."""
+        # Imported here for the startup cost (see the imports at the top).
+        import mcp_types as types
+        from mcp.shared.message import SessionMessage
+
         if not isinstance(item, SessionMessage):
             return item
         message = item.message
@@ -616,6 +656,9 @@ class _ListingsNoted:
         self._screen = screen
 
     async def send(self, item: SessionMessage) -> None:
+        # Imported here for the startup cost (see the imports at the top).
+        import mcp_types as types
+
         message = item.message
         if isinstance(message, types.JSONRPCRequest) and message.method == "tools/list":
             self._screen.listings.add(message.id)
@@ -636,6 +679,12 @@ def _refused(tool: Any, version: str) -> str:
     """Why a listed tool is not offered: a definition the SDK refuses, or an input
     schema that is no JSON Schema (a provider refuses every request offering it).
     "" when it is fine."""
+    # Imported here for the startup cost (see the imports at the top).
+    import jsonschema
+    import mcp_types as types
+    from mcp_types import methods as mcp_methods
+    from pydantic import ValidationError
+
     if not isinstance(tool, dict):
         return "it is not a JSON object"
     page = {"tools": [tool]}
@@ -686,6 +735,10 @@ async def _lines(
     the session hands it to the message handler); one past MAX_STDIO_LINE_BYTES (said to
     `lose`), the end of stdout or a broken stdin end the read stream, so waiting requests
     fail."""
+    # Imported here for the startup cost (see the imports at the top).
+    import anyio
+    from mcp.shared.message import SessionMessage
+
     assert proc.stdin is not None and proc.stdout is not None
     stdin, stdout = proc.stdin, proc.stdout
     got_send, got = anyio.create_memory_object_stream[SessionMessage | Exception](0)
@@ -727,6 +780,10 @@ async def _lines(
 
 
 def _message(line: bytes) -> SessionMessage | Exception:
+    # Imported here for the startup cost (see the imports at the top).
+    import mcp_types as types
+    from mcp.shared.message import SessionMessage
+
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
@@ -752,6 +809,9 @@ class _Leader:
         """The spec's end (stdin closed, STDIO_EXIT_GRACE to exit), then SIGKILL: bwrap's
         PID 1 dies with bwrap (--die-with-parent), and the whole sandbox with it. Shielded,
         and a second cancellation (close() past CLOSE_GRACE) still kills."""
+        # Imported here for the startup cost (see the imports at the top).
+        import anyio
+
         proc = self.proc
         try:
             with anyio.CancelScope(shield=True):
@@ -1190,6 +1250,10 @@ async def call(
     Every failure is an `is_error` outcome naming the server; cancelling the awaiting
     task (Stop) cancels the call at the server and leaves the connection open.
     """
+    # Imported here for the startup cost (see the imports at the top).
+    import mcp_types as types
+    from mcp.shared.exceptions import MCPError
+
     if not isinstance(arguments, Mapping):
         return ToolOutcome(f"the arguments of {name} must be a JSON object", is_error=True)
     configs = await enabled_servers()
@@ -1244,10 +1308,19 @@ async def call(
 
 
 def _lost(exc: Exception) -> bool:
+    # Imported here for the startup cost (see the imports at the top).
+    import mcp_types as types
+    from mcp.shared.exceptions import MCPError
+
     return isinstance(exc, MCPError) and exc.error.code == types.CONNECTION_CLOSED
 
 
 def _reason(exc: BaseException) -> str:
+    # Imported here for the startup cost (see the imports at the top).
+    import mcp_types as types
+    from mcp.shared.exceptions import MCPError
+    from pydantic import ValidationError
+
     if isinstance(exc, MCPError) and exc.error.code == types.CONNECTION_CLOSED:
         return "the server closed the connection (it may have exited)"
     if isinstance(exc, httpx2.HTTPError):
@@ -1268,6 +1341,9 @@ def outcome(tool: str, result: types.CallToolResult) -> ToolOutcome:
     the blob store (at most MAX_RESULT_IMAGES), other content as a marker; capped as the
     shell's output is. A block left out is named in the text, with why: the model and
     the page see what it missed, and every other block is kept."""
+    # Imported here for the startup cost (see the imports at the top).
+    import mcp_types as types
+
     texts: list[str] = []
     notes: list[str] = []
     images: list[ImageFile] = []
