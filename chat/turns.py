@@ -93,7 +93,8 @@ def _enqueue(
     # A draft (an edit's old text) is sent or replaced by what was sent.
     Tab.objects.filter(pk=tab.pk).exclude(draft="").update(draft="")
     if not tab.title:
-        tab.title = _title_from(text or attachments[0]["name"])
+        # A message without text carries a file (submit refuses an empty one).
+        tab.title = _title_from(text or (attachments or [{"name": ""}])[0]["name"])
         Tab.objects.filter(pk=tab.pk).update(title=tab.title)
     # Before the commit: a runner cannot take the row (and send "taken")
     # until then, so "queued" always reaches the pages first.
