@@ -127,6 +127,9 @@ class Approvals:
         self, call_id: str, name: str, arguments: dict[str, Any], *, repeated: bool = False
     ) -> bool:
         state = self.state
+        # A Stop that came while the call was being judged (rules read, notices written)
+        # found no future to answer: it would wait for nobody.
+        state.check_cancel()
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         state.approvals[call_id] = future
         state.status.state = "waiting"

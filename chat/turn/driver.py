@@ -19,7 +19,8 @@ A driver must:
   with the same fields).
 
 A driver must not:
-- write the log, the lease or the queue (`log.append`, RunningTurn, QueuedMessage);
+- write the log, the lease or the queue (`log.append`, QueuedMessage, RunningTurn but
+  for the step it is on, through `lease.set_step`);
 - end the turn itself with a notice or an error chunk of its own making: a provider
   error given up on ends through `ending.End.error`, anything else escapes to the
   runtime, which ends the turn as a crash;

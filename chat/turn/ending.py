@@ -143,20 +143,22 @@ def interrupt_ops(reducer: Reducer, why: str, *, running_why: str | None = None)
     marked too. An interrupted call is never run again by itself."""
     ops: list[Op] = []
     block = reducer.open
-    running = None
     if block is not None and block.type == Kind.TOOL_RESULT:
-        running = block.data.get("call_id")
+        # The running call is answered first, into its output block: answering an
+        # earlier call first would seal that block without a result, and its id may
+        # repeat an answered call's (then it is not pending at all).
+        call_id, name = str(block.data.get("call_id", "")), str(block.data.get("name", ""))
+        result = reducer.feed(ToolResultEvent(call_id, name, running_why or why, True))
+        ran = last_sealed(result)
+        ran.data["interrupted"] = True
+        # The reducer drops an empty output; kept, it says the call ran.
+        ran.data.setdefault("shell_output", "")
+        ops += result
     elif block is not None:
         ops += reducer.seal(interrupted=True)
     for call_id, name in list(reducer.pending_calls):
-        ran = call_id == running
-        result = reducer.feed(ToolResultEvent(call_id, name, (ran and running_why) or why, True))
-        block = last_sealed(result)
-        block.data["interrupted"] = True
-        if ran:
-            # The reducer drops an empty output; kept, it says the call ran.
-            block.data.setdefault("shell_output", "")
-            running = None  # ids may repeat: only the first such call ran
+        result = reducer.feed(ToolResultEvent(call_id, name, why, True))
+        last_sealed(result).data["interrupted"] = True
         ops += result
     return ops + reducer.seal(interrupted=True)
 
