@@ -9,8 +9,8 @@ or the API token, and the tab it follows. Two things end it:
   at most four indexed queries (sessions, users, tokens, tabs) however many streams
   are open, every `settings.STREAM_RECHECK_SECONDS`. This catches every change, made
   anywhere: the admin, a management command in another process, a raw database edit.
-- A nudge, for immediacy: a signal receiver (logout, a token deleted, a user saved or
-  deleted, a tab deleted) sends "access.check" to the user's group
+- A nudge, for immediacy: a signal receiver (a session deleted, a token deleted, a user
+  saved or deleted, a tab deleted) sends "access.check" to the user's group
   (`bus.access_group`), where every process with a stream of that user listens; it
   runs its check at once. The nudge is a hint and carries no verdict: the check
   decides, from the database, so a lost nudge costs at most one interval.
@@ -32,8 +32,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.signals import user_logged_out
+from django.contrib.auth import SESSION_KEY, get_user_model
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
@@ -312,8 +311,13 @@ def _send_nudge(user_id: int) -> None:
         logger.warning("could not nudge user %s's live streams", user_id, exc_info=True)
 
 
-def _on_logout(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
-    nudge(getattr(user, "pk", None))
+def _on_session_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    # Not user_logged_out: Django sends that before it deletes the session, and a check
+    # the nudge starts in another process at once still finds the session valid. This
+    # also covers a session deleted in the admin or by clearsessions.
+    user_id = instance.get_decoded().get(SESSION_KEY)
+    if user_id is not None:
+        nudge(get_user_model()._meta.pk.to_python(user_id))
 
 
 def _on_user_saved(sender: Any, instance: Any, update_fields: Any = None, **kwargs: Any) -> None:
@@ -337,7 +341,9 @@ def _on_user_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
 
 def connect_signals() -> None:
     user = get_user_model()
-    user_logged_out.connect(_on_logout, dispatch_uid="revocation.logout")
+    post_delete.connect(
+        _on_session_deleted, sender=_session_model(), dispatch_uid="revocation.session"
+    )
     post_save.connect(_on_user_saved, sender=user, dispatch_uid="revocation.user_saved")
     post_delete.connect(_on_user_deleted, sender=user, dispatch_uid="revocation.user_deleted")
     post_delete.connect(_on_token_deleted, sender=ApiToken, dispatch_uid="revocation.token")

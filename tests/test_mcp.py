@@ -150,6 +150,8 @@ async def test_a_server_exiting_mid_call_is_an_error_naming_it(servers):
     assert result.is_error
     assert result.result.startswith("server local: crash failed: ")
     assert "closed the connection" in result.result
+    # What it said last is what a user needs to fix it.
+    assert result.result.endswith("; its stderr ends: crash: out of patience")
     again = await mcp.call("mcp__local__echo", {"text": "back"})
     assert again.result == "echo: back"
 

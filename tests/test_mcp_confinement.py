@@ -334,6 +334,10 @@ async def test_a_servers_stderr_costs_at_most_its_kept_end():
     """A server may write without end on stderr: only its last STDERR_TAIL_BYTES are kept
     (in memory, never a file), and its failure still quotes its last words."""
     await server("flood", "flood", str(8 * 1024 * 1024))
+    # Imported before counting: the SDK's first import alone allocates megabytes (it
+    # happens at a process's first connection, so it counted only where this test came
+    # first on its xdist worker).
+    mcp._import_sdk()
     tracemalloc.start()
     try:
         _, problems = await mcp.specs()

@@ -24,8 +24,10 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 
 from chat import consumers, revocation
@@ -170,6 +172,29 @@ async def sign_out_ends_the_streams() -> None:
 
     await database_sync_to_async(sign_out)(session)
     await assert_signed_out(streams, "signed_out")
+
+
+@pytest.mark.parametrize("how", ["sign-out", "admin", "clearsessions"])
+def test_the_nudge_leaves_once_the_session_is_gone(monkeypatch, how):
+    """A process that checks when the nudge arrives must find the session deleted:
+    Django sends user_logged_out before it deletes the session, so that signal's nudge
+    raced the deletion across processes (the check found the session still valid)."""
+    user = User.objects.create_user("bob", password="a long enough password")
+    session = session_for(user)
+    seen: list[tuple[int, bool]] = []
+    monkeypatch.setattr(
+        revocation,
+        "_send_nudge",
+        lambda user_id: seen.append((user_id, Session.objects.filter(pk=session).exists())),
+    )
+    if how == "sign-out":
+        sign_out(session)
+    elif how == "admin":
+        Session.objects.get(pk=session).delete()
+    else:
+        Session.objects.filter(pk=session).update(expire_date=timezone.now())
+        call_command("clearsessions")
+    assert seen == [(user.pk, False)]
 
 
 @pytest.mark.asyncio
@@ -375,12 +400,6 @@ async def test_the_nudge_travels_through_the_redis_layer(settings):
         await sign_out_ends_the_streams()
 
 
-@pytest.mark.skip(
-    reason="flaky: about half the runs the socket on the server process is not closed "
-    "within 10 s of the nudge (the same on the code before issue 29); being investigated, "
-    "see the stop-29 note. test_the_nudge_travels_through_the_redis_layer covers the nudge "
-    "through Redis meanwhile"
-)
 @pytest.mark.scaled
 @pytest.mark.asyncio
 async def test_a_sign_out_in_one_process_ends_a_socket_in_another_at_once(settings, serve):

@@ -1295,10 +1295,13 @@ async def call(
         await _drop(connection)
         return ToolOutcome(f"{label}: {spec.tool} did not answer within {limit:g} s", is_error=True)
     except Exception as exc:
+        detail = ""
         if not isinstance(exc, MCPError | Unreachable) or _lost(exc):
             logger.warning("MCP %s: %s failed", label, spec.tool, exc_info=True)
+            # Closed first: the server's last words are read to their end.
             await _drop(connection)
-        failed = f"{label}: {spec.tool} failed: {connection.lost or _reason(exc)}"
+            detail = connection._detail()
+        failed = f"{label}: {spec.tool} failed: {connection.lost or _reason(exc)}{detail}"
         return ToolOutcome(config.redact(failed), is_error=True)
     finally:
         live.finish()

@@ -73,7 +73,8 @@ async def hang() -> str:
 
 @server.tool()
 def crash() -> str:
-    """The server exits in the middle of the call."""
+    """The server exits in the middle of the call, saying why on stderr."""
+    print("crash: out of patience", file=sys.stderr, flush=True)
     os._exit(3)
 
 
