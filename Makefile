@@ -44,11 +44,13 @@ bubblewrap:
 	    "section." >&2; fi; }
 
 # The suite in parallel (pytest-xdist): much of it waits on servers, browsers and
-# sockets, so four processes on two cores finish sooner than three or two.
+# sockets, so four processes on two cores finish sooner than three or two. loadgroup:
+# the modules tests/conftest.py groups (ONE_WORKER) share a worker, and what it starts
+# once (the scaled cluster).
 TEST_WORKERS ?= 4
 
 test: $(VENV)/.installed chromium bubblewrap
-	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # mypy's Django plugin imports dispatch.settings, which makes its data dir and secret
 # key: a throwaway one in mypy's cache, never the real one.

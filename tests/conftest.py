@@ -15,12 +15,14 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command
 from django.db import connections
 from django.test import TransactionTestCase
+from xdist.scheduler import LoadGroupScheduling
 
 from chat.providers.replay import ScriptedProvider
 from chat.turn import step
 from harness import chromium
 from harness.fakeprovider import FakeProviderServer
 from harness.servers import Servers
+from tests.procs import Cluster, scaled_cluster
 
 # --- A transactional test's flush ----------------------------------------------------
 #
@@ -212,3 +214,35 @@ async def browser(serve, _worker_chromium) -> AsyncIterator[OneTestsBrowser]:
         yield shared
     finally:
         await shared.close_contexts()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The scaled deployment of tests/test_scaled.py and test_scaled_events.py, started
+    once for both (seconds of CPU: migrations and four processes); a test that kills a
+    process has it restarted by their `live` fixture."""
+    with scaled_cluster(tmp_path_factory.mktemp("scaled")) as started:
+        yield started
+
+
+# Test modules whose tests run on one xdist worker, by group: they share what that worker
+# starts once (a session fixture). Not xdist_group marks: pytest 9 keeps a node's id
+# where xdist 3.8's loadgroup cannot append the group to it, so the marks do nothing.
+ONE_WORKER = {
+    "tests/test_scaled.py": "scaled-cluster",
+    "tests/test_scaled_events.py": "scaled-cluster",
+}
+
+
+class _GroupedByModule(LoadGroupScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+        group = ONE_WORKER.get(nodeid.partition("::")[0])
+        return group if group is not None else super()._split_scope(nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` (make test) with ONE_WORKER's groups."""
+    if config.getvalue("dist") == "loadgroup":
+        return _GroupedByModule(config, log)
+    return None

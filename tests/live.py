@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,10 @@ from harness.servers import ROOT, Proc
 from tests.ui_helpers import parse
 
 ARTIFACTS = ROOT / "test-artifacts"
+# Screenshots are for people looking at the pages (in test-artifacts/): they assert
+# nothing and cost a browser test a second or more each, so the suite takes them only
+# when asked: `DISPATCH_TEST_SHOTS=1 make test`.
+SHOTS = os.environ.get("DISPATCH_TEST_SHOTS", "") not in ("", "0")
 
 # Every wait in a browser or on the database: generous for a loaded CI machine,
 # and a passing test never comes near it.
@@ -120,11 +125,40 @@ async def synced(page: Any) -> None:
     await page.wait_for_function("window.__e2e && window.__e2e.synced")
 
 
-async def screenshot(page: Any, name: str, *, full_page: bool = False) -> Path:
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / f"{name}.png"
-    await page.screenshot(path=str(path), full_page=full_page)
-    return path
+async def screenshot(page: Any, name: str, *, folder: Path = ARTIFACTS, **options: Any) -> None:
+    """`page` as it is now, when screenshots are asked for (SHOTS)."""
+    if SHOTS:
+        folder.mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=str(folder / f"{name}.png"), animations="disabled", **options)
+
+
+async def shots(page: Any, phone: Any, name: str) -> None:
+    """The state at 1280 px (`page`) and 375 px (`phone`, a touch phone), light and dark."""
+    if not SHOTS:
+        return
+    for target, width in ((page, 1280), (phone, 375)):
+        for scheme in ("light", "dark"):
+            await target.emulate_media(color_scheme=scheme)
+            await screenshot(target, f"{name}-{width}-{scheme}")
+        await target.emulate_media(color_scheme="light")
+
+
+async def shots_resized(page: Any, name: str, *, height: int = 800) -> None:
+    """One page at 1280 and 375 px (its sidebar still), light and dark, then back."""
+    if not SHOTS:
+        return
+    size = page.viewport_size
+    for width in (1280, 375):
+        await page.set_viewport_size({"width": width, "height": height})
+        # The sidebar slides away when the page narrows: shot once it is still.
+        await page.wait_for_function(
+            "(document.querySelector('.sidebar')?.getAnimations().length ?? 0) === 0"
+        )
+        for scheme in ("light", "dark"):
+            await page.emulate_media(color_scheme=scheme)
+            await screenshot(page, f"{name}-{width}-{scheme}")
+    await page.set_viewport_size(size)
+    await page.emulate_media(color_scheme="light")
 
 
 async def send_message(page: Any, text: str) -> None:

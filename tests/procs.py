@@ -635,3 +635,42 @@ def turns_do_not_interleave(log: list[dict[str, Any]]) -> bool:
 
 def new_id() -> str:
     return str(uuid.uuid4())
+
+
+# --- The scaled deployment of test_scaled and test_scaled_events ----------------------
+
+# Tokens per second of the offline model in the workers: a plain reply (~120
+# tokens) takes about two and a half seconds.
+PACE = 50.0
+# The tests that kill or stop something mid-text ask the offline model to read
+# this workspace file: its second step quotes the lines back in one text chunk of
+# about 160 tokens (three seconds at PACE), so whatever is killed once that chunk
+# has begun dies in the middle of it, even on a busy machine.
+STORY = "story.txt"
+STORY_LINES = 6
+STORY_WORDS_PER_LINE = 25
+
+
+@contextlib.contextmanager
+def scaled_cluster(workdir: Path) -> Iterator[Cluster]:
+    """Two web processes and two workers on a scratch database and Redis, signed in,
+    with the story in the user's workspace; stopped at the end."""
+    require_services()
+    with scratch_database() as database_url, scratch_redis() as redis_url:
+        cluster = Cluster(database_url, redis_url, workdir, PACE)
+        try:
+            cluster.manage("migrate", "--noinput", "-v", "0")
+            story = "\n".join(
+                " ".join(f"w{line}.{i}" for i in range(STORY_WORDS_PER_LINE))
+                for line in range(STORY_LINES)
+            )
+            cluster.start_web("a")
+            cluster.start_web("b")
+            cluster.start_worker("w1")
+            cluster.start_worker("w2")
+            cluster.login()
+            (cluster.user_workspace() / STORY).write_text(story + "\n")
+            cluster.wait_ready()
+            yield cluster
+        finally:
+            cluster.stop()

@@ -21,12 +21,12 @@ from harness.login import session_for
 from tests.anthropic_wire import Body
 from tests.attachment_files import image, pdf
 from tests.live import (
-    ARTIFACTS,
     anthropic_env,
     anthropic_reply,
     make_tab,
     make_user,
     open_page,
+    shots,
     synced,
     turn_ended,
 )
@@ -81,16 +81,6 @@ LOADED = """
   img.onerror = () => done(0);
 })
 """
-
-
-async def shots(page: Any, phone: Any, name: str) -> None:
-    """The state at 1280 px (`page`) and 375 px (`phone`, a touch phone), light and dark."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    for target, width in ((page, 1280), (phone, 375)):
-        for scheme in ("light", "dark"):
-            await target.emulate_media(color_scheme=scheme)
-            await target.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
-        await target.emulate_media(color_scheme="light")
 
 
 async def paste_screenshot(page: Any) -> None:

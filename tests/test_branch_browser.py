@@ -21,6 +21,7 @@ from chat.models import QueuedMessage, Tab
 from harness.fakeprovider import Reply
 from harness.login import session_for
 from tests.live import (
+    SHOTS,
     anthropic_env,
     anthropic_reply,
     make_tab,
@@ -28,6 +29,7 @@ from tests.live import (
     open_page,
     rows,
     send_message,
+    shots,
     synced,
     turn_ended,
     until,
@@ -76,16 +78,13 @@ class Looks:
     async def __call__(
         self, page: Any, name: str, *, phone_path: str, phone_click: str | None = None
     ) -> None:
+        if not SHOTS:
+            return
         await self.phone.goto(page.url.split("/t/")[0] + phone_path)
         await synced(self.phone)
         if phone_click is not None:
             await self.phone.click(phone_click)
-        shots = [(page, "1280"), (self.phone, "375")]
-        for target, width in shots:
-            for scheme in ("light", "dark"):
-                await target.emulate_media(color_scheme=scheme)
-                await target.screenshot(path=str(self.dir / f"{name}-{width}-{scheme}.png"))
-            await target.emulate_media(color_scheme="light")
+        await shots(page, self.phone, name)
 
 
 async def new_tab_after(page: Any, click: Any) -> str:

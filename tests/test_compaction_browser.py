@@ -10,7 +10,6 @@ loads. Screenshots at 1280 and 375 px, light and dark, go to test-artifacts/cont
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -19,7 +18,7 @@ from chat import context, log
 from chat.models import Tab
 from chat.stream import Block, Kind, Role
 from harness.login import session_for
-from tests.live import ARTIFACTS, make_tab, make_user, open_page, synced
+from tests.live import make_tab, make_user, open_page, shots, synced
 
 pytestmark = [
     pytest.mark.browser,
@@ -82,15 +81,6 @@ def seed(tab: Tab) -> None:
     Tab.objects.filter(pk=tab.pk).update(context=SIZE.as_dict())
 
 
-async def shots(page: Any, name: str, *, phone: Any) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    for target, width in ((page, 1280), (phone, 375)):
-        for scheme in ("light", "dark"):
-            await target.emulate_media(color_scheme=scheme)
-            await target.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
-        await target.emulate_media(color_scheme="light")
-
-
 async def test_a_compacted_tab_shows_its_meter_and_its_summary_on_demand(browser, serve):
     server = await serve()
     user = await sync_to_async(make_user)()
@@ -122,7 +112,7 @@ async def test_a_compacted_tab_shows_its_meter_and_its_summary_on_demand(browser
     assert narrow["meter"] == "45.1k / 200k"
     assert not narrow["label"] and narrow["bar"] > 20
     assert not narrow["overflow"], "the meter fits the phone's composer row"
-    await shots(page, "context-folded", phone=phone.page)
+    await shots(page, phone.page, "context-folded")
 
     for target in (page, phone.page):
         await target.locator("#log > .t-compaction summary").click()
@@ -137,6 +127,6 @@ async def test_a_compacted_tab_shows_its_meter_and_its_summary_on_demand(browser
     assert "<script>" in await page.locator("#log > .t-compaction .md").inner_text()
     await phone.page.locator("#log > .t-compaction").scroll_into_view_if_needed()
     await page.locator("#log > .t-compaction").scroll_into_view_if_needed()
-    await shots(page, "context-opened", phone=phone.page)
+    await shots(page, phone.page, "context-opened")
     live.assert_clean()
     phone.assert_clean()

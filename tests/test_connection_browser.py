@@ -30,10 +30,11 @@ from chat.models import Chunk, QueuedMessage
 from chat.stream import Block
 from harness.login import session_for
 from tests.live import (
-    ARTIFACTS,
     make_tab,
     make_user,
     open_page,
+    screenshot,
+    shots_resized,
     synced,
     turn_ended,
     until,
@@ -91,21 +92,6 @@ FIRST_PAINT = """
   });
 })();
 """
-
-
-async def shots(page: Any, name: str) -> None:
-    """The state at 1280 and 375 px, light and dark (the system's), as it is now."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    size = page.viewport_size
-    # No transitions: the sidebar would be caught sliding away at 375 px.
-    await page.emulate_media(reduced_motion="reduce")
-    for width in (1280, 375):
-        await page.set_viewport_size({"width": width, "height": 800})
-        for scheme in ("light", "dark"):
-            await page.emulate_media(color_scheme=scheme)
-            await page.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
-    await page.emulate_media(color_scheme="light")
-    await page.set_viewport_size(size)
 
 
 def user_texts(tab_id: uuid.UUID) -> list[str]:
@@ -185,7 +171,7 @@ async def test_a_dropped_connection_shows_and_the_draft_is_sent_once_when_it_is_
     # Pressed again, nothing more is queued or sent.
     await page.press("#composer-text", "Enter")
     assert posts == []
-    await shots(page, "connection-down-queued")
+    await shots_resized(page, "connection-down-queued")
 
     server = await serve(port=server.port)
     await page.wait_for_selector("#conn", state="hidden")
@@ -275,7 +261,7 @@ async def test_closes_htmx_would_not_retry_reconnect_and_a_refusal_says_reload(b
     assert await page.input_value("#composer-text") == "kept"
     assert len(sockets) == 3
     assert await connects() == 3
-    await shots(page, "connection-refused")
+    await shots_resized(page, "connection-refused")
     # Reloaded: connected again, the text still there.
     await page.click("#conn .conn-reload")
     await page.wait_for_function("window.__e2e.connects === 1 && window.__e2e.synced")
@@ -356,7 +342,7 @@ async def test_jump_to_the_latest_and_new_below(browser, serve):
     await page.evaluate("window.scrollTo(0, 0)")
     await jump.wait_for(state="visible")
     assert await page.locator("#jump .jump-new").is_hidden()
-    await shots(page, "jump-scrolled-up")
+    await shots_resized(page, "jump-scrolled-up")
 
     # A message from another window: its answer streams in below the reader.
     other = await open_page(browser, server, f"/t/{tab.id}/", session=session, **DESKTOP)
@@ -365,7 +351,7 @@ async def test_jump_to_the_latest_and_new_below(browser, serve):
     await other.page.press("#composer-text", "Enter")
     await page.wait_for_selector("#jump.has-new .jump-new:visible")
     assert await page.evaluate("window.scrollY") == 0
-    await shots(page, "jump-new-below")
+    await shots_resized(page, "jump-new-below")
 
     await jump.click()
     await jump.wait_for(state="hidden")
@@ -400,7 +386,7 @@ async def test_the_theme_switch_is_remembered_and_applied_before_the_first_paint
     assert await page.evaluate(f"{root}.dataset.theme") == "dark"
     assert await page.evaluate("getComputedStyle(document.body).backgroundColor") == DARK_BG
     assert await page.get_attribute("[data-theme-set=dark]", "aria-pressed") == "true"
-    await page.screenshot(path=str(ARTIFACTS / "theme-dark-chosen-1280.png"))
+    await screenshot(page, "theme-dark-chosen-1280")
 
     # Reloaded on a light system: dark from before the body is parsed, and at first paint.
     await page.reload()

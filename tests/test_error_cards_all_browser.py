@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 
 from chat import render
 from chat.providers import errors
-from tests.live import ARTIFACTS
+from tests.live import screenshot
 from tests.test_provider_error_words import CASES
 from tests.test_render_browser import _make_tab, open_tab
 from tests.ui_helpers import block
@@ -65,14 +65,11 @@ async def test_every_kind_of_error_card_says_what_happened_and_what_to_do(
         hint = await page.text_content(f"{selector} .err-hint")
         assert hint == data["hint"].replace("`", "")
         assert await page.is_visible(f"{selector} .act-retry")
-    ARTIFACTS.mkdir(exist_ok=True)
     for width in (1280, 375):
         await page.set_viewport_size({"width": width, "height": 900})
         for scheme in ("light", "dark"):
             await page.emulate_media(color_scheme=scheme)
             # No card wider than the page: a long URL or hint wraps.
             assert await page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
-            await page.screenshot(
-                path=str(ARTIFACTS / f"error-cards-{width}-{scheme}.png"), full_page=True
-            )
+            await screenshot(page, f"error-cards-{width}-{scheme}", full_page=True)
     assert errors_seen == []

@@ -19,10 +19,12 @@ from asgiref.sync import sync_to_async
 from harness.fakeprovider import Reply
 from harness.login import session_for
 from tests.live import (
+    SHOTS,
     anthropic_reply,
     make_tab,
     make_user,
     open_page,
+    screenshot,
     synced,
     turn_ended,
 )
@@ -53,11 +55,13 @@ async def save_key(page: Any, server_url: str, key: str) -> None:
 
 
 async def shoot(pages: list[tuple[Any, str]], directory: Any, name: str) -> None:
+    if not SHOTS:
+        return
     for page, width in pages:
         for scheme in ("light", "dark"):
             await page.emulate_media(color_scheme=scheme)
             await page.locator(CARD).scroll_into_view_if_needed()
-            await page.screenshot(path=str(directory / f"{name}-{width}-{scheme}.png"))
+            await screenshot(page, f"{name}-{width}-{scheme}", folder=directory)
         await page.emulate_media(color_scheme="light")
 
 

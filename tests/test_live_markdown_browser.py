@@ -13,7 +13,6 @@ from chat.models import Chunk
 from harness.fakeprovider import Pause
 from harness.login import session_for
 from tests.live import (
-    ARTIFACTS,
     anthropic_env,
     anthropic_reply,
     make_tab,
@@ -21,6 +20,7 @@ from tests.live import (
     open_page,
     rows,
     send_message,
+    shots,
     synced,
     turn_ended,
 )
@@ -154,13 +154,3 @@ async def test_an_answer_renders_as_it_streams_and_its_seal_moves_nothing(
     await shots(page, phone.page, "live-markdown-sealed")
     live.assert_clean()
     phone.assert_clean()
-
-
-async def shots(page: Any, phone: Any, name: str) -> None:
-    """The state at 1280 px (the desktop page) and 375 px (the phone), light and dark."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    for target, width in ((page, 1280), (phone, 375)):
-        for scheme in ("light", "dark"):
-            await target.emulate_media(color_scheme=scheme)
-            await target.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
-        await target.emulate_media(color_scheme="light")

@@ -18,7 +18,6 @@ from chat.models import McpServer
 from harness.login import session_for
 from harness.servers import Proc, clean_env
 from tests.live import (
-    ARTIFACTS,
     anthropic_env,
     anthropic_reply,
     make_tab,
@@ -27,6 +26,7 @@ from tests.live import (
     rows,
     send_message,
     set_setting,
+    shots_resized,
     synced,
     turn_ended,
 )
@@ -89,7 +89,7 @@ async def run(browser, serve, fake_server, url: str) -> None:
     row = await McpServer.objects.aget(name="web")
     assert row.get_headers() == {"Authorization": "Bearer s3cret-token"}
     await page.locator("#mcp").evaluate("section => section.scrollIntoView()")
-    await shots(page, "mcp-settings")
+    await shots_resized(page, "mcp-settings", height=900)
 
     await page.goto(server.url + "/account/rules/")
     await page.select_option("#rule-action", "allow")
@@ -118,7 +118,7 @@ async def run(browser, serve, fake_server, url: str) -> None:
     logged = await sync_to_async(rows)(tab.id)
     kinds = [(r.type, r.data.get("kind")) for r in logged if r.type == "system"]
     assert ("system", "rule") in kinds
-    await shots(page, "mcp-turn")
+    await shots_resized(page, "mcp-turn", height=900)
     live.assert_clean()
 
 
@@ -138,20 +138,5 @@ async def test_other_staff_see_the_servers_and_no_form(browser, serve):
     assert "GITHUB_TOKEN=" in section and "ghp_s3cret" not in await page.content()
     assert await page.locator("#mcp form.mcp-form").count() == 0
     assert await page.locator("#mcp .mcp-servers button:has-text('Test')").count() == 1
-    await shots(page, "mcp-settings-staff")
+    await shots_resized(page, "mcp-settings-staff", height=900)
     live.assert_clean()
-
-
-async def shots(page, name: str) -> None:
-    """The state at 1280 and 375 px, light and dark (looked at by whoever changes it)."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    for width in (1280, 375):
-        await page.set_viewport_size({"width": width, "height": 900})
-        await page.wait_for_function(
-            "document.querySelector('.sidebar').getAnimations().length === 0"
-        )
-        for scheme in ("light", "dark"):
-            await page.emulate_media(color_scheme=scheme)
-            await page.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
-    await page.set_viewport_size({"width": 1280, "height": 900})
-    await page.emulate_media(color_scheme="light")

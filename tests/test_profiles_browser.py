@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 
 from chat.models import Profile, Tab
 from harness.login import session_for
-from tests.live import ARTIFACTS, make_user, open_page
+from tests.live import make_user, open_page, shots_resized
 
 pytestmark = [
     pytest.mark.browser,
@@ -33,13 +33,13 @@ async def test_a_profile_is_added_in_settings_and_a_tab_made_from_it(browser, se
     await page.click("button:has-text('Save the profile')")
     await page.wait_for_selector("#id_tools-error")
     assert "No such tool: mcp__nowhere__*." in await page.text_content("#id_tools-error")
-    await shots(page, "profile-refused")
+    await shots_resized(page, "profile-refused")
     await page.fill("#id_tools", "list_files\nread_file")
     await page.fill("#id_rules_text", "allow read_file")
     await page.click("button:has-text('Save the profile')")
     await page.wait_for_selector("#profiles >> text=reviewer")
     await page.locator("#profiles").scroll_into_view_if_needed()
-    await shots(page, "profiles-settings")
+    await shots_resized(page, "profiles-settings")
 
     await page.click(".new-tab-options")
     await page.select_option("#id_profile", label="reviewer")
@@ -48,7 +48,7 @@ async def test_a_profile_is_added_in_settings_and_a_tab_made_from_it(browser, se
     await page.wait_for_selector("#id_workdir-error")
     assert "leaves the workspace" in await page.text_content("#id_workdir-error")
     await page.fill("#id_workdir", "site")
-    await shots(page, "new-tab-options")
+    await shots_resized(page, "new-tab-options")
     await page.click("button:has-text('Create the tab')")
     await page.wait_for_url("**/t/*/")
     tab = await sync_to_async(Tab.objects.select_related("profile").get)()
@@ -64,19 +64,6 @@ async def test_a_profile_is_added_in_settings_and_a_tab_made_from_it(browser, se
         "You review; you never write.\n\n# Instructions from site/AGENTS.md in the workspace"
         "\n\nBuild with `make site`."
     )
-    await shots(page, "profile-tab-prompt")
+    await shots_resized(page, "profile-tab-prompt")
     assert await sync_to_async(Profile.objects.count)() == 1
     live.assert_clean()
-
-
-async def shots(page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    for width in (1280, 375):
-        await page.set_viewport_size({"width": width, "height": 800})
-        for scheme in ("light", "dark"):
-            await page.emulate_media(color_scheme=scheme)
-            await page.screenshot(
-                path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"), animations="disabled"
-            )
-    await page.set_viewport_size({"width": 1280, "height": 800})
-    await page.emulate_media(color_scheme="light")

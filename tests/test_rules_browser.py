@@ -10,13 +10,13 @@ from asgiref.sync import sync_to_async
 from chat.models import PermissionRule, Tab
 from harness.login import session_for
 from tests.live import (
-    ARTIFACTS,
     make_tab,
     make_user,
     open_page,
     rows,
     send_message,
     set_setting,
+    shots_resized,
     synced,
     turn_ended,
 )
@@ -42,7 +42,7 @@ async def test_always_allow_then_the_rule_decides_and_the_pages_show_the_rules(b
     await page.wait_for_selector("#status[data-state=waiting]")
     always = page.locator("#approval .always")
     assert await always.text_content() == "Always allow shell(echo hi) in this tab all my tabs"
-    await shots(page, "rules-approval")
+    await shots_resized(page, "rules-approval")
     await page.click("#approval button[name=always_tab]")
     added = page.locator("#log .kind-rule .sys-text")
     await added.first.wait_for()
@@ -61,7 +61,7 @@ async def test_always_allow_then_the_rule_decides_and_the_pages_show_the_rules(b
     assert (await sync_to_async(Tab.objects.get)(pk=tab.pk)).rules == [
         {"action": "allow", "pattern": "shell(echo hi)"}
     ]
-    await shots(page, "rules-log")
+    await shots_resized(page, "rules-log")
 
     # The menu is the page's, as it was loaded: a reload lists the rule added since.
     await page.reload()
@@ -69,7 +69,7 @@ async def test_always_allow_then_the_rule_decides_and_the_pages_show_the_rules(b
     await page.click("summary[title='Tab menu']")
     await page.click("#tab-rules summary")
     assert "allow shell(echo hi)" in await page.text_content("#tab-rules .tab-rules")
-    await shots(page, "rules-tab-menu")
+    await shots_resized(page, "rules-tab-menu")
 
     await page.goto(server.url + "/account/rules/")
     await page.select_option("#rule-action", "deny")
@@ -77,26 +77,10 @@ async def test_always_allow_then_the_rule_decides_and_the_pages_show_the_rules(b
     await page.click("button:has-text('Add rule')")
     error = await page.text_content("#rule-error")
     assert error == "`shell(git status` opens a parenthesis it does not close."
-    await shots(page, "rules-page-error")
+    await shots_resized(page, "rules-page-error")
     await page.fill("#rule-pattern", "shell(rm *)")
     await page.click("button:has-text('Add rule')")
     await page.wait_for_selector("#rule-list >> text=shell(rm *)")
     assert await sync_to_async(PermissionRule.objects.filter(user=user, action="deny").count)() == 1
-    await shots(page, "rules-page")
+    await shots_resized(page, "rules-page")
     live.assert_clean()
-
-
-async def shots(page, name: str) -> None:
-    """The state at 1280 and 375 px, light and dark (looked at by whoever changes it)."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    for width in (1280, 375):
-        await page.set_viewport_size({"width": width, "height": 800})
-        # The sidebar slides away when the page narrows: shot once it is still.
-        await page.wait_for_function(
-            "document.querySelector('.sidebar').getAnimations().length === 0"
-        )
-        for scheme in ("light", "dark"):
-            await page.emulate_media(color_scheme=scheme)
-            await page.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
-    await page.set_viewport_size({"width": 1280, "height": 800})
-    await page.emulate_media(color_scheme="light")

@@ -21,35 +21,26 @@ from websockets.exceptions import ConnectionClosed
 from chat import worker
 from tests.procs import (
     ROOT,
+    STORY,
+    STORY_LINES,
     Cluster,
     PageSocket,
     assert_page_is_log,
-    require_services,
-    scratch_database,
-    scratch_redis,
     seqs_are_gapless,
     turns_do_not_interleave,
     without_clock,
 )
 
+# One cluster (tests/conftest.py's `cluster`) for this module and test_scaled_events:
+# their tests run on one xdist worker (tests/conftest.py's ONE_WORKER).
 pytestmark = pytest.mark.scaled
 
-# Tokens per second of the offline model in the workers: a plain reply (~120
-# tokens) takes about two and a half seconds.
-PACE = 50.0
 # A recovery scan runs on every worker each SCAN_SECONDS, and a dead pid on this
 # host is recovered at the next one. The slack covers the scan's own queries and
 # a busy two-core machine. (On another host the lease must first go stale:
 # LEASE_STALE_SECONDS + SCAN_SECONDS, about 20 s; see the README.)
 RECOVERY_SLACK = 5.0
 RECOVERY_BOUND = worker.SCAN_SECONDS + RECOVERY_SLACK
-# The tests that kill or stop something mid-text ask the offline model to read
-# this workspace file: its second step quotes the lines back in one text chunk of
-# about 160 tokens (three seconds at PACE), so whatever is killed once that chunk
-# has begun dies in the middle of it, even on a busy machine.
-STORY = "story.txt"
-STORY_LINES = 6
-STORY_WORDS_PER_LINE = 25
 STORY_MESSAGE = f"read {STORY}"
 # How the quoting text chunk begins, to tell it from the first step's text.
 STORY_TEXT_START = f"`{STORY}` is {STORY_LINES} lines long."
@@ -81,29 +72,6 @@ for i in range({appends}):
     data = {{"kind": "notice", "text": f"{name} {{i}}"}}
     log.append(uuid.UUID({tab!r}), [Block(uuid.uuid4(), None, 0, "system", "system", data)])
 """
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    require_services()
-    with scratch_database() as database_url, scratch_redis() as redis_url:
-        cluster = Cluster(database_url, redis_url, tmp_path_factory.mktemp("scaled"), PACE)
-        try:
-            cluster.manage("migrate", "--noinput", "-v", "0")
-            story = "\n".join(
-                " ".join(f"w{line}.{i}" for i in range(STORY_WORDS_PER_LINE))
-                for line in range(STORY_LINES)
-            )
-            cluster.start_web("a")
-            cluster.start_web("b")
-            cluster.start_worker("w1")
-            cluster.start_worker("w2")
-            cluster.login()
-            (cluster.user_workspace() / STORY).write_text(story + "\n")
-            cluster.wait_ready()
-            yield cluster
-        finally:
-            cluster.stop()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """GET /api/v1/tabs/<id>/events in scaled mode: an API client's server-sent events from
-the web processes of tests/test_scaled.py's cluster (two daphne web processes, two
-`manage.py runworker` processes, PostgreSQL and Redis), while the turn runs on a worker.
+the web processes of tests/test_scaled.py's cluster, the same one (tests/conftest.py: two
+daphne web processes, two `manage.py runworker` processes, PostgreSQL and Redis), while
+the turn runs on a worker.
 
 The stream is read as an API client reads it: over HTTP with a Bearer token, its
 events parsed by httpx2's EventSource, a reconnect carrying the last event's id.
@@ -27,10 +28,9 @@ from tests.test_scaled import (
     quoting,
 )
 
+# test_scaled's cluster (tests/conftest.py), on the same xdist worker.
 pytestmark = pytest.mark.scaled
 
-# test_scaled's fixtures: this module gets its own cluster, started and stopped the same way.
-cluster = test_scaled.cluster
 live = test_scaled.live
 
 # The user tests/procs.py's Cluster.login creates.

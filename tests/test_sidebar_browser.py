@@ -11,7 +11,6 @@ Screenshots of the sidebar with a waiting tab: test-artifacts/ and /tmp/shots/si
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,12 +20,13 @@ from django.utils import timezone
 from chat.models import Wake, WakeRun
 from harness.login import session_for
 from tests.live import (
-    ARTIFACTS,
+    SHOTS,
     anthropic_env,
     anthropic_reply,
     make_tab,
     make_user,
     open_page,
+    screenshot,
     set_setting,
     synced,
     turn_ended,
@@ -39,7 +39,6 @@ pytestmark = [
 ]
 
 MODEL = "anthropic/claude-sonnet-4-5"
-SHOTS = Path("/tmp/shots/sidebar")
 
 # Every `new Notification` a page makes (title, body, tag, and the object, whose onclick
 # the test calls: a headless browser shows no notification to click), and the page's
@@ -75,22 +74,19 @@ def shell_call(call_id: str) -> Any:
 
 async def shots(page: Any, name: str) -> None:
     """The sidebar at 1280 and 375 px (opened: on a phone it slides in), light and dark."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    if not SHOTS:
+        return
     await page.emulate_media(reduced_motion="reduce")
     for width in (1280, 375):
         await page.set_viewport_size({"width": width, "height": 700})
         if width < 760:
             for scheme in ("light", "dark"):
                 await page.emulate_media(color_scheme=scheme)
-                for folder in (ARTIFACTS, SHOTS):
-                    path = folder / f"{name}-{width}-folded-{scheme}.png"
-                    await page.screenshot(path=str(path))
+                await screenshot(page, f"{name}-{width}-folded-{scheme}")
             await page.evaluate("document.getElementById('nav-toggle').checked = true")
         for scheme in ("light", "dark"):
             await page.emulate_media(color_scheme=scheme)
-            for folder in (ARTIFACTS, SHOTS):
-                await page.screenshot(path=str(folder / f"{name}-{width}-{scheme}.png"))
+            await screenshot(page, f"{name}-{width}-{scheme}")
     await page.evaluate("document.getElementById('nav-toggle').checked = false")
     await page.set_viewport_size({"width": 1280, "height": 800})
     await page.emulate_media(color_scheme="light")

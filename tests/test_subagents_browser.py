@@ -14,15 +14,16 @@ from asgiref.sync import sync_to_async
 from chat.models import Tab
 from harness.login import session_for
 from tests.live import (
-    ARTIFACTS,
     anthropic_env,
     anthropic_reply,
     make_tab,
     make_user,
     open_page,
     rows,
+    screenshot,
     send_message,
     set_setting,
+    shots_resized,
     synced,
     turn_ended,
 )
@@ -77,7 +78,7 @@ async def test_a_turn_spawns_a_child_whose_status_and_result_the_parent_shows(
     # The step follows the child live: it moves on without a reload.
     await card.locator(".child-step", has_text="step 1").wait_for()
     assert await page.locator("#status .child-status").inner_text() == "sub-agent running"
-    await shots(page, "subagent-running")
+    await shots_resized(page, "subagent-running")
 
     link = page.locator("#log .child-link")
     await link.wait_for(state="visible")
@@ -86,7 +87,7 @@ async def test_a_turn_spawns_a_child_whose_status_and_result_the_parent_shows(
     await turn_ended(tab.id)
     assert not await card.is_visible()
     assert await page.locator("#status .child-status").count() == 0
-    await page.screenshot(path=str(ARTIFACTS / "subagent-done-1280.png"))
+    await screenshot(page, "subagent-done-1280")
     log = await sync_to_async(rows)(tab.id)
     result = next(c for c in log if c.type == "tool_result")
     assert result.data["result"].startswith("The workspace is empty.\n\n")
@@ -137,7 +138,7 @@ async def test_a_childs_approval_is_answered_in_the_parent_tab(browser, serve, f
     await card.locator(".child-state", has_text="waiting for approval").wait_for()
     assert "asks to run write_file" in await card.inner_text()
     assert await page.locator("#status .child-status").inner_text() == "sub-agent asks approval"
-    await shots(page, "subagent-approval")
+    await shots_resized(page, "subagent-approval")
     # A page opened while the child waits learns of it from the parent's runner.
     await page.reload()
     await synced(page)
@@ -159,19 +160,3 @@ async def test_a_childs_approval_is_answered_in_the_parent_tab(browser, serve, f
 def child_of(parent_id: uuid.UUID, call_id: str) -> uuid.UUID:
     """The child tab that call of the parent made (found, however its id is derived)."""
     return Tab.objects.get(parent_tab_id=parent_id, parent_call_id=call_id).pk
-
-
-async def shots(page, name: str) -> None:
-    """The state at 1280 and 375 px, light and dark (looked at by whoever changes it)."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for width in (1280, 375):
-        await page.set_viewport_size({"width": width, "height": 800})
-        # The sidebar slides away when the page narrows: shot once it is still.
-        await page.wait_for_function(
-            "document.querySelector('.sidebar').getAnimations().length === 0"
-        )
-        for scheme in ("light", "dark"):
-            await page.emulate_media(color_scheme=scheme)
-            await page.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
-    await page.set_viewport_size({"width": 1280, "height": 800})
-    await page.emulate_media(color_scheme="light")

@@ -9,7 +9,7 @@ from asgiref.sync import sync_to_async
 from chat.models import Tab
 from chat.preferences import DEFAULT_SYSTEM_PROMPT, new_tab
 from harness.login import session_for
-from tests.live import ARTIFACTS, make_user, open_page, send_message, synced
+from tests.live import make_user, open_page, send_message, shots_resized, synced
 
 pytestmark = [
     pytest.mark.browser,
@@ -31,7 +31,7 @@ async def test_a_new_tabs_prompt_is_edited_then_frozen_by_the_first_message(brow
     await editor.locator("summary").click()
     assert await page.input_value("#sysprompt-text") == DEFAULT_SYSTEM_PROMPT
     await page.fill("#sysprompt-text", "You answer in one short sentence.")
-    await shots(page, "sysprompt-editing")
+    await shots_resized(page, "sysprompt-editing")
     await editor.locator("button", has_text="Save prompt").click()
     await page.wait_for_selector(".messages >> text=Saved this tab's system prompt.")
     assert (await sync_to_async(Tab.objects.get)(pk=tab.pk)).system_prompt == (
@@ -49,17 +49,5 @@ async def test_a_new_tabs_prompt_is_edited_then_frozen_by_the_first_message(brow
     await view.locator("summary").click()
     assert await view.locator("pre").text_content() == "You answer in one short sentence."
     assert "Fixed once the first message is sent" in await view.text_content()
-    await shots(page, "sysprompt-frozen")
+    await shots_resized(page, "sysprompt-frozen")
     live.assert_clean()
-
-
-async def shots(page, name: str) -> None:
-    """The state at 1280 and 375 px, light and dark (looked at by whoever changes it)."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    for width in (1280, 375):
-        await page.set_viewport_size({"width": width, "height": 800})
-        for scheme in ("light", "dark"):
-            await page.emulate_media(color_scheme=scheme)
-            await page.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
-    await page.set_viewport_size({"width": 1280, "height": 800})
-    await page.emulate_media(color_scheme="light")

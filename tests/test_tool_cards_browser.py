@@ -12,7 +12,6 @@ Screenshots of each state at 1280 and 375 px, light and dark, go to test-artifac
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -22,15 +21,16 @@ from chat.stream import Kind
 from chat.tools.shell import OUTPUT_HEAD
 from harness.login import session_for
 from tests.live import (
-    ARTIFACTS,
     anthropic_env,
     anthropic_reply,
     make_tab,
     make_user,
     open_page,
     rows,
+    screenshot,
     send_message,
     set_setting,
+    shots,
     synced,
     turn_ended,
 )
@@ -141,7 +141,7 @@ async def test_a_silent_command_shows_it_runs_then_its_output_counted_expanded_a
     assert response.headers["content-type"] == "text/plain; charset=utf-8"
     assert response.headers["x-content-type-options"] == "nosniff"
     await view.set_viewport_size({"width": 1280, "height": 800})
-    await view.screenshot(path=str(ARTIFACTS / "tool-full-view-1280.png"))
+    await screenshot(view, "tool-full-view-1280")
     await view.close()
 
     # Past the shell's cap: the card says how much of the output was cut.
@@ -165,13 +165,3 @@ async def test_a_silent_command_shows_it_runs_then_its_output_counted_expanded_a
     await shots(page, phone.page, "tool-cut")
     live.assert_clean()
     phone.assert_clean()
-
-
-async def shots(page: Any, phone: Any, name: str) -> None:
-    """The state at 1280 px (the desktop page) and 375 px (the phone), light and dark."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    for target, width in ((page, 1280), (phone, 375)):
-        for scheme in ("light", "dark"):
-            await target.emulate_media(color_scheme=scheme)
-            await target.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
-        await target.emulate_media(color_scheme="light")

@@ -9,21 +9,19 @@ replies report input, output, cache read and cache write tokens. Screenshots at 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from asgiref.sync import sync_to_async
 
 from harness.fakeprovider import Reply
 from harness.login import session_for
 from tests.live import (
-    ARTIFACTS,
     anthropic_env,
     anthropic_reply,
     make_tab,
     make_user,
     open_page,
     send_message,
+    shots,
     synced,
     turn_ended,
 )
@@ -76,16 +74,6 @@ def usage_reply(text: str, tokens: dict[str, int]) -> Reply:
     return reply
 
 
-async def shots(page: Any, name: str, *, phone: Any) -> None:
-    """The state at 1280 px (`page`) and 375 px (`phone`, a touch phone), light and dark."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    for target, width in ((page, 1280), (phone, 375)):
-        for scheme in ("light", "dark"):
-            await target.emulate_media(color_scheme=scheme)
-            await target.screenshot(path=str(ARTIFACTS / f"{name}-{width}-{scheme}.png"))
-        await target.emulate_media(color_scheme="light")
-
-
 async def test_a_turns_tokens_and_cost_show_live_and_survive_a_reload(browser, serve, fake_server):
     fake_server.add(usage_reply(*FIRST), usage_reply(*SECOND))
     server = await serve(**anthropic_env(fake_server))
@@ -123,7 +111,7 @@ async def test_a_turns_tokens_and_cost_show_live_and_survive_a_reload(browser, s
         browser, server, f"/t/{tab.id}/", session=session, width=375, mobile=True
     )
     await synced(phone.page)
-    await shots(page, "usage-live", phone=phone.page)
+    await shots(page, phone.page, "usage-live")
 
     await page.reload()
     await synced(page)
@@ -132,7 +120,7 @@ async def test_a_turns_tokens_and_cost_show_live_and_survive_a_reload(browser, s
     title = await page.locator("#tab-usage").get_attribute("title")
     assert title.startswith("This tab: input 280 (uncached) · cache read 960 · cache write 1,160")
     await page.locator(f"#{shown[0]['id']} > summary").click()
-    await shots(page, "usage-reloaded", phone=phone.page)
+    await shots(page, phone.page, "usage-reloaded")
     # On a phone the totals take a line of their own under the title, which keeps its room.
     assert await phone.page.locator("#tab-usage").inner_text() == TOTALS
     title_box = await phone.page.locator("#tab-title").bounding_box()
@@ -149,6 +137,6 @@ async def test_a_turns_tokens_and_cost_show_live_and_survive_a_reload(browser, s
     await phone.page.goto(f"{server.url}/settings/#usage")
     await phone.page.locator("#usage").scroll_into_view_if_needed()
     await page.locator("#usage").scroll_into_view_if_needed()
-    await shots(page, "usage-settings", phone=phone.page)
+    await shots(page, phone.page, "usage-settings")
     live.assert_clean()
     phone.assert_clean()

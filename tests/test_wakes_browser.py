@@ -10,8 +10,7 @@ from asgiref.sync import sync_to_async
 
 from chat.models import WakeRun
 from harness.login import session_for
-from tests.live import make_tab, make_user, open_page, rows, turn_ended, until
-from tests.test_rules_browser import shots
+from tests.live import make_tab, make_user, open_page, rows, shots_resized, turn_ended, until
 
 pytestmark = [
     pytest.mark.browser,
@@ -42,7 +41,7 @@ async def test_a_wake_made_on_the_page_fires_and_its_turn_shows_the_badge(browse
     await page.click("button:has-text('Add wake')")
     error = await page.text_content("#id_timezone-error")
     assert error.startswith("Unknown time zone 'Mars/Olympus'")
-    await shots(page, "wakes-form-error")
+    await shots_resized(page, "wakes-form-error")
 
     due = (datetime.now(UTC) + FIRES_IN).replace(microsecond=0)
     await page.fill("#id_once_at", due.strftime("%Y-%m-%dT%H:%M:%S"))
@@ -63,12 +62,12 @@ async def test_a_wake_made_on_the_page_fires_and_its_turn_shows_the_badge(browse
     assert (await badge.text_content()).strip() == f"hello wake · {due:%Y-%m-%d %H:%M} UTC"
     logged = await sync_to_async(rows)(tab.pk)
     assert logged[0].data["text"] == "Say hello" and len(logged) >= 2
-    await shots(page, "wakes-badge")
+    await shots_resized(page, "wakes-badge")
 
     await page.goto(server.url + "/wakes/")
     await page.click(".wake-runs summary")
     assert await page.text_content(".wake-runs .badge") == "submitted"
     assert await page.get_attribute(".wake-runs a", "href") == f"/t/{tab.pk}/"
     assert await page.text_content(".wake-next") == "never"
-    await shots(page, "wakes-page")
+    await shots_resized(page, "wakes-page")
     live.assert_clean()
