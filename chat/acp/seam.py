@@ -58,6 +58,8 @@ class AgentSession(Protocol):
     supports_load: bool
     # True when this session was restored by `session/load` (else new: context lost).
     restored: bool
+    # Whether the agent's prompt takes image blocks (its promptCapabilities.image).
+    images: bool
 
     async def prompt(self, blocks: list[object], handler: Handler) -> PromptResponse:
         """Send `session/prompt` with these content blocks; updates and permission
