@@ -239,7 +239,9 @@ TABLE: list[tuple[str, list[object], list[Event]]] = [
 ]
 
 
-@pytest.mark.parametrize(("updates", "events"), [row[1:] for row in TABLE], ids=[r[0] for r in TABLE])
+@pytest.mark.parametrize(
+    ("updates", "events"), [row[1:] for row in TABLE], ids=[r[0] for r in TABLE]
+)
 def test_each_update_kind(updates: list[object], events: list[Event]) -> None:
     assert feed(*updates) == events
 
@@ -308,9 +310,7 @@ CLAUDE_OPTIONS = [
 ]
 CODEX_OPTIONS = [
     PermissionOption(option_id="approved", name="Yes", kind="allow_once"),
-    PermissionOption(
-        option_id="approved-execpolicy-amendment", name="Always", kind="allow_always"
-    ),
+    PermissionOption(option_id="approved-execpolicy-amendment", name="Always", kind="allow_always"),
     PermissionOption(option_id="abort", name="No", kind="reject_once"),
 ]
 

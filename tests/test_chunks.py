@@ -23,8 +23,8 @@ from chat.chunks import (
 )
 from chat.providers.base import (
     ErrorEvent,
-    PlanEvent,
     Finish,
+    PlanEvent,
     ReasoningDelta,
     ReasoningEnd,
     ShellOutput,

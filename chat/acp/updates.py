@@ -117,7 +117,7 @@ class Updates:
     _calls: dict[str, _Call] = field(default_factory=dict)
     _spent: int = 0
     _over_budget: bool = False
-    _plan: tuple[tuple[tuple[str, str], ...], int] | None = None
+    _plan: tuple[tuple[tuple[tuple[str, str], ...], ...], int] | None = None
     # usage_update's: tokens in the agent's context and its window; the cost so far.
     context: tuple[int, int] | None = None
     cost: tuple[float, str] | None = None
@@ -266,7 +266,7 @@ class Updates:
     # --- plan -----------------------------------------------------------------------
 
     def _revise(self, entries: Sequence[Any]) -> list[Event]:
-        kept = tuple(
+        kept: tuple[tuple[tuple[str, str], ...], ...] = tuple(
             (
                 ("content", str(entry.content)[:PLAN_ENTRY_CHARS]),
                 ("status", str(entry.status)),
