@@ -88,6 +88,8 @@ class FakeAgent:
                 self.answers.append(await handler.permission(tool_call, step.options))
             elif step == HANG:
                 await asyncio.Event().wait()
+            elif isinstance(step, asyncio.Event):
+                await step.wait()
             elif isinstance(step, AgentError):
                 raise step
             elif isinstance(step, PromptResponse):
@@ -451,3 +453,44 @@ async def test_the_picker_and_the_api_know_configured_agents_only(agent, client)
     assert (
         "No agent “nope” is configured. Configured: acp/fake." in refused.json()["error"]["message"]
     )
+
+
+async def test_a_mid_turn_message_goes_to_the_agent_at_its_next_prompt(agent):
+    release = asyncio.Event()
+    fake = FakeAgent([say("Working."), release, say("Done.")], [say("Noted.")])
+    agent(fake)
+    async with running_worker():
+        tab = await agent_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "first")
+            await watcher.until(lambda m: m["op"] == "open")
+            await submit(tab, "also this")
+            release.set()
+            await watcher.until(
+                lambda m: m["op"] == "seal" and m["block"]["data"].get("text") == "Noted."
+            )
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert [(r.role, r.data["text"]) for r in rows] == [
+        ("user", "first"),
+        ("assistant", "Working.Done."),
+        ("user", "also this"),
+        ("assistant", "Noted."),
+    ]
+    assert [[b.text for b in blocks] for blocks in fake.prompts] == [["first"], ["also this"]]
+
+
+async def test_startup_takes_a_configured_agent_as_the_default_model_never_as_a_fallback(
+    agent, settings
+):
+    from chat import startup
+
+    agent()
+    settings.DISPATCH_MODEL, settings.DISPATCH_FALLBACK_MODEL = "acp/fake", ""
+    assert startup._model_problems() == []
+    settings.DISPATCH_MODEL, settings.DISPATCH_FALLBACK_MODEL = "acp/nope", "acp/fake"
+    assert startup._model_problems() == [
+        "DISPATCH_MODEL='acp/nope': no agent 'nope' is configured (DISPATCH_ACP_AGENTS, or a "
+        "preset found on PATH).",
+        "DISPATCH_FALLBACK_MODEL='acp/fake': an external agent cannot be a fallback.",
+    ]

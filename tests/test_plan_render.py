@@ -73,3 +73,11 @@ def test_history_sends_no_plan():
         ("assistant", ["done"]),
         ("user", ["next"]),
     ]
+
+
+def test_an_export_shows_a_plan_as_a_task_list():
+    from chat.transfer import markdown_chunk
+
+    assert markdown_chunk(plan("completed", "in_progress", "pending")) == (
+        "**Plan**\n\n- [x] step 0\n- [ ] step 1 *(in progress)*\n- [ ] step 2\n\n"
+    )
