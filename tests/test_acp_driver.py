@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,14 @@ class FakeAgent:
     """An AgentSession double: each prompt plays the next script (updates, Ask, HANG, an
     AgentError, a PromptResponse or a callable of the agent making one)."""
 
-    def __init__(self, *scripts: list[Any], restored: bool = False, images: bool = False):
+    def __init__(
+        self,
+        *scripts: list[Any],
+        restored: bool = False,
+        images: bool = False,
+        cancel_hangs: bool = False,
+    ):
+        self.cancel_hangs = cancel_hangs
         self.session_id = "s-1"
         self.supports_load = True
         self.restored = restored
@@ -102,6 +110,8 @@ class FakeAgent:
 
     async def cancel(self) -> None:
         self.cancelled.set()
+        if self.cancel_hangs:
+            await asyncio.Event().wait()
 
     def stderr_tail(self) -> str:
         return ""
@@ -494,3 +504,41 @@ async def test_startup_takes_a_configured_agent_as_the_default_model_never_as_a_
         "preset found on PATH).",
         "DISPATCH_FALLBACK_MODEL='acp/fake': an external agent cannot be a fallback.",
     ]
+
+
+async def test_an_agent_that_does_not_confirm_the_cancel_is_closed_and_the_turn_ends(agent):
+    stuck = FakeAgent([say("busy"), HANG], cancel_hangs=True)
+    after = FakeAgent([say("fresh")], restored=True)
+    starts = agent(stuck, after)
+    async with running_worker():
+        tab = await agent_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "loop")
+            await watcher.until(lambda m: m["op"] == "open")
+            stopped_at = time.monotonic()
+            await database_sync_to_async(turns.cancel)(tab.pk)
+            await watcher.until_idle()
+            took = time.monotonic() - stopped_at
+        await run(tab, "again")
+    assert stuck.cancelled.is_set() and took < 2.0
+    assert stuck.closed and len(starts) == 2
+    rows = await chunks(tab.pk)
+    assert [r.data.get("kind") for r in rows if r.type == "system"] == ["cancelled"]
+
+
+async def test_an_idle_session_is_closed_and_a_busy_one_kept(agent):
+    pool = acp.Sessions()
+    idle, busy = FakeAgent(), FakeAgent()
+    a, b = uuid.uuid4(), uuid.uuid4()
+    pool.keep(a, "fake", idle)
+    pool.keep(b, "fake", busy)
+    pool.release(a)
+    now = asyncio.get_running_loop().time()
+    await pool.close_idle(now + acp.ACP_IDLE_SECONDS - 1)
+    assert not idle.closed
+    await pool.close_idle(now + acp.ACP_IDLE_SECONDS + 1)
+    assert idle.closed and not busy.closed
+    assert pool.take(a, "fake") is None and pool.take(b, "other") is None
+    assert pool.take(b, "fake") is busy
+    await pool.close_all()
+    assert busy.closed

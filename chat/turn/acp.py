@@ -118,6 +118,8 @@ class Sessions:
     def __init__(self) -> None:
         self.entries: dict[uuid.UUID, _Entry] = {}
         self.sweeper: asyncio.Task[None] | None = None
+        # Sessions closing in the background (a Stop the agent did not confirm).
+        self.closing: set[asyncio.Task[None]] = set()
 
     def take(self, tab_id: uuid.UUID, agent: str) -> AgentSession | None:
         entry = self.entries.get(tab_id)
@@ -138,10 +140,18 @@ class Sessions:
             entry.busy = False
             entry.last_used = asyncio.get_running_loop().time()
 
-    async def drop(self, tab_id: uuid.UUID) -> None:
+    async def drop(self, tab_id: uuid.UUID, *, wait: bool = True) -> None:
+        """Forget the tab's session and close it (`wait` False: in the background, for a
+        turn that must end now)."""
         entry = self.entries.pop(tab_id, None)
-        if entry is not None:
+        if entry is None:
+            return
+        if wait:
             await _close(entry.session)
+            return
+        closing = asyncio.get_running_loop().create_task(_close(entry.session))
+        self.closing.add(closing)
+        closing.add_done_callback(self.closing.discard)
 
     async def close_idle(self, now: float) -> None:
         for tab_id, entry in list(self.entries.items()):
@@ -153,7 +163,7 @@ class Sessions:
         entries, self.entries = list(self.entries.values()), {}
         if self.sweeper is not None:
             self.sweeper.cancel()
-        await asyncio.gather(*(_close(e.session) for e in entries))
+        await asyncio.gather(*(_close(e.session) for e in entries), *self.closing)
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
@@ -288,10 +298,9 @@ class AcpDriver:
         except AgentError as exc:
             await sessions().drop(state.tab_id)
             await self._error(str(exc))
-        except TurnCancelled:
-            sessions().release(state.tab_id)
-            raise
-        else:
+        finally:
+            # However the turn ends, the session may be closed once idle (a dropped one
+            # is gone already).
             sessions().release(state.tab_id)
 
     async def _error(self, message: str) -> None:
@@ -409,9 +418,11 @@ class AcpDriver:
         """Stop: `session/cancel` (the agent and what it started stop), within a second."""
         try:
             await asyncio.wait_for(session.cancel(), CANCEL_WAIT_SECONDS)
-        except (TimeoutError, AgentError):
+        except Exception:
+            # Timed out, died, or broke: the turn ends cancelled all the same, and this
+            # agent is not reused.
             logger.warning("tab %s: the agent did not confirm the cancel", self.state.tab_id)
-            await sessions().drop(self.state.tab_id)
+            await sessions().drop(self.state.tab_id, wait=False)
 
     async def _finished(self, response: PromptResponse, mapper: updates.Updates) -> None:
         """The prompt's usage, and what its stop reason says."""
