@@ -389,6 +389,28 @@ def test_a_frame_is_capped_and_the_prompt_budget_ends_with_one_notice() -> None:
     assert mapper.feed(text("agent_message_chunk", "more")) == []
 
 
+def test_calls_past_the_cap_are_left_out_with_one_notice(monkeypatch) -> None:
+    monkeypatch.setattr(u, "CALLS_MAX", 2)
+    mapper = Updates()
+    events: list[Event] = []
+    for n in range(4):
+        events += mapper.feed(start(f"c{n}", kind="execute", rawInput={"command": f"e {n}"}))
+        events += mapper.feed(progress(f"c{n}", status="completed", content=out("ok")))
+    assert [type(e).__name__ for e in events] == [
+        "ToolCallEvent",
+        "ToolResultEvent",
+        "ToolCallEvent",
+        "ToolResultEvent",
+        "SystemEvent",
+    ]
+    # A permission asked for one of them is still judged by what it asks.
+    asked = ToolCallUpdate.model_validate(
+        {"toolCallId": "c9", "kind": "execute", "rawInput": {"command": "rm -rf /"}}
+    )
+    assert mapper.call(asked) == ([], "c9", "shell", {"command": "rm -rf /"})
+    assert mapper.finish() == []
+
+
 def test_a_plan_is_capped() -> None:
     (event,) = feed(plan(*[("x" * 5000, "pending")] * (u.PLAN_MAX_ENTRIES + 3)))
     assert isinstance(event, PlanEvent)

@@ -20,7 +20,8 @@ FRAME_MAX_CHARS of text, a prompt's text, thinking and live output together at m
 PROMPT_BUDGET_CHARS (past it, one notice and nothing more streams), a call's live output
 at most CALL_OUTPUT_MAX_CHARS, its stored input at most INPUT_MAX_CHARS of JSON (a
 `rawInput` re-sent with every update is read once the call is emitted, never again), its
-result at most RESULT_MAX_CHARS (head and tail), a plan PLAN_MAX_ENTRIES entries.
+result at most RESULT_MAX_CHARS (head and tail), a prompt CALLS_MAX calls, a plan
+PLAN_MAX_ENTRIES entries.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ INPUT_MAX_CHARS: Final = 16 * 1024
 INPUT_STRING_CHARS: Final = 2 * 1024
 # A call's result: its head and tail kept, as the shell keeps its output's.
 RESULT_MAX_CHARS: Final = 64 * 1024
+# The calls of one prompt the log shows: past it, one notice (an agent gone round in circles).
+CALLS_MAX: Final = 1000
 PLAN_MAX_ENTRIES: Final = 100
 PLAN_ENTRY_CHARS: Final = 1000
 
@@ -89,6 +92,9 @@ _DONE: Final = frozenset({"completed", "failed"})
 BUDGET_NOTICE: Final = (
     "The agent's output passed {chars} characters in this turn: the rest of its text and "
     "live output is left out of the log."
+)
+CALLS_NOTICE: Final = (
+    "The agent made more than {count} tool calls in this turn: the rest are left out of the log."
 )
 NO_RESULT: Final = "The agent reported no result for this call."
 EMPTY_RESULT: Final = "(no output)"
@@ -117,6 +123,7 @@ class Updates:
     _calls: dict[str, _Call] = field(default_factory=dict)
     _spent: int = 0
     _over_budget: bool = False
+    _calls_over: bool = False
     _plan: tuple[tuple[tuple[tuple[str, str], ...], ...], int] | None = None
     # usage_update's: tokens in the agent's context and its window; the cost so far.
     context: tuple[int, int] | None = None
@@ -169,11 +176,19 @@ class Updates:
 
     # --- tool calls -----------------------------------------------------------------
 
-    def _call(self, call_id: str) -> _Call:
+    def _call(self, call_id: str) -> _Call | None:
+        """The call of this id, tracked from its first update; None past CALLS_MAX."""
         call = self._calls.get(call_id)
-        if call is None:
+        if call is None and len(self._calls) < CALLS_MAX:
             call = self._calls[call_id] = _Call(call_id)
         return call
+
+    def _too_many(self) -> list[Event]:
+        """A call past the cap: left out, and the log says so once."""
+        if self._calls_over:
+            return []
+        self._calls_over = True
+        return [SystemEvent(SystemKind.NOTICE, CALLS_NOTICE.format(count=CALLS_MAX))]
 
     def _merge(self, call: _Call, update: ToolCallStart | ToolCallUpdate) -> None:
         """What an update says of a call not yet emitted: it is updated in place."""
@@ -189,6 +204,8 @@ class Updates:
 
     def _start(self, update: ToolCallStart) -> list[Event]:
         call = self._call(update.tool_call_id)
+        if call is None:
+            return self._too_many()
         if call.emitted:
             # Sent again once running (Claude Code): what it adds is an update's.
             return self._running(call, update.status, update.content, update.raw_output)
@@ -199,6 +216,8 @@ class Updates:
 
     def _progress(self, update: ToolCallUpdate) -> list[Event]:
         call = self._call(update.tool_call_id)
+        if call is None:
+            return self._too_many()
         events: list[Event] = []
         if not call.emitted:
             self._merge(call, update)
@@ -213,6 +232,12 @@ class Updates:
         """A permission request's call: emitted now if it was not (the approval's card
         must be on the page), with its id, name and arguments for the rules."""
         call = self._call(tool_call.tool_call_id)
+        if call is None:
+            # Past the cap: judged all the same (by what it asks), never shown.
+            call = _Call(tool_call.tool_call_id)
+            self._merge(call, tool_call)
+            call.name, call.arguments = _identity(call)
+            return self._too_many(), call.call_id, call.name, call.arguments
         events: list[Event] = []
         if not call.emitted:
             self._merge(call, tool_call)
