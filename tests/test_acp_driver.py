@@ -26,7 +26,7 @@ from channels.db import database_sync_to_async
 from chat import turns
 from chat.acp import config as acp_config
 from chat.acp.seam import AgentConfig, AgentError
-from chat.models import Setting, Tab, UsageRecord
+from chat.models import RunningTurn, Setting, Tab, UsageRecord
 from chat.turn import acp
 from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 
@@ -542,3 +542,25 @@ async def test_an_idle_session_is_closed_and_a_busy_one_kept(agent):
     assert pool.take(b, "fake") is busy
     await pool.close_all()
     assert busy.closed
+
+
+async def test_a_regenerated_branch_starts_a_fresh_agent_on_the_question_again(agent):
+    first = FakeAgent([say("One answer.")])
+    second = FakeAgent([say("Another answer.")])
+    starts = agent(first, second)
+    async with running_worker():
+        tab = await agent_tab()
+        await run(tab, "a question")
+        rows = await chunks(tab.pk)
+        branched = await database_sync_to_async(turns.regenerate)(tab, rows[-1].seq)
+        child = branched.tab.pk
+        async with asyncio.timeout(10):  # the branch's own turn: answered, its lease released
+            while not (
+                any(r.role == "assistant" for r in await chunks(child))
+                and not await RunningTurn.objects.filter(tab_id=child).aexists()
+            ):
+                await asyncio.sleep(0.02)
+    assert [s.resume for s in starts] == [None, None]
+    assert [[b.text for b in blocks] for blocks in second.prompts] == [["a question"]]
+    answers = [r.data.get("text") for r in await chunks(branched.tab.pk) if r.role == "assistant"]
+    assert answers == ["Another answer."]

@@ -36,6 +36,7 @@ from chat.chunks import Kind, Role, SystemKind, UserText
 from chat.models import Chunk, Tab
 from chat.providers.base import Event, upload_path
 from chat.tools import files, gitrepo, workdir
+from chat.tools.base import ToolError
 from chat.turn import lease
 from chat.turn.calls import Approvals, Gate, Repeats, gate, read_rules
 from chat.turn.ending import NOT_RUN_ERROR, End, Ending, end_ops
@@ -319,7 +320,10 @@ class AcpDriver:
         await pool.drop(state.tab_id)  # another agent's, since the model changed
         kept = tab.acp_session if isinstance(tab.acp_session, dict) else {}
         resume = kept.get("session_id") if kept.get("agent") == config.name else None
-        root = await asyncio.to_thread(workdir.ensure, state.workspace, state.cwd)
+        try:
+            root = await asyncio.to_thread(workdir.ensure, state.workspace, state.cwd)
+        except ToolError as exc:
+            raise AgentError(f"The agent cannot start in this tab's folder: {exc}") from exc
         home = home_of(state.owner_id, config.name)
         started: list[AgentSession] = []
 
@@ -354,10 +358,13 @@ class AcpDriver:
         return blocks
 
     def _messages(self) -> list[UserText]:
+        """This turn's messages; a turn with none of its own (a rerun: a regenerated or
+        retried branch) answers the tab's last one again."""
         state = self.state
-        rows = Chunk.objects.filter(
-            tab_id=state.tab_id, turn_id=state.turn_id, role=Role.USER, type=Kind.TEXT
-        ).order_by("seq")
+        users = Chunk.objects.filter(tab_id=state.tab_id, role=Role.USER, type=Kind.TEXT)
+        rows = list(users.filter(turn_id=state.turn_id).order_by("seq"))
+        if not rows:
+            rows = list(users.order_by("-seq")[:1])
         return [cast(UserText, row.data) for row in rows]
 
     async def _file(self, session: AgentSession, ref: Any) -> object:
