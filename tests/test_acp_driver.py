@@ -564,3 +564,19 @@ async def test_a_regenerated_branch_starts_a_fresh_agent_on_the_question_again(a
     assert [[b.text for b in blocks] for blocks in second.prompts] == [["a question"]]
     answers = [r.data.get("text") for r in await chunks(branched.tab.pk) if r.role == "assistant"]
     assert answers == ["Another answer."]
+
+
+async def test_settings_changed_during_an_agent_turn_are_said_at_its_end(agent):
+    release = asyncio.Event()
+    agent(FakeAgent([say("Working."), release, say("Done.")]))
+    async with running_worker():
+        tab = await agent_tab(approve_tools=False)
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(lambda m: m["op"] == "open")
+            await Setting.objects.aupdate_or_create(key="approve_tools", defaults={"value": True})
+            release.set()
+            await watcher.until_idle()
+    rows = await chunks(tab.pk)
+    assert kinds(rows)[-1] == "system/system"
+    assert rows[-1].data == {"kind": "config-reload", "text": "Settings changed: tool approval on."}

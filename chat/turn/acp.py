@@ -42,7 +42,7 @@ from chat.turn.calls import Approvals, Gate, Repeats, gate, read_rules
 from chat.turn.ending import NOT_RUN_ERROR, End, Ending, end_ops
 from chat.turn.messages import Messages
 from chat.turn.outbox import Outbox
-from chat.turn.state import TurnCancelled, TurnState
+from chat.turn.state import TurnCancelled, TurnConfig, TurnState
 from chat.turn.step import STOP_NOTICES, Stepper
 
 # The ACP SDK (its schema: half a second of pydantic models) is imported by the turns that
@@ -303,6 +303,19 @@ class AcpDriver:
             # However the turn ends, the session may be closed once idle (a dropped one
             # is gone already).
             sessions().release(state.tab_id)
+        await self._reload_if_changed()
+
+    async def _reload_if_changed(self) -> None:
+        """Settings changed during the turn: said at its end, as ProviderDriver says it
+        (the idle-tab notice skips a tab whose turn runs)."""
+        state = self.state
+        tab = await Tab.objects.aget(pk=state.tab_id)
+        fresh = await database_sync_to_async(TurnConfig.load)(tab)
+        if fresh != state.config:
+            await self.outbox.system(
+                SystemKind.CONFIG_RELOAD, state.turn_config.describe_change(fresh)
+            )
+            state.config = fresh
 
     async def _error(self, message: str) -> None:
         await self.outbox.apply(end_ops(self.state.reducer, End.error(message, NOT_RUN_ERROR)))
