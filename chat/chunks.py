@@ -54,8 +54,11 @@ class Kind:
     SYSTEM: Final = "system"
     # The summary the request builder starts from (chat.context).
     COMPACTION: Final = "compaction"
+    # An external agent's plan (chat.acp.updates): each revision a chunk of its own, the
+    # page showing a turn's latest in place of the ones before. Never sent.
+    PLAN: Final = "plan"
 
-    ALL: Final = (TEXT, THINKING, TOOL_CALL, TOOL_RESULT, ERROR, SYSTEM, COMPACTION)
+    ALL: Final = (TEXT, THINKING, TOOL_CALL, TOOL_RESULT, ERROR, SYSTEM, COMPACTION, PLAN)
 
 
 class SystemKind:
@@ -182,6 +185,8 @@ class ToolCall(TypedDict):
     name: str
     arguments: dict[str, Any]
     interrupted: NotRequired[bool]
+    # An external agent's own words for the call ("Read README.md"): the page's, never sent.
+    title: NotRequired[str]
 
 
 class ToolResult(TypedDict):
@@ -248,8 +253,34 @@ class Compaction(TypedDict):
     tokens_before: NotRequired[int]
 
 
+class PlanEntry(TypedDict):
+    """One step of an agent's plan, as ACP's PlanEntry has it."""
+
+    content: str
+    # ACP's: "pending", "in_progress" or "completed"; "high", "medium" or "low".
+    status: str
+    priority: NotRequired[str]
+
+
+class Plan(TypedDict):
+    """An external agent's plan as it stood at one revision (the whole plan: ACP sends
+    every entry each time). What the page shows; never sent to a model."""
+
+    entries: list[PlanEntry]
+    # Entries past the cap (chat.acp.updates.PLAN_MAX_ENTRIES), left out.
+    omitted: NotRequired[int]
+
+
 ChunkData = (
-    UserText | AssistantText | Thinking | ToolCall | ToolResult | Error | SystemNotice | Compaction
+    UserText
+    | AssistantText
+    | Thinking
+    | ToolCall
+    | ToolResult
+    | Error
+    | SystemNotice
+    | Compaction
+    | Plan
 )
 
 # The (role, kind) pairs the app writes, and the shape of each one's data.
@@ -262,6 +293,7 @@ SHAPES: Final[Mapping[tuple[str, str], type[Any]]] = {
     (Role.ASSISTANT, Kind.ERROR): Error,
     (Role.SYSTEM, Kind.SYSTEM): SystemNotice,
     (Role.SYSTEM, Kind.COMPACTION): Compaction,
+    (Role.ASSISTANT, Kind.PLAN): Plan,
 }
 # Shapes whose data may carry keys they do not name. Only the UI reads them (never
 # sent), and the runner adds keys to them; a sendable chunk with a key its shape does

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone as dj_timezone
 
 from chat import rules, schedule, wakes
+from chat.acp import config as acp_config
 from chat.models import (
     ApiKey,
     McpServer,
@@ -31,7 +32,7 @@ from chat.preferences import (
     Preferences,
 )
 from chat.providers import default_model, list_models
-from chat.providers.registry import PROVIDERS, endpoint_now
+from chat.providers.registry import AGENT_PROVIDER, PROVIDERS, agent_models, endpoint_now
 from chat.tools import TOOLS, workdir
 
 OFFLINE_MODEL = "offline/demo"
@@ -50,7 +51,8 @@ API_KEY_MAX_CHARS = 500
 
 
 def known_models() -> list[Any]:
-    return list(list_models())
+    """The picker's models: the providers', then the configured external agents'."""
+    return [*list_models(), *agent_models(acp_config.agents())]
 
 
 def model_label(model: Any) -> str:
@@ -86,6 +88,9 @@ def validate_model_id(value: str) -> str:
             f"“{value}” is not a model id: write provider/model, for example "
             f"{models[0].id if models else OFFLINE_MODEL}."
         )
+    if provider == AGENT_PROVIDER:
+        agents = ", ".join(m.id for m in models if m.provider == AGENT_PROVIDER) or "none"
+        raise forms.ValidationError(f"No agent “{name}” is configured. Configured: {agents}.")
     if provider not in providers:
         raise forms.ValidationError(
             f"Unknown provider “{provider}”. Known providers: {', '.join(providers)}."

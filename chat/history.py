@@ -187,6 +187,12 @@ class History:
                 self._discard_attempt(chunk)
             case _, Kind.SYSTEM | Kind.ERROR:
                 pass  # the UI's, never the model's
+            case Role.ASSISTANT, Kind.PLAN:
+                # An agent's plan is its progress shown to the user: each revision is a
+                # chunk, and the text and calls around them already say what was done.
+                # Sending them would repeat the plan at every revision to a model that
+                # did not make it; none is sent (ARCHITECTURE.md, "External agents").
+                pass
             case Role.USER, Kind.TEXT:
                 message = cast(UserText, data)
                 # Files before the text that speaks of them (Anthropic's advice).

@@ -81,6 +81,10 @@ class Tab(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
     )
     parent_call_id = models.CharField(max_length=200, blank=True)
+    # The external agent's ACP session of the tab ({agent, session_id}; chat.turn.acp):
+    # after a restart, `session/load` restores the agent's context from it. Not copied to
+    # a branch: the agent's session holds the whole tab, not the branch's prefix.
+    acp_session = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True, db_index=True)
 

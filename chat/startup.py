@@ -24,6 +24,7 @@ from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from chat.acp import config as acp_config
 from chat.envcheck import (
     EXIT_CONFIGURATION,
     EXIT_UNAVAILABLE,
@@ -33,6 +34,7 @@ from chat.envcheck import (
     url_problem,
 )
 from chat.providers.registry import (
+    AGENT_PROVIDER,
     OFFLINE_MODEL,
     PROVIDERS,
     ProviderConfigError,
@@ -68,6 +70,17 @@ def _model_problems() -> list[str]:
     for variable in MODEL_VARIABLES:
         value = (getattr(settings, variable, "") or "").strip()
         if not value:
+            continue
+        provider, _, name = value.partition("/")
+        if provider == AGENT_PROVIDER:
+            # An external agent (chat.acp) is a tab's model, never a step's fallback.
+            if variable != "DISPATCH_MODEL":
+                problems.append(f"{variable}={value!r}: an external agent cannot be a fallback.")
+            elif name not in acp_config.agents():
+                problems.append(
+                    f"{variable}={value!r}: no agent {name!r} is configured "
+                    "(DISPATCH_ACP_AGENTS, or a preset found on PATH)."
+                )
             continue
         try:
             # An unknown model of a known provider is allowed: it gets the

@@ -25,6 +25,8 @@ from chat.chunks import (
     ChunkData,
     Error,
     FileRef,
+    Plan,
+    PlanEntry,
     SystemNotice,
     Thinking,
     ToolCall,
@@ -40,6 +42,7 @@ from chat.providers.base import (
     ErrorEvent,
     Event,
     Finish,
+    PlanEvent,
     ReasoningDelta,
     ReasoningEnd,
     ShellOutput,
@@ -172,13 +175,15 @@ class Reducer:
                 return self._end_reasoning(signature, redacted)
             case ShellOutput(call_id=call_id, text=text):
                 return self._extend(Role.TOOL, Kind.TOOL_RESULT, call_id, text)
-            case ToolCallEvent(call_id=call_id, name=name, arguments=arguments):
+            case ToolCallEvent(call_id=call_id, name=name, arguments=arguments, title=title):
                 if not name:
                     # A nameless call can never be sent back; refuse it here
                     # rather than write a log row that breaks every request.
                     raise ValueError(f"tool call {call_id!r} has no tool name")
                 self.pending_calls.append((call_id, name))
                 call = ToolCall(call_id=call_id, name=name, arguments=dict(arguments))
+                if title:
+                    call["title"] = title
                 return self._single(Role.ASSISTANT, Kind.TOOL_CALL, call)
             case ToolResultEvent():
                 return self._result(event)
@@ -191,6 +196,11 @@ class Reducer:
                 return self._single(Role.ASSISTANT, Kind.ERROR, error)
             case SystemEvent(kind=kind, text=text):
                 return self._single(Role.SYSTEM, Kind.SYSTEM, SystemNotice(kind=kind, text=text))
+            case PlanEvent(entries=entries, omitted=omitted):
+                plan = Plan(entries=[cast(PlanEntry, dict(entry)) for entry in entries])
+                if omitted:
+                    plan["omitted"] = omitted
+                return self._single(Role.ASSISTANT, Kind.PLAN, plan)
             case Finish():
                 return self.seal()
         raise TypeError(f"not a provider event: {event!r}")

@@ -49,6 +49,7 @@ from chat.chunks import (
     Compaction,
     Error,
     Kind,
+    Plan,
     Role,
     ShapeError,
     SystemNotice,
@@ -248,7 +249,19 @@ def markdown_chunk(chunk: Any) -> str:
             return f"*{_italic(kind)}: {_italic(str(notice.get('text', '')))}*\n\n"
         case Kind.COMPACTION:
             return _compaction(data)
+        case Kind.PLAN:
+            return _plan(data)
     return f"*A chunk of unknown type {_italic(chunk.type)}.*\n\n"
+
+
+def _plan(data: Plan) -> str:
+    """An agent's plan at one revision, as a task list."""
+    lines = ["**Plan**\n\n"]
+    for entry in data.get("entries") or []:
+        done = "x" if entry.get("status") == "completed" else " "
+        now = " *(in progress)*" if entry.get("status") == "in_progress" else ""
+        lines.append(f"- [{done}] {_italic(str(entry.get('content', '')))}{now}\n")
+    return "".join(lines) + "\n"
 
 
 def _compaction(data: Compaction) -> str:

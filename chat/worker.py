@@ -25,7 +25,7 @@ from django.conf import settings
 from chat import bus, sidebar, wakes
 from chat.providers import aclose_clients
 from chat.tools import mcp
-from chat.turn import lease
+from chat.turn import acp, lease
 from chat.turn.loop import TurnRunner
 
 logger = logging.getLogger(__name__)
@@ -329,6 +329,11 @@ async def _shut_down(worker: Worker) -> None:
         await mcp.close_all()
     except Exception:
         logger.exception("could not close the MCP connections")
+    # External agents are closed gracefully: they write their sessions (session/load's).
+    try:
+        await acp.close_all()
+    except Exception:
+        logger.exception("could not close the agent sessions")
 
 
 _embedded_task: asyncio.Task | None = None

@@ -24,6 +24,7 @@ from chat.chunks import (
 from chat.providers.base import (
     ErrorEvent,
     Finish,
+    PlanEvent,
     ReasoningDelta,
     ReasoningEnd,
     ShellOutput,
@@ -44,6 +45,7 @@ MINIMAL: dict[tuple[str, str], dict[str, Any]] = {
     (Role.ASSISTANT, Kind.ERROR): {"message": "boom"},
     (Role.SYSTEM, Kind.SYSTEM): {"kind": SystemKind.CANCELLED, "text": "Stopped."},
     (Role.SYSTEM, Kind.COMPACTION): {"summary": "So far.", "through_seq": 3},
+    (Role.ASSISTANT, Kind.PLAN): {"entries": []},
 }
 
 # A value of each JSON type, and one of another type for each.
@@ -107,6 +109,7 @@ def test_the_values_are_the_strings_the_log_holds():
         "error",
         "system",
         "compaction",
+        "plan",
     )
     assert type(Kind.TEXT) is str and type(SystemKind.MODEL_CHANGED) is str
 
@@ -130,6 +133,7 @@ def test_the_stream_and_models_use_these_definitions():
         ("error", "Error"),
         ("system", "System"),
         ("compaction", "Compaction"),
+        ("plan", "Plan"),
     ]
 
 
@@ -192,7 +196,7 @@ def test_an_open_shape_takes_keys_it_does_not_name(pair):
         (
             Role.USER,
             "picture",
-            "unknown type 'picture' (known: compaction, error, system, text, thinking, "
+            "unknown type 'picture' (known: compaction, error, plan, system, text, thinking, "
             "tool_call, tool_result)",
         ),
         (Role.USER, Kind.THINKING, "a user chunk cannot be of type 'thinking'"),
@@ -236,7 +240,7 @@ def test_what_the_reducer_writes_has_its_shape():
         ReasoningEnd(signature="c2ln"),
         ReasoningEnd(redacted_data="cmVk"),
         TextDelta("Hello"),
-        ToolCallEvent("c1", "shell", {"command": "ls"}),
+        ToolCallEvent("c1", "shell", {"command": "ls"}, title="`ls`"),
         ShellOutput("c1", "a\n"),
         ToolResultEvent(
             "c1",
@@ -251,6 +255,7 @@ def test_what_the_reducer_writes_has_its_shape():
         ToolResultEvent("c2", "read_file", "", is_error=True, shell_output="out"),
         ErrorEvent("Overloaded", 529, {"summary": "Busy", "retry_after": 2.5, "attempts": 3}),
         SystemEvent(SystemKind.NOTICE, "Retrying."),
+        PlanEvent(({"content": "Read", "status": "pending", "priority": "high"},), omitted=2),
         TextDelta("cut"),
         Finish(),
     ]

@@ -1,4 +1,5 @@
-"""A Django process of the app loads the MCP SDK, pypdf and bashlex only when it uses them.
+"""A Django process of the app loads the MCP SDK, pypdf, bashlex and the ACP SDK only when it
+uses them.
 
 Importing them takes a large share of a process's start, and most processes (the test
 suite starts a hundred and more) never reach an MCP server, parse a PDF (chat/pdftext.py
@@ -16,7 +17,7 @@ import sys
 
 from harness.servers import ROOT
 
-LAZY = ("mcp", "mcp_types", "anyio", "starlette", "jsonschema", "pypdf", "bashlex")
+LAZY = ("mcp", "mcp_types", "anyio", "starlette", "jsonschema", "pypdf", "bashlex", "acp")
 
 SCRIPT = f"""
 import json, sys

@@ -26,6 +26,7 @@ PURE = (
     "chat.retry",
     "chat.envcheck",
     "chat.providers.base",
+    "chat.acp.updates",
 )
 IMPURE = ("django", "channels", "daphne", "twisted", "asgiref", "redis", "psycopg", "httpx2")
 IMPURE += ("anthropic", "openai", "mcp", "chat.models", "chat.log", "chat.bus")

@@ -44,7 +44,9 @@ class Handler(Protocol):
         """One `session/update` of the live turn (an `acp.schema` update model)."""
         ...
 
-    async def permission(self, tool_call: ToolCallUpdate, options: list[PermissionOption]) -> str | None:
+    async def permission(
+        self, tool_call: ToolCallUpdate, options: list[PermissionOption]
+    ) -> str | None:
         """The option id chosen for `session/request_permission`, or None when the turn
         was stopped meanwhile (answered as cancelled)."""
         ...
@@ -58,6 +60,8 @@ class AgentSession(Protocol):
     supports_load: bool
     # True when this session was restored by `session/load` (else new: context lost).
     restored: bool
+    # Whether the agent's prompt takes image blocks (its promptCapabilities.image).
+    images: bool
 
     async def prompt(self, blocks: list[object], handler: Handler) -> PromptResponse:
         """Send `session/prompt` with these content blocks; updates and permission

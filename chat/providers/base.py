@@ -37,6 +37,8 @@ class ToolCallEvent:
     call_id: str
     name: str
     arguments: Mapping[str, Any]
+    # An external agent's own words for the call (chat.acp.updates): shown, never sent.
+    title: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,15 @@ class SystemEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class PlanEvent:
+    """An external agent's plan, whole, as revised (chat.acp.updates): each entry's
+    content, status and priority (chat.chunks.PlanEntry); `omitted` past the cap."""
+
+    entries: tuple[Mapping[str, str], ...]
+    omitted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
@@ -111,6 +122,7 @@ Event = (
     | ToolResultEvent
     | ErrorEvent
     | SystemEvent
+    | PlanEvent
     | Finish
 )
 

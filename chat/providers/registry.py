@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import functools
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TypedDict
 from urllib.parse import urlsplit
@@ -523,6 +524,17 @@ def list_models() -> list[ModelInfo]:
         with contextlib.suppress(ValueError):
             models.append(model_info(configured))
     return [replace(m, available=available[m.provider]) for m in models]
+
+
+# External agents (chat.acp): model ids `acp/<name>`, run by chat.turn.acp, not a provider.
+AGENT_PROVIDER = "acp"
+
+
+def agent_models(names: Iterable[str]) -> list[ModelInfo]:
+    """The picker's entries for the configured external agents (chat.acp.config.agents,
+    read by the picker's caller: this layer is below chat.acp). Always available: an agent
+    is given its provider's key when it starts, or brings its own."""
+    return [ModelInfo(f"{AGENT_PROVIDER}/{name}", f"{name} (agent)") for name in sorted(names)]
 
 
 async def adefault_model() -> str:

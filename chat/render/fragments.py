@@ -16,6 +16,7 @@ from chat.render.cards import ToolResult
 from chat.render.item import Item
 from chat.render.live import LiveText, is_live, live_body, live_tail
 from chat.render.markup import stream_text
+from chat.render.messages import Plan
 from chat.render.page import group
 from chat.render.presenters import present
 from chat.render.status import status_context
@@ -32,6 +33,9 @@ def _target(item: Item) -> tuple[str, str]:
     """Where an inserted item goes, and where it goes if that is not on the page."""
     if isinstance(item, ToolResult):
         return f'[data-slot="{item.slot}"]', "#log"
+    if isinstance(item, Plan):
+        # Into the slot of the turn's first plan on the page, if there is one.
+        return f'.plan-slot[data-plan="{item.turn_attr}"]', "#log"
     return "#log", ""
 
 
@@ -107,7 +111,7 @@ def fragment_chunks(chunks: Iterable[Any]) -> str:
     frames: list[str] = []
     run: list[Item] = []
     for item in group(chunks, continues=True):
-        if item.orphan:
+        if item.orphan or isinstance(item, Plan):
             if run:
                 frames.append(insert(run))
                 run = []

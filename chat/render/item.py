@@ -103,6 +103,7 @@ class Item:
     kind_is_error: ClassVar[bool] = False
     kind_is_notice: ClassVar[bool] = False
     kind_is_compaction: ClassVar[bool] = False
+    kind_is_plan: ClassVar[bool] = False
 
     @property
     def seq_attr(self) -> str:

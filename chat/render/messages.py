@@ -309,3 +309,39 @@ class Compaction(Item):
         if focus := " ".join(str(self.fields.get("instructions") or "").split()):
             notes.append(f"Focus: {focus}")
         return " ".join(notes)
+
+
+# How a plan entry's status shows: a mark before its text.
+PLAN_MARKS = {"completed": "✓", "in_progress": "▸", "pending": "○"}
+
+
+@dataclass(eq=False)
+class Plan(Item):
+    """An external agent's plan as it stood at one revision. A turn's later revisions go
+    in its first plan's slot (`results`, chat.render.page.group), where CSS shows only the
+    last: the plan seems updated in place, and every revision stays in the log."""
+
+    kind_is_plan: ClassVar[bool] = True
+
+    @property
+    def fields(self) -> chunks.Plan:
+        return cast(chunks.Plan, self.data)
+
+    @property
+    def entries(self) -> list[dict[str, str]]:
+        shown = []
+        for entry in self.fields.get("entries") or []:
+            status = str(entry.get("status") or "pending")
+            mark = PLAN_MARKS.get(status, PLAN_MARKS["pending"])
+            shown.append(
+                {"content": str(entry.get("content") or ""), "status": status, "mark": mark}
+            )
+        return shown
+
+    @property
+    def done(self) -> int:
+        return sum(1 for entry in self.entries if entry["status"] == "completed")
+
+    @property
+    def omitted(self) -> int:
+        return int(self.fields.get("omitted") or 0)

@@ -12,7 +12,7 @@ from typing import Any
 
 from chat.render.cards import ToolCall, ToolResult
 from chat.render.item import Fork, Item
-from chat.render.messages import Notice
+from chat.render.messages import Notice, Plan
 from chat.render.presenters import present
 from chat.render.status import status_context
 
@@ -65,9 +65,16 @@ def group(chunks: Iterable[Any], *, continues: bool = False) -> list[Item]:
     """
     items: list[Item] = []
     cards: dict[str, list[ToolCall]] = {}
+    plans: dict[str, Plan] = {}
     for chunk in chunks:
         item = present(chunk)
-        if isinstance(item, ToolResult):
+        if isinstance(item, Plan):
+            # A turn's later revisions go in the slot of its first plan.
+            first = plans.setdefault(item.turn_attr, item)
+            if first is not item:
+                first.results.append(item)
+                continue
+        elif isinstance(item, ToolResult):
             card = _card_for(cards.get(item.slot, []))
             if card is not None:
                 card.results.append(item)

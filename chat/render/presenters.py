@@ -8,7 +8,7 @@ from typing import Any
 from chat.chunks import Kind, Role
 from chat.render.cards import ToolCall, ToolResult
 from chat.render.item import Item
-from chat.render.messages import Compaction, Error, Notice, Text, Thinking, UserText
+from chat.render.messages import Compaction, Error, Notice, Plan, Text, Thinking, UserText
 
 # Where the role decides: a user's message is not an answer.
 BY_ROLE_AND_KIND: dict[tuple[str, str], type[Item]] = {
@@ -22,6 +22,7 @@ BY_KIND: dict[str, type[Item]] = {
     Kind.ERROR: Error,
     Kind.SYSTEM: Notice,
     Kind.COMPACTION: Compaction,
+    Kind.PLAN: Plan,
 }
 
 

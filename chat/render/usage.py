@@ -14,9 +14,10 @@ from chat.render.item import Item
 from chat.usage import Totals, format_usd
 
 # Chunks a finished turn's usage line never goes in: a thinking block's line would hide
-# in its fold, a card's sit among its results. It goes in the turn's last other
-# top-level chunk, at its end (in an error's card), where `usage_target` finds it too.
-NO_USAGE_LINE = (Kind.THINKING, Kind.TOOL_CALL)
+# in its fold, a card's sit among its results, a plan's in a revision a later one hides.
+# It goes in the turn's last other top-level chunk, at its end (in an error's card),
+# where `usage_target` finds it too.
+NO_USAGE_LINE = (Kind.THINKING, Kind.TOOL_CALL, Kind.PLAN)
 
 
 def usage_line(totals: Totals, turn_id: Any = None) -> dict[str, Any]:
@@ -82,7 +83,7 @@ def usage_line(totals: Totals, turn_id: Any = None) -> dict[str, Any]:
 def usage_target(turn_id: str) -> str:
     """The element a turn's usage line goes at the end of, live: the chunk a page render
     puts it in (`mark_usage`), so a reload shows it in the same place."""
-    ours = f'.chunk[data-turn="{turn_id}"]:not(.t-thinking):not(.t-tool-call)'
+    ours = f'.chunk[data-turn="{turn_id}"]:not(.t-thinking):not(.t-tool-call):not(.t-plan)'
     last = f"#log > {ours}:not(:has(~ {ours}))"
     return f"{last}:not(.t-error), {last}.t-error > .card"
 

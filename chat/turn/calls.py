@@ -65,17 +65,21 @@ def gate(
     auto_approve: bool,
     unattended: bool,
     repeated: bool = False,
+    needs_approval: bool | None = None,
 ) -> Gate:
     """Whether a call runs. A deny rule refuses it; an ask rule, a tool that always asks
     (unless the message was sent with auto-approval), a tool that needs approval when no
     rule matched and the approval setting is on, or the same call again (`repeated`,
-    unless auto-approved) wait for the user, or are refused when no one is there."""
+    unless auto-approved) wait for the user, or are refused when no one is there.
+    `needs_approval` says it for a tool Dispatch does not know (an external agent's, which
+    asked): else the tool registry does."""
     if decision is not None and decision.action == rules.DENY:
         return Gate.DENY
+    needs = tools.needs_approval(tool) if needs_approval is None else needs_approval
     asks = (
         (decision is not None and decision.action == rules.ASK)
         or (tools.always_asks(tool) and not auto_approve)
-        or (decision is None and approve_tools and not auto_approve and tools.needs_approval(tool))
+        or (decision is None and approve_tools and not auto_approve and needs)
         or (repeated and not auto_approve)
     )
     if not asks:
@@ -97,6 +101,16 @@ class Repeats:
         self.count = self.count + 1 if key == self.last else 1
         self.last = key
         return self.count >= REPEATS_TO_ASK
+
+
+def read_rules(tab_id: Any) -> tuple[list[rules.Rule], list[str]]:
+    """The rules that decide a tab's calls (its own, then its owner's), and why any of
+    them cannot be read."""
+    tab_rules, owner_id = Tab.objects.values_list("rules", "owner_id").get(pk=tab_id)
+    own, problems = rules.parse_all(tab_rules or [], source=rules.TAB)
+    rows = PermissionRule.objects.filter(user_id=owner_id).values("action", "pattern")
+    users, more = rules.parse_all(rows, source=rules.USER)
+    return own + users, problems + more
 
 
 class Approvals:
@@ -326,11 +340,7 @@ class Calls:
             await self.outbox.system(SystemKind.RULE, problem)
 
     def _read_rules(self) -> tuple[list[rules.Rule], list[str]]:
-        tab_rules, owner_id = Tab.objects.values_list("rules", "owner_id").get(pk=self.state.tab_id)
-        own, problems = rules.parse_all(tab_rules or [], source=rules.TAB)
-        rows = PermissionRule.objects.filter(user_id=owner_id).values("action", "pattern")
-        users, more = rules.parse_all(rows, source=rules.USER)
-        return own + users, problems + more
+        return read_rules(self.state.tab_id)
 
     async def _audit(self, call_id: str, decision: rules.Decision) -> None:
         """A rule decided a call: the log says which (the audit trail)."""

@@ -25,7 +25,8 @@ from chat.models import Tab
 from chat.stream import Reducer
 from chat.tools import workdir
 from chat.tools.registry import AGENT
-from chat.turn import agents, lease
+from chat.turn import acp, agents, lease
+from chat.turn.acp import AcpDriver
 from chat.turn.driver import Driver, ProviderDriver
 from chat.turn.ending import End, end_ops, sealed
 from chat.turn.messages import Messages
@@ -152,14 +153,23 @@ class TurnRunner:
         state.status.model = config.model
         state.size = context.Size.from_dict(tab.context)
         state.status.context = context.meter(state.size, config.model).as_dict()
+        driver = self._driver_for(config.model)
         try:
-            await self.driver.run_turn(tab)
+            await driver.run_turn(tab)
         except TurnCancelled:
             await self._end_stopped()
         except log.LeaseLost:
             raise  # not a crash: another runner has the tab (run() stops this one)
         except Exception as exc:  # a bug must not leave the tab stuck "running"
             await self._end_with_crash(exc)
+
+    def _driver_for(self, model: str) -> Driver:
+        """An external agent's tab (`acp/<name>`) runs on its agent, any other on the
+        model's own loop; a model changed between turns changes the driver."""
+        wanted = AcpDriver if acp.is_agent(model) else ProviderDriver
+        if not isinstance(self.driver, wanted):
+            self.driver = wanted(self.state, self.outbox, self.messages)
+        return self.driver
 
     async def _publish_idle(self) -> None:
         state = self.state

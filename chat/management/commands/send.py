@@ -355,6 +355,13 @@ class TextPrinter:
                 self.err.write(terminal_safe(f"✗ error{code}: {data['message']}"))
             case Kind.SYSTEM:
                 self.write(f"· {data.get('kind')}: {data.get('text')}\n")
+            case Kind.PLAN:
+                marks = {"completed": "✓", "in_progress": "▸"}
+                entries = [
+                    f"{marks.get(str(e.get('status')), '○')} {e.get('content', '')}"
+                    for e in data.get("entries") or []
+                ]
+                self.write(f"· plan: {' · '.join(entries)}\n")
 
     def sent(self, text: str) -> None:
         self.write("".join(f"> {line}\n" for line in text.splitlines()))
