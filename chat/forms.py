@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from fnmatch import fnmatchcase
 from typing import Any, cast
 
@@ -15,6 +16,7 @@ from django.utils import timezone as dj_timezone
 from chat import rules, schedule, wakes
 from chat.acp import config as acp_config
 from chat.models import (
+    AcpAgent,
     ApiKey,
     McpServer,
     PermissionRule,
@@ -670,6 +672,87 @@ class McpServerForm(forms.Form):
         row.enabled = data["enabled"]
         row.set_env(data["env"])
         row.set_headers(data["headers"])
+        row.save()
+        return row
+
+
+# --- External agents (ACP) --------------------------------------------------------------
+
+# The longest command line an agent may have (its program and arguments, as typed).
+MAX_AGENT_COMMAND_CHARS = 1000
+
+
+class AcpAgentForm(forms.Form):
+    """Add or edit an external agent (Settings, superusers only: its command runs here)."""
+
+    name = forms.RegexField(
+        regex=r"^[a-z0-9][a-z0-9_-]*$",
+        max_length=40,
+        help_text="Lowercase letters, digits, _ and -: the model is acp/NAME.",
+        error_messages={"invalid": "Use lowercase letters, digits, _ and - (not first)."},
+    )
+    command = forms.CharField(
+        max_length=MAX_AGENT_COMMAND_CHARS,
+        help_text="The program and its arguments, as in a shell (quotes group words), e.g. "
+        "claude-code-acp. It runs in the shell's sandbox.",
+        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
+    )
+    env = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        label="Environment",
+        help_text="NAME=value lines, saved encrypted and shown masked; a masked line keeps its "
+        "saved value. Nothing else of the server's environment reaches the agent.",
+    )
+    provider = forms.ChoiceField(
+        label="Credentials", choices=AcpAgent.Credentials.choices, required=False
+    )
+    enabled = forms.BooleanField(required=False, initial=True)
+
+    def __init__(self, *args: Any, instance: AcpAgent | None = None, **kwargs: Any) -> None:
+        self.instance = instance
+        if instance is not None and not args and "initial" not in kwargs:
+            kwargs["initial"] = {
+                "name": instance.name,
+                "command": shlex.join(instance.command),
+                "env": masked_pairs(instance.get_env()),
+                "provider": instance.provider,
+                "enabled": instance.enabled,
+            }
+        super().__init__(*args, **kwargs)
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        others = AcpAgent.objects.filter(name=name)
+        if self.instance is not None:
+            others = others.exclude(pk=self.instance.pk)
+        if others.exists():
+            raise forms.ValidationError(f"There is already an agent named {name}.")
+        return name
+
+    def clean_command(self) -> list[str]:
+        try:
+            argv = shlex.split(self.cleaned_data["command"])
+        except ValueError as exc:
+            raise forms.ValidationError(f"The command could not be read: {exc}.") from None
+        if not argv:
+            raise forms.ValidationError("Name the program to run.")
+        if any("\0" in word for word in argv):
+            raise forms.ValidationError("The command holds a NUL character.")
+        return argv
+
+    def clean_env(self) -> dict[str, str]:
+        kept = self.instance.get_env() if self.instance else {}
+        return parse_pairs(self.cleaned_data["env"], kept, what="variable", name_pattern=ENV_NAME)
+
+    def save(self) -> AcpAgent:
+        data = self.cleaned_data
+        row = self.instance or AcpAgent()
+        row.name = data["name"]
+        row.command = data["command"]
+        row.provider = data["provider"]
+        row.enabled = data["enabled"]
+        row.set_env(data["env"])
         row.save()
         return row
 

@@ -328,6 +328,42 @@ class PermissionRule(models.Model):
         return f"{self.action} {self.pattern}"
 
 
+class AcpAgent(models.Model):
+    """An external agent configured on Settings (chat.acp): `acp/<name>` in the model
+    picker. Its command is a program run on this machine (in the sandbox), so only
+    superusers change it; its variables are encrypted at rest like API keys. An agent of
+    the same name in DISPATCH_ACP_AGENTS wins (the operator's deployment)."""
+
+    class Credentials(models.TextChoices):
+        NONE = "", "none (it brings its own)"
+        ANTHROPIC = "anthropic", "Anthropic's key and endpoint (Claude Code)"
+        OPENAI = "openai", "OpenAI's key and endpoint (Codex)"
+
+    # The model id's second half: acp/<name>.
+    name = models.SlugField(max_length=40, unique=True)
+    # The program and its arguments (argv), the first found on PATH when not absolute.
+    command = models.JSONField(default=list)
+    env_encrypted = models.TextField(blank=True)
+    # Whose key and base URL Dispatch hands it.
+    provider = models.CharField(max_length=16, blank=True, choices=Credentials.choices)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_env(self) -> dict[str, str] | None:
+        """Its variables (None when SECRET_KEY changed since they were saved)."""
+        return _decrypt_json(self.env_encrypted)
+
+    def set_env(self, env: dict[str, str]) -> None:
+        self.env_encrypted = _encrypt_json(env)
+
+
 class McpServer(models.Model):
     """An MCP server whose tools tabs may use (chat.mcp). Staff only: a stdio server
     is a program run on this machine (inside the shell's sandbox, with a home of its own

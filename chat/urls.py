@@ -6,6 +6,7 @@ from chat import api
 from chat.views import (
     accounts,
     actions,
+    agents,
     approvals,
     composer,
     files,
@@ -53,6 +54,7 @@ urlpatterns = [
         name="endpoint_delete",
     ),
     path("settings/mcp/<int:server_id>/delete/", mcp.mcp_server_delete, name="mcp_delete"),
+    path("settings/agents/<int:agent_id>/delete/", agents.agent_delete, name="agent_delete"),
     path("settings/mcp/<int:server_id>/test/", mcp.mcp_server_test, name="mcp_test"),
     path("search/", search.search_view, name="search"),
     path("t/new/", tabs.tab_new, name="tab_new"),

@@ -5,6 +5,7 @@ keys, provider endpoints (superusers), MCP servers' forms, profiles' list, usage
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any
 
 from django.conf import settings
@@ -19,8 +20,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from chat import preferences, usage
 from chat import render as chat_render
+from chat.acp import config as acp_config
 from chat.forms import (
     OFFLINE_MODEL,
+    AcpAgentForm,
     ApiKeyForm,
     EndpointForm,
     McpServerForm,
@@ -30,10 +33,10 @@ from chat.forms import (
     known_models,
     masked_pairs,
 )
-from chat.models import ApiKey, McpServer, Profile, ProviderEndpoint, UsageRecord
+from chat.models import AcpAgent, ApiKey, McpServer, Profile, ProviderEndpoint, UsageRecord
 from chat.providers.registry import PROVIDERS, endpoint_now
 from chat.tools import mcp, sandbox
-from chat.views import common
+from chat.views import agents, common
 from chat.views.common import AuthenticatedHttpRequest
 from chat.views.mcp import edited_server, require_superuser
 
@@ -51,6 +54,7 @@ def settings_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     key_form = ApiKeyForm()
     endpoint_form = EndpointForm()
     mcp_form = McpServerForm(instance=edited_server(request.GET.get("mcp")))
+    agent_form = AcpAgentForm(instance=agents.edited_agent(request.GET.get("agent")))
     status = 200
     if request.method == "POST":
         action = request.POST.get("action")
@@ -87,6 +91,15 @@ def settings_view(request: AuthenticatedHttpRequest) -> HttpResponse:
                 server = mcp_form.save()
                 messages.success(request, f"Saved the MCP server {server.name}.")
                 return redirect(reverse("settings") + "#mcp")
+        elif action == "agent":
+            agents.require_superuser(request)
+            agent_form = AcpAgentForm(
+                request.POST, instance=agents.edited_agent(request.POST.get("agent"))
+            )
+            if agent_form.is_valid():
+                agent = agent_form.save()
+                messages.success(request, f"Saved the agent {agent.name}: acp/{agent.name}.")
+                return redirect(reverse("settings") + "#agents")
         else:
             return HttpResponseBadRequest("Unknown settings action.")
         status = 422
@@ -95,6 +108,7 @@ def settings_view(request: AuthenticatedHttpRequest) -> HttpResponse:
         "key_form": key_form,
         "endpoint_form": endpoint_form,
         "mcp_form": mcp_form,
+        "agent_form": agent_form,
     }
     return render(
         request, "chat/settings.html", _settings_page(request, period, forms), status=status
@@ -130,8 +144,29 @@ def _settings_page(
             )
             for server in McpServer.objects.all()
         ],
+        **_agents_section(),
         "profiles": Profile.objects.all(),
         **_usage_section(period),
+    }
+
+
+def _agents_section() -> dict[str, Any]:
+    """The agents saved here, and the ones the environment or a preset gives (read-only)."""
+    saved = list(AcpAgent.objects.all())
+    names = {agent.name for agent in saved}
+    return {
+        "agents": [
+            (agent, shlex.join(agent.command), masked_pairs(agent.get_env())) for agent in saved
+        ],
+        "agents_available": [
+            (
+                name,
+                "found on PATH" if agent.preset else "DISPATCH_ACP_AGENTS",
+                shlex.join(agent.command),
+            )
+            for name, agent in sorted(acp_config.agents().items())
+            if name not in names
+        ],
     }
 
 

@@ -1,0 +1,122 @@
+"""External agents on the Settings page (chat.views.agents): superusers add, edit and
+remove them, their variables encrypted and masked; other staff only see them; every bad
+input a message on the form."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from chat.forms import SECRET_MASK
+from chat.models import AcpAgent
+
+TOKEN = "sk-agent-s3cret-value"
+
+
+def logged_in(**fields) -> Client:
+    client = Client()
+    client.force_login(User.objects.create_user(**fields))
+    return client
+
+
+@pytest.fixture
+def root(db) -> Client:
+    return logged_in(username="root", password="pw-root-12345", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def staff(db) -> Client:
+    return logged_in(username="sam", password="pw-sam-12345", is_staff=True)
+
+
+def add(client: Client, **fields: str):
+    data = {"action": "agent", "provider": "", "enabled": "on", **fields}
+    return client.post(reverse("settings"), data)
+
+
+def test_a_superuser_adds_an_agent_whose_variables_are_encrypted_and_masked(root):
+    command = "node '/opt/my agent/index.js' --acp"
+    response = add(root, name="mine", command=command, env=f"AGENT_TOKEN={TOKEN}")
+    assert response.status_code == 302
+    assert response["Location"].endswith("#agents")
+    row = AcpAgent.objects.get(name="mine")
+    assert row.command == ["node", "/opt/my agent/index.js", "--acp"]
+    assert row.get_env() == {"AGENT_TOKEN": TOKEN}
+    assert TOKEN not in row.env_encrypted
+    page = root.get(reverse("settings")).content.decode()
+    assert "acp/mine" in page
+    assert "node &#x27;/opt/my agent/index.js&#x27; --acp" in page
+    assert f"AGENT_TOKEN={SECRET_MASK}" in page and TOKEN not in page
+
+
+def test_editing_keeps_a_masked_variable_and_changes_the_rest(root):
+    add(root, name="mine", command="mine-acp", env=f"AGENT_TOKEN={TOKEN}")
+    row = AcpAgent.objects.get(name="mine")
+    form = root.get(reverse("settings") + f"?agent={row.pk}").content.decode()
+    assert f"AGENT_TOKEN={SECRET_MASK}" in form and TOKEN not in form
+    response = add(
+        root,
+        agent=str(row.pk),
+        name="mine",
+        command="mine-acp --verbose",
+        env=f"AGENT_TOKEN={SECRET_MASK}\nMORE=1",
+        provider="anthropic",
+    )
+    assert response.status_code == 302
+    row.refresh_from_db()
+    assert row.command == ["mine-acp", "--verbose"]
+    assert row.get_env() == {"AGENT_TOKEN": TOKEN, "MORE": "1"}
+    assert row.provider == "anthropic"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"name": "Mine", "command": "x"}, "name", "Use lowercase letters, digits, _ and -"),
+        ({"name": "-x", "command": "x"}, "name", "Use lowercase letters, digits, _ and -"),
+        ({"name": "mine", "command": "   "}, "command", "This field is required."),
+        ({"name": "mine", "command": "x 'open"}, "command", "The command could not be read"),
+        ({"name": "mine", "command": "x", "env": "1BAD=x"}, "env", "Line 1: write NAME=value"),
+        ({"name": "mine", "command": "x", "env": f"T={SECRET_MASK}"}, "env", "type the value"),
+        ({"name": "mine", "command": "x", "provider": "google"}, "provider", "not one of"),
+    ],
+)
+def test_bad_input_is_a_message_at_its_field_and_saves_nothing(root, fields, field, message):
+    response = add(root, **fields)
+    assert response.status_code == 422
+    errors = response.context["agent_form"].errors
+    assert any(message in error for error in errors[field]), errors
+    assert not AcpAgent.objects.exists()
+
+
+def test_a_second_agent_of_the_same_name_is_refused(root):
+    add(root, name="mine", command="x")
+    response = add(root, name="mine", command="y")
+    assert response.status_code == 422
+    assert response.context["agent_form"].errors["name"] == [
+        "There is already an agent named mine."
+    ]
+    assert AcpAgent.objects.get().command == ["x"]
+
+
+def test_other_staff_see_agents_but_cannot_add_change_or_remove_them(root, staff):
+    add(root, name="mine", command="mine-acp")
+    row = AcpAgent.objects.get()
+    page = staff.get(reverse("settings")).content.decode()
+    assert "acp/mine" in page and "Only a superuser can add" in page
+    assert "Add agent" not in page
+    assert add(staff, name="theirs", command="x").status_code == 403
+    assert staff.post(reverse("agent_delete", args=[row.pk])).status_code == 403
+    assert list(AcpAgent.objects.values_list("name", flat=True)) == ["mine"]
+
+
+def test_a_superuser_removes_an_agent(root):
+    add(root, name="mine", command="mine-acp")
+    row = AcpAgent.objects.get()
+    response = root.post(reverse("agent_delete", args=[row.pk]))
+    assert response.status_code == 302
+    assert not AcpAgent.objects.exists()
+    assert root.post(reverse("agent_delete", args=[row.pk])).status_code == 404
+    assert root.get(reverse("settings") + "?agent=abc").status_code == 404
