@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import models
 
 from chat import chunks
+from chat.envcheck import API_CHAT, API_RESPONSES
 
 # What a tab without a title is called (until its first message names it).
 UNTITLED = "New tab"
@@ -560,8 +561,17 @@ class ApiKey(models.Model):
 
 
 class ProviderEndpoint(models.Model):
+    class ApiStyle(models.TextChoices):
+        # Which API an OpenAI-adapter provider speaks there (registry.api_style).
+        AUTO = "", "Automatic (Responses at api.openai.com, else Chat Completions)"
+        RESPONSES = API_RESPONSES, "Responses API"
+        CHAT = API_CHAT, "Chat Completions"
+
     provider = models.CharField(max_length=50, unique=True)
     base_url = models.URLField(max_length=500)
+    api_style = models.CharField(
+        max_length=16, choices=ApiStyle.choices, default=ApiStyle.AUTO, blank=True
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:

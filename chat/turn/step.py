@@ -67,6 +67,7 @@ def request(state: TurnState, tab: Tab) -> Request:
         tools=tools.tab_specs(tab),
         messages=state.history_built.messages(),
         blobs=blobs.READER,
+        cache_key=str(tab.pk),
     )
 
 
