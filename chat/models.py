@@ -23,7 +23,6 @@ from django.conf import settings
 from django.db import models
 
 from chat import chunks
-from chat.envcheck import API_CHAT, API_RESPONSES
 
 # What a tab without a title is called (until its first message names it).
 UNTITLED = "New tab"
@@ -562,10 +561,11 @@ class ApiKey(models.Model):
 
 class ProviderEndpoint(models.Model):
     class ApiStyle(models.TextChoices):
-        # Which API an OpenAI-adapter provider speaks there (registry.api_style).
+        # Which API an OpenAI-adapter provider speaks there (registry.api_style; the
+        # values are envcheck.API_STYLES, which models may not import).
         AUTO = "", "Automatic (Responses at api.openai.com, else Chat Completions)"
-        RESPONSES = API_RESPONSES, "Responses API"
-        CHAT = API_CHAT, "Chat Completions"
+        RESPONSES = "responses", "Responses API"
+        CHAT = "chat", "Chat Completions"
 
     provider = models.CharField(max_length=50, unique=True)
     base_url = models.URLField(max_length=500)

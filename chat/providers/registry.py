@@ -508,13 +508,13 @@ def _read_stored(provider: str, want_key: bool, want_url: bool) -> _Stored:
                     f"{PROVIDERS[provider].key_env}."
                 )
     if want_url:
-        row = (
+        where = (
             ProviderEndpoint.objects.filter(provider=provider)
             .values_list("base_url", "api_style")
             .first()
         )
-        if row is not None:
-            url, style = row[0] or None, row[1]
+        if where is not None:
+            url, style = where[0] or None, where[1]
     return _Stored(key, endpoint, url, style)
 
 
