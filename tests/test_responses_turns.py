@@ -8,11 +8,20 @@ from decimal import Decimal
 
 import pytest
 from channels.db import database_sync_to_async
+from django.contrib.auth import get_user_model
 
 from chat import usage
-from chat.models import UsageRecord
-from harness.fakeprovider import FakeProviderServer, Recorded, Reply, ResponsesStream, recorded
+from chat.models import Tab, UsageRecord
+from harness.fakeprovider import (
+    FIXTURES,
+    FakeProviderServer,
+    Recorded,
+    Reply,
+    ResponsesStream,
+    recorded,
+)
 from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
+from tests.test_golden import UPDATE, import_golden, next_request, stable
 from tests.test_responses import STEP1, STEP2, done_item
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -157,3 +166,33 @@ async def test_a_server_error_event_is_retried(responses_server, workspace, monk
     rows = await chunks(tab.pk)
     assert kinds(rows)[-1] == "assistant/text" and rows[-1].data["text"] == "Back again."
     assert len(responses_server.requests) == 2
+
+
+# --- The recorded tab's next request -------------------------------------------------
+
+GOLDEN_REQUEST = FIXTURES / "responses" / "request.golden.json"
+
+
+async def test_the_next_request_of_the_recorded_tab_is_unchanged(
+    fake_server, monkeypatch, settings, tmp_path
+):
+    """The golden tab (tests/test_golden.py) continued on GPT-5 through the Responses
+    API: Anthropic's signed and redacted thinking is not sent (no reasoning item), every
+    call and result is, in log order. Rewritten with GOLDEN_UPDATE=1, as test_golden."""
+    workspace = await database_sync_to_async(owner_workspace)(settings, tmp_path)
+    owner = await get_user_model().objects.aget(username="owner")
+    tab = await database_sync_to_async(import_golden)(owner)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.setenv("OPENAI_BASE_URL", fake_server.openai_url)
+    monkeypatch.setenv("OPENAI_API_STYLE", "responses")
+    fake_server.add(Reply(events=ResponsesStream().text("Nothing more.").events()))
+    await Tab.objects.filter(pk=tab.pk).aupdate(model="openai/gpt-5")
+    await tab.arefresh_from_db()
+    body = (await next_request(fake_server, tab)).decode()
+    body = stable(body.replace(str(workspace), "<workspace>").replace(str(tmp_path), "<tmp>"))
+    if UPDATE:
+        GOLDEN_REQUEST.write_text(body, encoding="utf-8")
+    assert body == GOLDEN_REQUEST.read_text(encoding="utf-8")
+    sent = json.loads(body)
+    assert not any(i.get("type") == "reasoning" for i in sent["input"])
+    assert sent["prompt_cache_key"] == "<uuid-1>"
