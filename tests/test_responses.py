@@ -27,8 +27,10 @@ from chat.providers.base import (
 )
 from chat.providers.registry import model_info
 from chat.providers.responses import REFUSAL_MARK, Reader, ResponsesProvider
+from chat.render import fragment_seal
 from chat.stream import Reducer, Seal
 from harness.fakeprovider import CUT, FIXTURES, FakeProviderServer, Raw, Reply, collect, recorded
+from tests.ui_helpers import block
 
 TIMEOUT = 5.0
 STEP1 = "responses/reasoning-parallel-tools.1.jsonl"
@@ -387,3 +389,13 @@ async def test_items_sent_whole_without_deltas_are_still_read(fake_server):
         TextDelta("Done."),
         Finish(Usage(), "end_turn"),
     ]
+
+
+def test_a_reasoning_item_without_a_summary_is_shown_as_encrypted_reasoning():
+    """The page says the reasoning is kept and sent back; the item itself is not shown."""
+    data = {"text": "", "reasoning_item": done_item(STEP2, 0)}
+    html = fragment_seal(block("thinking", data, turn_id="t", seq=3))
+    assert "Reasoning (encrypted)" in html and "kept and sent back unchanged" in html
+    assert "gAAAAABoSecondStepNoSummary" not in html
+    shown = fragment_seal(block("thinking", {**data, "text": "A summary."}, turn_id="t", seq=4))
+    assert "A summary." in shown and "encrypted" not in shown
