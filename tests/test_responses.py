@@ -8,6 +8,8 @@ import json
 import logging
 from typing import Any
 
+import httpx2
+import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,7 +28,7 @@ from chat.providers.base import (
     Usage,
 )
 from chat.providers.registry import model_info
-from chat.providers.responses import REFUSAL_MARK, Reader, ResponsesProvider
+from chat.providers.responses import REFUSAL_MARK, Reader, ResponsesProvider, classify
 from chat.render import fragment_seal
 from chat.stream import Reducer, Seal
 from harness.fakeprovider import CUT, FIXTURES, FakeProviderServer, Raw, Reply, collect, recorded
@@ -399,3 +401,15 @@ def test_a_reasoning_item_without_a_summary_is_shown_as_encrypted_reasoning():
     assert "gAAAAABoSecondStepNoSummary" not in html
     shown = fragment_seal(block("thinking", {**data, "text": "A summary."}, turn_id="t", seq=4))
     assert "A summary." in shown and "encrypted" not in shown
+
+
+def test_the_sdks_bare_api_error_is_explained_like_the_event():
+    """If the SDK reads an `error` event itself it raises a bare APIError (no status):
+    the same error as the event, never an unclassified one."""
+    request = httpx2.Request("POST", "https://api.openai.com/v1/responses")
+    body = {"code": "server_error", "message": "Try again."}
+    error = classify(openai.APIError("Try again.", request, body=body))
+    assert (error.error_type, error.status_code, error.retryable) == ("server_error", 500, True)
+    assert error.message == "OpenAI (Responses API) error (server_error): Try again."
+    bare = classify(openai.APIError("Stream broke.", request, body=None))
+    assert bare.message.endswith(": Stream broke.") and bare.retryable

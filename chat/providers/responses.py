@@ -217,6 +217,11 @@ def classify(exc: BaseException) -> ProviderError:
     if isinstance(exc, openai.APIConnectionError | httpx2.RequestError):
         # The SDK's error says only "Connection error."; the HTTP client's says what.
         return errors.transport(NAME, exc, timeout=isinstance(exc, openai.APITimeoutError))
+    if isinstance(exc, openai.APIError):
+        # The bare APIError the SDK raises for an `error` event when it reads the stream
+        # itself: the same words as the event read here.
+        body = exc.body if isinstance(exc.body, dict) else {"message": exc.message}
+        return failure(body, "error")
     logger.warning("unclassified %s failure", NAME, exc_info=exc)
     return ProviderError(f"{NAME}: unexpected {type(exc).__name__}: {exc}")
 
