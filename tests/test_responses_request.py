@@ -169,6 +169,33 @@ def test_a_reasoning_item_goes_back_with_its_keys_in_the_order_they_came():
     assert item in sent
 
 
+def test_a_reasoning_item_that_nothing_follows_is_left_out():
+    """A turn stopped right after its reasoning: the API wants an item after each
+    reasoning item, so that one is not sent (the message's other items are)."""
+    messages = (
+        Message("user", (TextPart("hi"),)),
+        Message("assistant", (ThinkingPart("", reasoning_item=ITEM),)),
+        Message("user", (TextPart("again"),)),
+        Message(
+            "assistant",
+            (
+                ThinkingPart("", reasoning_item=ITEM),
+                TextPart("Hello."),
+                ThinkingPart("", reasoning_item=ITEM),
+            ),
+        ),
+        Message("user", (TextPart("and?"),)),
+    )
+    items = build_params(request(messages), GPT5)["input"]
+    assert [i.get("type") or i["role"] for i in items] == [
+        "user",
+        "user",
+        "reasoning",
+        "assistant",
+        "user",
+    ]
+
+
 def test_a_model_without_reasoning_gets_no_reasoning_parameters():
     params = build_params(request(), model_info("openai/gpt-4.1"))
     assert "include" not in params and "reasoning" not in params

@@ -19,7 +19,8 @@ Request rules (each keeps the prefix byte-stable or the request valid):
   appends one user message, keeps it unchanged;
 - every earlier reasoning item is sent as it came (its JSON text from the log, key
   order included: its `id` and `encrypted_content` are final only in
-  `response.output_item.done`); reasoning of another provider (no item) is left out;
+  `response.output_item.done`), except one that nothing follows in its message (the
+  API refuses it); reasoning of another provider (no item) is left out;
 - `function_call` and `function_call_output` items in log order; arguments as JSON
   with sorted keys; a failed call's output starts with "Error: ";
 - images and PDFs as `input_image` / `input_file` parts (data URLs of the stored
@@ -268,7 +269,13 @@ def input_items(message: Message, files: Files | None = None) -> list[dict[str, 
     """One neutral message as Responses input items, in its parts' order."""
     files = files if files is not None else Files(None, None)
     if message.role == Role.ASSISTANT:
-        return [item for part in message.parts if (item := _assistant_item(part)) is not None]
+        items = [item for part in message.parts if (item := _assistant_item(part)) is not None]
+        # The API refuses a reasoning item with nothing after it (a turn stopped right
+        # after the reasoning, an answer of reasoning only): that reasoning is left out.
+        # A message is sent only once it is whole, so this never changes sent bytes.
+        while items and items[-1].get("type") == "reasoning":
+            items.pop()
+        return items
     out: list[dict[str, Any]] = []
     content: list[dict[str, Any]] = []
     for part in message.parts:
