@@ -597,6 +597,8 @@ class UsageRecord(models.Model):
     output_tokens = models.PositiveIntegerField(default=0)
     cache_read_tokens = models.PositiveIntegerField(default=0)
     cache_write_tokens = models.PositiveIntegerField(default=0)
+    # Of output_tokens, those spent reasoning (OpenAI's Responses API says), shown apart.
+    reasoning_tokens = models.PositiveIntegerField(default=0)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.STEP)
     created_at = models.DateTimeField(auto_now_add=True)
 

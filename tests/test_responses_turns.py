@@ -12,6 +12,8 @@ from django.contrib.auth import get_user_model
 
 from chat import usage
 from chat.models import Tab, UsageRecord
+from chat.render.usage import usage_line
+from chat.usage import Totals
 from harness.fakeprovider import (
     FIXTURES,
     FakeProviderServer,
@@ -126,6 +128,10 @@ async def test_usage_and_cost_are_recorded_per_step(responses_server, workspace)
         Decimal(1320 + 210) * Decimal("1.25") + 1280 * Decimal("0.125") + (262 + 58) * 10
     ) / 10**6
     assert totals.usd == expected
+    # Reasoning is part of the output, and the usage line says how much of it.
+    assert (totals.tokens.output, totals.tokens.reasoning) == (320, 216)
+    assert "output 320 (216 reasoning)" in usage_line(totals)["detail"]
+    assert Totals.from_dict(totals.as_dict()).tokens == totals.tokens
 
 
 async def test_the_output_limit_gives_its_notice(responses_server, workspace):

@@ -352,6 +352,7 @@ class Stepper:
             output_tokens=usage.output_tokens,
             cache_read_tokens=usage.cache_read_tokens,
             cache_write_tokens=usage.cache_write_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
         )
         if kind == UsageRecord.Kind.STEP:
             size = context.Size(
