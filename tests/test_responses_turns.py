@@ -3,6 +3,7 @@ what each request holds, through the real SDK and the turn engine."""
 
 from __future__ import annotations
 
+import io
 import json
 from decimal import Decimal
 
@@ -10,8 +11,12 @@ import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 
-from chat import usage
+from chat import log, transfer, usage
+from chat.history import History
 from chat.models import Tab, UsageRecord
+from chat.providers.base import Request
+from chat.providers.registry import model_info
+from chat.providers.responses import build_params
 from chat.render.usage import usage_line
 from chat.usage import Totals
 from harness.fakeprovider import (
@@ -202,3 +207,28 @@ async def test_the_next_request_of_the_recorded_tab_is_unchanged(
     sent = json.loads(body)
     assert not any(i.get("type") == "reasoning" for i in sent["input"])
     assert sent["prompt_cache_key"] == "<uuid-1>"
+
+
+async def test_an_exported_tab_imports_with_its_reasoning_items_and_the_same_request(
+    responses_server, workspace
+):
+    """The reasoning items travel through an export and an import unchanged: the imported
+    tab's next request is the original's, byte for byte."""
+    async with running_worker():
+        tab = await make_tab("openai/gpt-5")
+        await run_one(tab, "Weather in Paris and Oslo?")
+
+    def both() -> tuple[bytes, bytes]:
+        copy = transfer.import_jsonl(
+            tab.owner, io.BytesIO("".join(transfer.export_jsonl(tab)).encode())
+        )
+        model = model_info("openai/gpt-5")
+        built = [
+            wire(build_params(Request("", (), History.build(log.tail(t.pk)).messages()), model))
+            for t in (tab, copy)
+        ]
+        return built[0], built[1]
+
+    original, imported = await database_sync_to_async(both)()
+    assert original == imported
+    assert done_item(STEP1, 0).encode() in imported
