@@ -453,7 +453,7 @@ class FakeProviderServer:
 
     @property
     def openai_url(self) -> str:
-        """The OpenAI base URL (the SDK adds /chat/completions)."""
+        """The OpenAI base URL (the SDK adds /chat/completions, or /responses)."""
         return f"{self.url}/v1"
 
     # --- script and records ---
