@@ -31,7 +31,16 @@ from chat.providers.registry import model_info
 from chat.providers.responses import REFUSAL_MARK, Reader, ResponsesProvider, classify
 from chat.render import fragment_seal
 from chat.stream import Reducer, Seal
-from harness.fakeprovider import CUT, FIXTURES, FakeProviderServer, Raw, Reply, collect, recorded
+from harness.fakeprovider import (
+    CUT,
+    FIXTURES,
+    FakeProviderServer,
+    Raw,
+    Reply,
+    ResponsesStream,
+    collect,
+    recorded,
+)
 from tests.ui_helpers import block
 
 TIMEOUT = 5.0
@@ -413,3 +422,35 @@ def test_the_sdks_bare_api_error_is_explained_like_the_event():
     assert error.message == "OpenAI (Responses API) error (server_error): Try again."
     bare = classify(openai.APIError("Stream broke.", request, body=None))
     assert bare.message.endswith(": Stream broke.") and bare.retryable
+
+
+async def test_the_harness_builds_streams_the_adapter_reads(fake_server):
+    """harness.ResponsesStream, for replies built from a request: what it says is what
+    the adapter gets."""
+    stream = (
+        ResponsesStream()
+        .reasoning("rs_7", ["One.", "Two."], "enc-7")
+        .call("c1", "weather", {"location": "Paris"})
+        .call("c2", "weather", {"location": "Oslo"})
+    )
+    fake_server.add(Reply(events=stream.events(input_tokens=50, cached=20, reasoning_tokens=9)))
+    events = await collect(provider(fake_server).stream(ask()))
+    item = {
+        "id": "rs_7",
+        "type": "reasoning",
+        "encrypted_content": "enc-7",
+        "summary": [{"type": "summary_text", "text": t} for t in ("One.", "Two.")],
+    }
+    assert events[:6] == [
+        ReasoningDelta("One."),
+        ReasoningDelta("\n\nTwo."),
+        ReasoningEnd(reasoning_item=json.dumps(item, separators=(",", ":"))),
+        ToolCallEvent("c1", "weather", {"location": "Paris"}),
+        ToolCallEvent("c2", "weather", {"location": "Oslo"}),
+        events[5],
+    ]
+    finish = events[5]
+    assert isinstance(finish, Finish) and finish.stop_reason == "tool_use"
+    assert (finish.usage.input_tokens, finish.usage.cache_read_tokens) == (30, 20)
+    assert finish.usage.reasoning_tokens == 9
+    assert finish.usage.output_tokens > 9
