@@ -176,6 +176,9 @@ class Thinking(TypedDict):
     # Replayed byte for byte: the provider's own, base64.
     signature: NotRequired[str]
     redacted_data: NotRequired[str]
+    # An OpenAI Responses reasoning item, its JSON text as it came (id, encrypted
+    # content): replayed byte for byte, a string so no database re-orders its keys.
+    reasoning_item: NotRequired[str]
     duration_ms: NotRequired[int]
     interrupted: NotRequired[bool]
 

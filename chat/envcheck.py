@@ -76,3 +76,24 @@ def exit_with(line: str, code: int) -> NoReturn:
 
 def exit_configuration_error(exc: Exception) -> NoReturn:
     exit_with(f"Configuration error: {exc}", EXIT_CONFIGURATION)
+
+
+# Which of OpenAI's APIs the `openai` provider speaks (OPENAI_API_STYLE, or per endpoint
+# in Settings): "responses" (POST /responses, reasoning kept between steps) or "chat"
+# (POST /chat/completions, what every OpenAI-compatible server speaks). Unset: Responses
+# at OpenAI's own endpoint, Chat Completions anywhere else.
+API_STYLE_VARIABLE = "OPENAI_API_STYLE"
+API_RESPONSES = "responses"
+API_CHAT = "chat"
+API_STYLES = (API_RESPONSES, API_CHAT)
+
+
+def api_style_problem(value: str) -> str | None:
+    """Why `value` (stripped, any case) is not an API style, or None."""
+    if value.strip().lower() in API_STYLES:
+        return None
+    return (
+        f"{API_STYLE_VARIABLE}={value!r} is not one of {', '.join(API_STYLES)}: set it to "
+        f"{API_RESPONSES} (OpenAI's Responses API) or {API_CHAT} (Chat Completions, for "
+        "any OpenAI-compatible server), or unset it to choose by the base URL."
+    )

@@ -354,6 +354,14 @@ class EndpointForm(forms.Form):
         help_text="A stored key is sent only to the endpoint it was saved for: to use it "
         "at a new URL, enter it again here.",
     )
+    api_style = forms.ChoiceField(
+        label="API",
+        choices=ProviderEndpoint.ApiStyle.choices,
+        required=False,
+        help_text="For an OpenAI-compatible endpoint: OpenAI's Responses API keeps a "
+        "reasoning model's reasoning between the steps of a turn; most other servers "
+        "speak only Chat Completions. <code>OPENAI_API_STYLE</code> overrides this.",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -368,7 +376,11 @@ class EndpointForm(forms.Form):
         provider = self.cleaned_data["provider"]
         with transaction.atomic():
             ProviderEndpoint.objects.update_or_create(
-                provider=provider, defaults={"base_url": self.cleaned_data["base_url"]}
+                provider=provider,
+                defaults={
+                    "base_url": self.cleaned_data["base_url"],
+                    "api_style": self.cleaned_data["api_style"] or "",
+                },
             )
             if self.cleaned_data["key"]:
                 store_key(provider, self.cleaned_data["key"])

@@ -10,8 +10,9 @@ thinking signatures depend on that).
 
 Normalisations, each deterministic so that rebuilding gives the same bytes:
 - system and error chunks are never sent; empty text is dropped;
-- thinking is kept as it is, even with empty text when it carries a signature
-  or redacted data; a thinking chunk with neither and no text is dropped, and
+- thinking is kept as it is, even with empty text when it carries a signature,
+  redacted data or a Responses reasoning item; a thinking chunk with none of
+  them and no text is dropped, and
   so is one marked `interrupted` without either (cut off before it was signed);
 - interrupted text is sent as the user saw it;
 - a message's files (its `attachments`) become image and document parts before
@@ -209,12 +210,13 @@ class History:
                 thinking = cast(Thinking, data)
                 signature = thinking.get("signature")
                 redacted = thinking.get("redacted_data")
+                item = thinking.get("reasoning_item")
                 # Replayed unmodified: a signature binds the exact text. Thinking
                 # cut off before its signature (a stop, a crash, an error) is
                 # not sent: Anthropic rejects it, and it is half a thought.
                 text = thinking.get("text")
-                if signature or redacted or (text and not thinking.get("interrupted")):
-                    part = ThinkingPart(thinking.get("text", ""), signature, redacted)
+                if signature or redacted or item or (text and not thinking.get("interrupted")):
+                    part = ThinkingPart(thinking.get("text", ""), signature, redacted, item)
                     self._assistant(chunk).parts.append(part)
             case Role.ASSISTANT, Kind.TOOL_CALL:
                 tool_call = cast(ToolCall, data)

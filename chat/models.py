@@ -600,8 +600,18 @@ class ApiKey(models.Model):
 
 
 class ProviderEndpoint(models.Model):
+    class ApiStyle(models.TextChoices):
+        # Which API an OpenAI-adapter provider speaks there (registry.api_style; the
+        # values are envcheck.API_STYLES, which models may not import).
+        AUTO = "", "Automatic (Responses at api.openai.com, else Chat Completions)"
+        RESPONSES = "responses", "Responses API"
+        CHAT = "chat", "Chat Completions"
+
     provider = models.CharField(max_length=50, unique=True)
     base_url = models.URLField(max_length=500)
+    api_style = models.CharField(
+        max_length=16, choices=ApiStyle.choices, default=ApiStyle.AUTO, blank=True
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -627,6 +637,8 @@ class UsageRecord(models.Model):
     output_tokens = models.PositiveIntegerField(default=0)
     cache_read_tokens = models.PositiveIntegerField(default=0)
     cache_write_tokens = models.PositiveIntegerField(default=0)
+    # Of output_tokens, those spent reasoning (OpenAI's Responses API says), shown apart.
+    reasoning_tokens = models.PositiveIntegerField(default=0)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.STEP)
     created_at = models.DateTimeField(auto_now_add=True)
 

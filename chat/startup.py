@@ -26,8 +26,10 @@ from django.db.migrations.executor import MigrationExecutor
 
 from chat.acp import config as acp_config
 from chat.envcheck import (
+    API_STYLE_VARIABLE,
     EXIT_CONFIGURATION,
     EXIT_UNAVAILABLE,
+    api_style_problem,
     exit_with,
     masked_url,
     unreachable_line,
@@ -61,6 +63,7 @@ def configuration_problems() -> list[str]:
         *_model_problems(),
         *_base_url_problems(),
         *_idle_timeout_problems(),
+        *_api_style_problems(),
         *_workspace_problems(),
     ]
 
@@ -117,6 +120,13 @@ def _idle_timeout_problems() -> list[str]:
         except ProviderConfigError as exc:
             problems.append(str(exc))
     return problems
+
+
+def _api_style_problems() -> list[str]:
+    # Read when a turn starts an OpenAI provider: a typo would otherwise fail every one.
+    value = os.environ.get(API_STYLE_VARIABLE, "").strip()
+    problem = api_style_problem(value) if value else None
+    return [problem] if problem else []
 
 
 def _workspace_problems() -> list[str]:

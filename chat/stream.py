@@ -171,8 +171,8 @@ class Reducer:
                 return self._extend(Role.ASSISTANT, Kind.TEXT, None, text)
             case ReasoningDelta(text=text):
                 return self._extend(Role.ASSISTANT, Kind.THINKING, None, text)
-            case ReasoningEnd(signature=signature, redacted_data=redacted):
-                return self._end_reasoning(signature, redacted)
+            case ReasoningEnd(signature=signature, redacted_data=redacted, reasoning_item=item):
+                return self._end_reasoning(signature, redacted, item)
             case ShellOutput(call_id=call_id, text=text):
                 return self._extend(Role.TOOL, Kind.TOOL_RESULT, call_id, text)
             case ToolCallEvent(call_id=call_id, name=name, arguments=arguments, title=title):
@@ -249,11 +249,13 @@ class Reducer:
         ops.append(Delta(block.id, offset, text))
         return ops
 
-    def _end_reasoning(self, signature: str | None, redacted: str | None) -> list[Op]:
+    def _end_reasoning(
+        self, signature: str | None, redacted: str | None, item: str | None = None
+    ) -> list[Op]:
         ops: list[Op] = []
         if self._open is None or self._open.type != Kind.THINKING:
             ops += self.seal()
-            if not (signature or redacted):
+            if not (signature or redacted or item):
                 return ops  # nothing streamed and nothing to replay: no block
             # Signature-only thinking (display omitted) or redacted thinking
             # arrives with no deltas; it is still a block and must be kept.
@@ -263,6 +265,8 @@ class Reducer:
             meta["signature"] = signature
         if redacted is not None:
             meta["redacted_data"] = redacted
+        if item is not None:
+            meta["reasoning_item"] = item
         return ops + self.seal(**meta)
 
     def _call_name(self, call_id: str) -> str:

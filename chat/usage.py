@@ -119,6 +119,9 @@ class Tokens:
     output: int = 0
     cache_read: int = 0
     cache_write: int = 0
+    # Of `output`, what the model spent reasoning (where the provider says): shown apart,
+    # priced as the output it is part of.
+    reasoning: int = 0
 
     def __add__(self, other: Tokens) -> Tokens:
         return Tokens(
@@ -126,6 +129,7 @@ class Tokens:
             self.output + other.output,
             self.cache_read + other.cache_read,
             self.cache_write + other.cache_write,
+            self.reasoning + other.reasoning,
         )
 
     @property
@@ -175,7 +179,7 @@ class Totals:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON (the channel layer carries it): the cost as a decimal string."""
-        return {
+        data: dict[str, Any] = {
             "input": self.tokens.input,
             "output": self.tokens.output,
             "cache_read": self.tokens.cache_read,
@@ -185,6 +189,9 @@ class Totals:
             "models": list(self.models),
             "steps": self.steps,
         }
+        if self.tokens.reasoning:
+            data["reasoning"] = self.tokens.reasoning
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Totals:
@@ -194,6 +201,7 @@ class Totals:
                 int(data.get("output") or 0),
                 int(data.get("cache_read") or 0),
                 int(data.get("cache_write") or 0),
+                int(data.get("reasoning") or 0),
             ),
             Decimal(str(data.get("usd") or 0)),
             tuple(data.get("unknown") or ()),
@@ -385,6 +393,7 @@ def _priced_groups(records: QuerySet, *keys: str) -> Iterator[tuple[tuple[Any, .
             sum_output=Sum("output_tokens"),
             sum_cache_read=Sum("cache_read_tokens"),
             sum_cache_write=Sum("cache_write_tokens"),
+            sum_reasoning=Sum("reasoning_tokens"),
             requests=Count("id"),
         )
     )
@@ -394,6 +403,7 @@ def _priced_groups(records: QuerySet, *keys: str) -> Iterator[tuple[tuple[Any, .
             row["sum_output"] or 0,
             row["sum_cache_read"] or 0,
             row["sum_cache_write"] or 0,
+            row["sum_reasoning"] or 0,
         )
         model = row["model"]
         price_day = row["price_day"]

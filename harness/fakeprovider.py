@@ -2,7 +2,9 @@
 
 The adapters under test talk to it through the real SDKs, so what is tested is
 the real wire: Anthropic SSE frames with `event:` lines on `/v1/messages`,
-OpenAI `data:` lines ending with `[DONE]` on `.../chat/completions`.
+OpenAI `data:` lines ending with `[DONE]` on `.../chat/completions`, and OpenAI's
+Responses API on `.../responses` (`event:` lines, no `[DONE]`; `ResponsesStream`
+builds its streams).
 
 Script replies in order (each request takes the next one):
 
@@ -451,7 +453,7 @@ class FakeProviderServer:
 
     @property
     def openai_url(self) -> str:
-        """The OpenAI base URL (the SDK adds /chat/completions)."""
+        """The OpenAI base URL (the SDK adds /chat/completions, or /responses)."""
         return f"{self.url}/v1"
 
     # --- script and records ---
@@ -533,7 +535,9 @@ class _Handler(BaseHTTPRequestHandler):
             record.usage = self.fake.cache.usage(parsed)
             reply = replace(reply, events=with_usage(reply.events, record.usage))
         try:
-            self._stream(reply, anthropic, record)
+            # The Responses API names its events as Anthropic does (`event:` lines, no
+            # `[DONE]`): the same frames.
+            self._stream(reply, anthropic or is_responses_path(self.path), record)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             record.disconnected.set()
             self.close_connection = True
@@ -661,6 +665,156 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
+
+
+# --- OpenAI's Responses API (POST /v1/responses) ---------------------------------
+
+
+def is_responses_path(path: str) -> bool:
+    """Whether `path` is the Responses API's (the SDK posts to <base_url>/responses)."""
+    return path.split("?")[0].rstrip("/").endswith("/responses")
+
+
+class ResponsesStream:
+    """A Responses API stream, item by item, with the documented event shapes:
+    `response.created`, each output item (`.added`, its deltas, `.done`) with its
+    `output_index` and a `sequence_number` on every event, then `response.completed`
+    (or `.incomplete` / `.failed`). For replies built from a request (`respond=`).
+
+        ResponsesStream().reasoning("rs_1", ["Two cities."], "enc-1").call(
+            "call_1", "weather", {"location": "Paris"}).events()
+    """
+
+    def __init__(self, model: str = "gpt-5", response_id: str = "resp_fake") -> None:
+        self.model = model
+        self.id = response_id
+        self.items: list[dict[str, Any]] = []
+        # The events of the items, numbered when the stream is put together.
+        self.body: list[dict[str, Any]] = []
+
+    def _add(self, event: dict[str, Any]) -> None:
+        self.body.append(event)
+
+    def _item(
+        self, added: dict[str, Any], deltas: list[dict[str, Any]], done: dict[str, Any]
+    ) -> None:
+        index = len(self.items)
+        self._add({"type": "response.output_item.added", "output_index": index, "item": added})
+        for delta in deltas:
+            self._add({**delta, "output_index": index})
+        self._add({"type": "response.output_item.done", "output_index": index, "item": done})
+        self.items.append(done)
+
+    def reasoning(self, item_id: str, summary: list[str], encrypted: str) -> ResponsesStream:
+        """A reasoning item: its summary parts streamed, its final id and encrypted
+        content (which .added does not have yet) in .done."""
+        deltas: list[dict[str, Any]] = []
+        for n, text in enumerate(summary):
+            part = {"item_id": item_id, "summary_index": n}
+            deltas.append(
+                {
+                    "type": "response.reasoning_summary_part.added",
+                    **part,
+                    "part": {"type": "summary_text", "text": ""},
+                }
+            )
+            deltas.append({"type": "response.reasoning_summary_text.delta", **part, "delta": text})
+            deltas.append({"type": "response.reasoning_summary_text.done", **part, "text": text})
+        done = {
+            "id": item_id,
+            "type": "reasoning",
+            "encrypted_content": encrypted,
+            "summary": [{"type": "summary_text", "text": t} for t in summary],
+        }
+        added = {"id": item_id + "_pending", "type": "reasoning", "summary": []}
+        self._item(added, deltas, done)
+        return self
+
+    def text(self, text: str, item_id: str = "msg_fake") -> ResponsesStream:
+        words = text.split(" ")
+        pieces = [w + " " for w in words[:-1]] + words[-1:]
+        part = {"item_id": item_id, "content_index": 0}
+        deltas = [
+            {"type": "response.output_text.delta", **part, "delta": p, "logprobs": []}
+            for p in pieces
+            if p
+        ]
+        content = [{"type": "output_text", "text": text, "annotations": []}]
+        done = {
+            "id": item_id,
+            "type": "message",
+            "status": "completed",
+            "role": "assistant",
+            "content": content,
+        }
+        added = {**done, "status": "in_progress", "content": []}
+        self._item(added, deltas, done)
+        return self
+
+    def call(self, call_id: str, name: str, arguments: dict[str, Any]) -> ResponsesStream:
+        raw = json.dumps(arguments)
+        item_id = "fc_" + call_id
+        half = len(raw) // 2
+        deltas = [
+            {"type": "response.function_call_arguments.delta", "item_id": item_id, "delta": piece}
+            for piece in (raw[:half], raw[half:])
+        ]
+        deltas.append(
+            {"type": "response.function_call_arguments.done", "item_id": item_id, "arguments": raw}
+        )
+        done = {
+            "id": item_id,
+            "type": "function_call",
+            "status": "completed",
+            "arguments": raw,
+            "call_id": call_id,
+            "name": name,
+        }
+        self._item({**done, "status": "in_progress", "arguments": ""}, deltas, done)
+        return self
+
+    def events(
+        self,
+        *,
+        input_tokens: int = 100,
+        cached: int = 0,
+        reasoning_tokens: int = 0,
+        end: str = "completed",
+        reason: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The whole stream, ending `end` (completed, incomplete: `reason`)."""
+        output = sum(len(json.dumps(i)) for i in self.items) // CHARS_PER_TOKEN
+        usage = {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": output + reasoning_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "total_tokens": input_tokens + output + reasoning_tokens,
+        }
+        response = {
+            "id": self.id,
+            "object": "response",
+            "created_at": 0,
+            "model": self.model,
+            "status": "in_progress",
+            "output": [],
+            "usage": None,
+            "error": None,
+            "incomplete_details": None,
+        }
+        final = {
+            **response,
+            "status": end,
+            "output": self.items,
+            "usage": usage,
+            "incomplete_details": {"reason": reason} if reason else None,
+        }
+        stream = [
+            {"type": "response.created", "response": response},
+            *self.body,
+            {"type": f"response.{end}", "response": final},
+        ]
+        return [{**event, "sequence_number": n} for n, event in enumerate(stream)]
 
 
 def _event_name(line: str) -> str:

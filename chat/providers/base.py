@@ -26,10 +26,15 @@ class ReasoningDelta:
 
 @dataclass(frozen=True, slots=True)
 class ReasoningEnd:
-    """Closes a thinking block; the metadata must be replayed byte for byte."""
+    """Closes a thinking block; the metadata must be replayed byte for byte.
+
+    `reasoning_item`: an OpenAI Responses reasoning item (its id and encrypted content),
+    as JSON text in the key order it came in: sent back as it is.
+    """
 
     signature: str | None = None
     redacted_data: str | None = None
+    reasoning_item: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,8 @@ class Usage:
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    # Of output_tokens, those the model spent reasoning (where the provider says).
+    reasoning_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -104,6 +111,7 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.cache_read_tokens + other.cache_read_tokens,
             self.cache_write_tokens + other.cache_write_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
         )
 
 
@@ -140,6 +148,8 @@ class ThinkingPart:
     text: str
     signature: str | None = None
     redacted_data: str | None = None
+    # A Responses reasoning item's JSON text (ReasoningEnd); other adapters ignore it.
+    reasoning_item: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +247,9 @@ class Request:
     blobs: BlobReader | None = None
     # An output limit below the model's (None: the model's own).
     max_tokens: int | None = None
+    # What the provider may group requests by for its prompt cache (the tab's id):
+    # OpenAI's Responses adapter sends it as prompt_cache_key, the others ignore it.
+    cache_key: str | None = None
 
 
 # --- Errors ------------------------------------------------------------------

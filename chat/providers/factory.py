@@ -8,10 +8,12 @@ first asked for, so that importing `chat.providers` loads no SDK.
 
 from __future__ import annotations
 
+from chat.envcheck import API_RESPONSES
 from chat.providers.base import Provider
 from chat.providers.registry import (
     PROVIDERS,
     ProviderConfigError,
+    api_style,
     credentials,
     idle_timeout,
     model_info,
@@ -55,6 +57,12 @@ def get_provider(model_id: str) -> Provider:
         from chat.providers.anthropic import AnthropicProvider
 
         return AnthropicProvider(
+            info, api_key=creds.api_key, base_url=creds.base_url, idle_timeout=idle
+        )
+    if api_style(spec.name, creds.base_url, creds.api_style) == API_RESPONSES:
+        from chat.providers.responses import ResponsesProvider
+
+        return ResponsesProvider(
             info, api_key=creds.api_key, base_url=creds.base_url, idle_timeout=idle
         )
     from chat.providers.openai import OpenAIProvider

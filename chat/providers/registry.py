@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypedDict
 from urllib.parse import urlsplit
 
+from chat.envcheck import API_CHAT, API_RESPONSES, API_STYLE_VARIABLE, api_style_problem
 from chat.providers.base import ProviderError
 
 OFFLINE_MODEL = "offline/demo"
@@ -133,6 +134,8 @@ class ProviderSpec:
     default_url: str = ""
     # ModelInfo options of a model of this provider that MODELS does not list.
     defaults: ModelOptions = field(default_factory=ModelOptions)
+    # The variable choosing the API of an OpenAI-adapter provider (see `api_style`).
+    style_env: str = ""
 
 
 # What a Claude model takes: images (image blocks) and PDFs (document blocks).
@@ -163,6 +166,7 @@ PROVIDERS: dict[str, ProviderSpec] = {
             # OpenAI's own models see images since GPT-4o; a text-only model on another
             # server behind this URL is listed in MODELS with images=False.
             defaults={"images": True},
+            style_env=API_STYLE_VARIABLE,
         ),
         ProviderSpec(
             "deepseek",
@@ -237,6 +241,32 @@ MODELS: dict[str, ModelInfo] = {
             "GPT-4.1 mini",
             context_window=1_047_576,
             max_output=32_768,
+            images=True,
+        ),
+        # OpenAI's reasoning models: "adaptive", they reason as they see fit. Through
+        # the Responses API (providers.responses) their reasoning goes back each step.
+        ModelInfo(
+            "openai/gpt-5",
+            "GPT-5",
+            thinking="adaptive",
+            context_window=400_000,
+            max_output=128_000,
+            images=True,
+        ),
+        ModelInfo(
+            "openai/gpt-5-mini",
+            "GPT-5 mini",
+            thinking="adaptive",
+            context_window=400_000,
+            max_output=128_000,
+            images=True,
+        ),
+        ModelInfo(
+            "openai/o4-mini",
+            "o4-mini",
+            thinking="adaptive",
+            context_window=200_000,
+            max_output=100_000,
             images=True,
         ),
         ModelInfo(
@@ -315,6 +345,8 @@ class KeyBoundElsewhere(ProviderConfigError):
 class Credentials:
     api_key: str | None
     base_url: str | None
+    # The API the Settings endpoint in effect asks for ("": choose by the URL).
+    api_style: str = ""
 
 
 # The port each scheme implies: written out or not, it is the same endpoint.
@@ -360,15 +392,43 @@ def credentials(provider: str) -> Credentials:
         return Credentials(None, None)
     key = from_env(spec.key_env)
     url = from_env(spec.url_env)
+    style = ""
     if key is None or url is None:
         stored = _stored(provider, want_key=key is None, want_url=url is None)
-        url = url or stored.url
+        if url is None and stored.url is not None:
+            url, style = stored.url, stored.api_style
         if key is None and stored.key is not None:
             now = key_endpoint(url or spec.default_url)
             if stored.endpoint != now:
                 raise KeyBoundElsewhere(spec, stored.endpoint, now)
             key = stored.key
-    return Credentials(key, url)
+    return Credentials(key, url, style)
+
+
+# The hosts that serve OpenAI's own API (the SDK's default base URL is the first).
+OPENAI_HOSTS = frozenset({"api.openai.com", "us.api.openai.com", "eu.api.openai.com"})
+
+
+def api_style(provider: str, base_url: str | None, stored: str = "") -> str:
+    """The API an OpenAI-adapter provider speaks at `base_url` (None: the SDK's
+    default): the provider's variable (OPENAI_API_STYLE) wins, then the Settings
+    endpoint's choice (`stored`), else Responses at OpenAI's own endpoint and Chat
+    Completions anywhere else (a compatible server may not have /responses at all).
+
+    Raises ProviderConfigError naming the variable when its value is not a style.
+    """
+    spec = PROVIDERS[provider]
+    raw = from_env(spec.style_env)
+    if raw is not None:
+        if problem := api_style_problem(raw):
+            raise ProviderConfigError(problem)
+        return raw.lower()
+    if stored in (API_RESPONSES, API_CHAT):
+        return stored
+    if spec.name != "openai":
+        return API_CHAT
+    host = urlsplit(base_url).hostname if base_url else "api.openai.com"
+    return API_RESPONSES if host in OPENAI_HOSTS else API_CHAT
 
 
 def endpoint_now(provider: str) -> str:
@@ -396,6 +456,8 @@ class _Stored:
     # The endpoint the key was saved for.
     endpoint: str
     url: str | None
+    # The stored endpoint's API style ("" for automatic).
+    api_style: str = ""
 
 
 def _stored(provider: str, *, want_key: bool, want_url: bool) -> _Stored:
@@ -435,7 +497,7 @@ def _read_stored(provider: str, want_key: bool, want_url: bool) -> _Stored:
     from chat.models import ApiKey, ProviderEndpoint
 
     key = url = None
-    endpoint = ""
+    endpoint = style = ""
     if want_key:
         row = ApiKey.objects.filter(provider=provider).first()
         if row is not None:
@@ -447,12 +509,14 @@ def _read_stored(provider: str, want_key: bool, want_url: bool) -> _Stored:
                     f"{PROVIDERS[provider].key_env}."
                 )
     if want_url:
-        url = (
+        where = (
             ProviderEndpoint.objects.filter(provider=provider)
-            .values_list("base_url", flat=True)
+            .values_list("base_url", "api_style")
             .first()
-        ) or None
-    return _Stored(key, endpoint, url)
+        )
+        if where is not None:
+            url, style = where[0] or None, where[1]
+    return _Stored(key, endpoint, url, style)
 
 
 def idle_env(provider: str) -> str:

@@ -113,7 +113,9 @@ class Thinking(Item):
 
     @property
     def redacted(self) -> bool:
-        return bool(self.fields.get("redacted_data")) and not self.text
+        # A Responses reasoning item without a summary is encrypted reasoning too.
+        fields = self.fields
+        return bool(fields.get("redacted_data") or fields.get("reasoning_item")) and not self.text
 
     @property
     def duration(self) -> str:

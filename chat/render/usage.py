@@ -44,7 +44,7 @@ def usage_line(totals: Totals, turn_id: Any = None) -> dict[str, Any]:
         f"input {t.input:,} (uncached)",
         f"cache read {t.cache_read:,}",
         f"cache write {t.cache_write:,}",
-        f"output {t.output:,}",
+        f"output {t.output:,}" + (f" ({t.reasoning:,} reasoning)" if t.reasoning else ""),
         f"{totals.steps} request{'s' if totals.steps != 1 else ''}",
         ", ".join(totals.models),
     ]

@@ -145,6 +145,7 @@ class Compactor:
             tools=tools.tab_specs(tab),
             messages=history.with_ask(question),
             blobs=blobs.READER,
+            cache_key=str(tab.pk),
         )
         state.status.state = COMPACTING
         await self.outbox.status()

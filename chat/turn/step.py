@@ -67,6 +67,7 @@ def request(state: TurnState, tab: Tab) -> Request:
         tools=tools.tab_specs(tab),
         messages=state.history_built.messages(),
         blobs=blobs.READER,
+        cache_key=str(tab.pk),
     )
 
 
@@ -351,6 +352,7 @@ class Stepper:
             output_tokens=usage.output_tokens,
             cache_read_tokens=usage.cache_read_tokens,
             cache_write_tokens=usage.cache_write_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
         )
         if kind == UsageRecord.Kind.STEP:
             size = context.Size(
