@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("chat", "0017_tab_profile_by_model"),
+        ("chat", "0019_acp_agent"),
     ]
 
     operations = [
