@@ -44,7 +44,9 @@ class Handler(Protocol):
         """One `session/update` of the live turn (an `acp.schema` update model)."""
         ...
 
-    async def permission(self, tool_call: ToolCallUpdate, options: list[PermissionOption]) -> str | None:
+    async def permission(
+        self, tool_call: ToolCallUpdate, options: list[PermissionOption]
+    ) -> str | None:
         """The option id chosen for `session/request_permission`, or None when the turn
         was stopped meanwhile (answered as cancelled)."""
         ...

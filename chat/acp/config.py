@@ -1,0 +1,63 @@
+"""Which external agents exist: `acp/<name>` in the model picker.
+
+Two sources, the later winning by name: the built-in presets whose program is on the
+server's PATH, and DISPATCH_ACP_AGENTS (parsed and checked at start-up by
+chat.envcheck.acp_agents through dispatch.settings). Agents kept in the database (a
+Settings section) are to be merged by `merged` the same way, after the variable.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Mapping
+
+from django.conf import settings
+
+from chat.acp.seam import AgentConfig
+from chat.envcheck import AcpAgents
+
+# name -> (program, whose credentials it is given). Found on PATH when the server
+# starts a process (installed by `npm install -g`, see the README).
+PRESETS: dict[str, tuple[str, str]] = {
+    "claude-code": ("claude-code-acp", "anthropic"),
+    "codex": ("codex-acp", "openai"),
+}
+
+
+def presets() -> list[AgentConfig]:
+    """The presets whose program is installed (on PATH)."""
+    return [
+        AgentConfig(name=name, command=(program,), provider=provider, preset=True)
+        for name, (program, provider) in PRESETS.items()
+        if shutil.which(program) is not None
+    ]
+
+
+def configured(parsed: AcpAgents) -> list[AgentConfig]:
+    """The agents of DISPATCH_ACP_AGENTS as parsed; one named as a preset keeps the
+    preset's provider unless it names its own."""
+    return [
+        AgentConfig(
+            name=name,
+            command=command,
+            env=env,
+            provider=provider if provider is not None else PRESETS.get(name, ("", ""))[1],
+        )
+        for name, (command, env, provider) in parsed.items()
+    ]
+
+
+def merged(*sources: Iterable[AgentConfig]) -> dict[str, AgentConfig]:
+    """The agents by name, a later source's replacing an earlier one's of that name."""
+    agents: dict[str, AgentConfig] = {}
+    for source in sources:
+        for agent in source:
+            agents[agent.name] = agent
+    return dict(sorted(agents.items()))
+
+
+def agents(parsed: Mapping[str, tuple] | None = None) -> dict[str, AgentConfig]:
+    """Every agent a tab may use, by name: the installed presets, then the variable's."""
+    if parsed is None:
+        parsed = settings.DISPATCH_ACP_AGENTS
+    return merged(presets(), configured(dict(parsed)))
