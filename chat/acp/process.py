@@ -456,7 +456,8 @@ class _Agent:
 
     async def _error(self, step: str, exc: BaseException) -> AgentError:
         """What went wrong at `step`, for the user: the agent's answer, or how it broke
-        (waiting a moment for its exit status), and the end of its stderr."""
+        (waiting a moment for its exit status; then it is killed), and the end of its
+        stderr."""
         if isinstance(exc, RequestError):
             said = str(exc)
             if isinstance(exc.data, dict) and exc.data.get("details"):
@@ -471,6 +472,8 @@ class _Agent:
                 problem = f"it exited (status {proc.returncode})"
             else:
                 problem = f"the connection broke ({exc or type(exc).__name__})"
+        # Broken for good: ended, so that its stderr is read to its end for the message.
+        await self.kill()
         return AgentError(self.failure(f"stopped during {step}: {problem}"))
 
     def failure(self, what: str) -> str:
