@@ -435,10 +435,8 @@ def anthropic_blocks(*blocks: dict[str, Any], stop_reason: str = "end_turn") -> 
     for index, block in enumerate(blocks):
         kind = block["type"]
         if kind == "text":
-            start, delta = {"type": "text", "text": ""}, {
-                "type": "text_delta",
-                "text": block["text"],
-            }
+            start = {"type": "text", "text": ""}
+            delta = {"type": "text_delta", "text": block["text"]}
         elif kind == "thinking":
             start = {"type": "thinking", "thinking": "", "signature": ""}
             delta = {"type": "thinking_delta", "thinking": block["thinking"]}

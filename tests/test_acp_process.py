@@ -154,6 +154,7 @@ async def test_claude_code_in_its_sandbox(anthropic, tmp_path: Path) -> None:
         await _tool_call(agent, endpoint)
         await _permission(agent, endpoint, workspace)
         await _confined(agent, endpoint, workspace, home)
+        await _files(agent, endpoint, workspace)
         await _cancel(agent, endpoint)
     finally:
         closing = time.monotonic()
@@ -233,6 +234,47 @@ async def _confined(
     assert "ANTHROPIC_BASE_URL=http://127.0.0.1:" in output
     assert (workspace / "w.txt").exists() and (home / "h.txt").exists()
     assert "Read-only file system" in output
+
+
+async def _files(agent: AgentSession, endpoint: ClaudeCodeEndpoint, workspace: Path) -> None:
+    """Its file tools go through fs/read_text_file and fs/write_text_file, served in the
+    workspace only: a link out of it is refused."""
+    (workspace / "notes.txt").write_text("line one\nline two\n")
+    (workspace / "escape.txt").symlink_to(Path(settings.DATA_DIR) / "secret.txt")
+    read = "mcp__acp__Read"
+    endpoint.add(
+        anthropic_blocks(
+            {
+                "type": "tool_use",
+                "id": "toolu_r1",
+                "name": read,
+                "input": {"file_path": str(workspace / "notes.txt")},
+            },
+            {
+                "type": "tool_use",
+                "id": "toolu_r2",
+                "name": read,
+                "input": {"file_path": str(workspace / "escape.txt")},
+            },
+            {
+                "type": "tool_use",
+                "id": "toolu_w",
+                "name": "mcp__acp__Write",
+                "input": {
+                    "file_path": str(workspace / "out.txt"),
+                    "content": "written by the agent",
+                },
+            },
+            stop_reason="tool_use",
+        ),
+        _text("Files done."),
+    )
+    handler = Recorder()
+    assert await _prompt(agent, "files", handler) == "end_turn"
+    output = handler.tool_output()
+    assert "line two" in output and "data-dir-secret-3" not in output
+    assert "resolves outside the workspace through a symlink" in output
+    assert (workspace / "out.txt").read_text() == "written by the agent"
 
 
 async def _cancel(agent: AgentSession, endpoint: ClaudeCodeEndpoint) -> None:

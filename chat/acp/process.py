@@ -30,9 +30,9 @@ import signal
 import socket
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from acp import PROTOCOL_VERSION, RequestError
+from acp import PROTOCOL_VERSION, Client, RequestError
 from acp.client.connection import ClientSideConnection
 from acp.schema import (
     AllowedOutcome,
@@ -198,7 +198,7 @@ class _Client:
             raise RequestError.invalid_params({"details": str(exc)}) from None
         if outcome.images:
             raise RequestError.invalid_params({"details": f"{path}: an image, not text"})
-        text = outcome.text
+        text = outcome.result
         if text == "(empty file)" and (root / relative).stat().st_size == 0:
             text = ""
         return ReadTextFileResponse(content=text)
@@ -252,7 +252,8 @@ class _Agent:
             extra += ["--bind", str(self._relay.folder), launch.INSIDE_SOCKET_DIR]
         await self._spawn(policy, extra)
         self._lines = _Lines(self._require_proc())
-        self._conn = ClientSideConnection(_Client(self), self._lines)
+        # _Client has the methods of acp.interfaces.Client these agents call.
+        self._conn = ClientSideConnection(cast(Client, _Client(self)), self._lines)
         try:
             started = await self._conn.initialize(
                 protocol_version=PROTOCOL_VERSION,
