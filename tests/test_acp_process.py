@@ -366,6 +366,39 @@ async def test_a_missing_command_is_a_clear_error(tmp_path: Path) -> None:
         await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "home", resume=None)
 
 
+async def test_cancel_ends_what_the_prompt_left_but_not_the_agent(tmp_path: Path) -> None:
+    """A command in a session of its own is ended by cancel; the agent is not, and
+    answers its prompt as cancelled. Its update reached the prompt's handler."""
+    config = AgentConfig("minimal", (str(DOUBLES / "minimal"), "child"))
+    agent = await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "h", resume=None)
+    try:
+        handler = Recorder()
+        turn = asyncio.create_task(_prompt(agent, "go", handler))
+        assert await _until(lambda: _pids_running(b"sleep\x0063\x00"), 10.0)
+        await agent.cancel()
+        assert await asyncio.wait_for(turn, 5.0) == "cancelled"
+        assert await _until(lambda: not _pids_running(b"sleep\x0063\x00"), 1.0)
+        assert handler.text(AgentMessageChunk) == "working"
+    finally:
+        await agent.close()
+
+
+async def test_an_agent_dying_mid_prompt_is_a_clear_error(tmp_path: Path) -> None:
+    config = AgentConfig("minimal", (str(DOUBLES / "minimal"), "die"))
+    agent = await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "h", resume=None)
+    try:
+        with pytest.raises(AgentError) as caught:
+            await _prompt(agent, "go", Recorder())
+    finally:
+        await agent.close()
+    assert str(caught.value) == (
+        "minimal stopped during session/prompt: it exited (status 7); "
+        "its stderr ends: minimal agent: out of luck mid-prompt"
+    )
+    with pytest.raises(AgentError, match="minimal is not running"):
+        await _prompt(agent, "again", Recorder())
+
+
 # --- the relay --------------------------------------------------------------------------
 
 
