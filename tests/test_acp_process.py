@@ -127,6 +127,18 @@ def _pids_running(needle: bytes) -> list[int]:
     return found
 
 
+def _pids_with(part: bytes) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if part in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 async def _until(check: Any, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -290,6 +302,11 @@ async def _cancel(agent: AgentSession, endpoint: ClaudeCodeEndpoint) -> None:
     elapsed = time.monotonic() - stopped
     print(f"cancelled in {elapsed:.2f} s")
     assert elapsed < 1.0
+    # The agent itself (Claude Code and its CLI child) was spared: it answers on.
+    endpoint.add(_text("Still here."))
+    after = Recorder()
+    assert await _prompt(agent, "after the stop", after) == "end_turn"
+    assert after.text(AgentMessageChunk) == "Still here."
 
 
 async def _resumed(
@@ -379,8 +396,11 @@ async def test_cancel_ends_what_the_prompt_left_but_not_the_agent(tmp_path: Path
         assert await asyncio.wait_for(turn, 5.0) == "cancelled"
         assert await _until(lambda: not _pids_running(b"sleep\x0063\x00"), 1.0)
         assert handler.text(AgentMessageChunk) == "working"
+        assert _pids_with(str(DOUBLES / "minimal").encode())
     finally:
         await agent.close()
+    # Closed: the whole sandbox is gone, the agent with it.
+    assert not _pids_with(str(DOUBLES / "minimal").encode())
 
 
 async def test_an_agent_dying_mid_prompt_is_a_clear_error(tmp_path: Path) -> None:
