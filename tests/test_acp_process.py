@@ -156,7 +156,7 @@ async def test_claude_code_in_its_sandbox(anthropic, tmp_path: Path) -> None:
     fake, endpoint = anthropic
     config = AgentConfig("claude-code", (_installed("claude-code-acp"),), provider="anthropic")
     workspace = tmp_path / "users" / "1"
-    home = Path(settings.DATA_DIR) / "acp" / "claude-code" / "users" / "1" / "home"
+    home = acp_config.home_of("claude-code", 1)
     started = time.monotonic()
     agent = await process.start(config, workspace=workspace, home=home, resume=None)
     print(f"Claude Code started in {time.monotonic() - started:.2f} s")
@@ -351,6 +351,8 @@ async def test_codex_starts_in_its_sandbox(monkeypatch, tmp_path: Path, fake_ser
         closing = time.monotonic()
         await agent.close()
         print(f"Codex closed in {time.monotonic() - closing:.2f} s")
+    # Codex does not exit when its stdin closes: its sandbox was killed.
+    assert not _pids_with(config.command[0].encode())
 
 
 # --- bad agents -------------------------------------------------------------------------
@@ -405,7 +407,11 @@ async def test_cancel_ends_what_the_prompt_left_but_not_the_agent(tmp_path: Path
 
 async def test_an_agent_dying_mid_prompt_is_a_clear_error(tmp_path: Path) -> None:
     config = AgentConfig("minimal", (str(DOUBLES / "minimal"), "die"))
-    agent = await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "h", resume=None)
+    # An agent without session/load starts afresh, and says so.
+    agent = await process.start(
+        config, workspace=tmp_path / "ws", home=tmp_path / "h", resume="old"
+    )
+    assert (agent.session_id, agent.supports_load, agent.restored) == ("sess-1", False, False)
     try:
         with pytest.raises(AgentError) as caught:
             await _prompt(agent, "go", Recorder())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from django.conf import settings
 
@@ -61,3 +62,10 @@ def agents(parsed: Mapping[str, tuple] | None = None) -> dict[str, AgentConfig]:
     if parsed is None:
         parsed = settings.DISPATCH_ACP_AGENTS
     return merged(presets(), configured(dict(parsed)))
+
+
+def home_of(name: str, owner_id: int | None) -> Path:
+    """An agent's HOME for one user, under the data directory: its sessions (for
+    `session/load`) and settings persist there, never in a workspace, and never shared
+    between users (a session holds its user's conversation)."""
+    return Path(settings.DATA_DIR) / "acp" / name / "users" / str(owner_id or 0) / "home"
