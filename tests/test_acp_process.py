@@ -425,6 +425,17 @@ async def test_an_agent_dying_mid_prompt_is_a_clear_error(tmp_path: Path) -> Non
         await _prompt(agent, "again", Recorder())
 
 
+async def test_a_session_the_agent_forgot_starts_afresh(tmp_path: Path) -> None:
+    config = AgentConfig("minimal", (str(DOUBLES / "minimal"), "forgot"))
+    agent = await process.start(
+        config, workspace=tmp_path / "ws", home=tmp_path / "h", resume="old"
+    )
+    try:
+        assert (agent.session_id, agent.supports_load, agent.restored) == ("sess-2", True, False)
+    finally:
+        await agent.close()
+
+
 # --- the relay --------------------------------------------------------------------------
 
 
