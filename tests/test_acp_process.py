@@ -14,8 +14,12 @@ import json
 import os
 import shutil
 import socket
+import ssl
+import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -481,6 +485,57 @@ async def test_the_relay_refuses_a_huge_head(fake_server) -> None:
     finally:
         await relay.close()
     assert answer == b"" and not fake_server.requests
+
+
+class _Echo(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        data = json.dumps({"path": self.path, "host": self.headers["host"]}).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+async def test_the_relay_speaks_tls_to_an_https_endpoint(tmp_path: Path) -> None:
+    """The agent speaks plain HTTP to the relay; the relay speaks TLS to the endpoint,
+    checking its certificate for the endpoint's host name."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"]
+        + ["-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    served.load_cert_chain(cert, key)
+    server.socket = served.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    trusting = ssl.create_default_context(cafile=str(cert))
+    relay = Relay(Endpoint.of(f"https://localhost:{port}/base"), context=trusting)
+    # The system's certificates do not vouch for this one: nothing is relayed.
+    untrusting = Relay(Endpoint.of(f"https://localhost:{port}/base"))
+    await relay.start()
+    await untrusting.start()
+    try:
+        answer = await _exchange(relay, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        refused = await _exchange(untrusting, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    finally:
+        await relay.close()
+        await untrusting.close()
+        server.shutdown()
+        server.server_close()
+    assert refused == b""
+    assert answer.startswith(b"HTTP/1.1 200")
+    body = json.loads(answer.partition(b"\r\n\r\n")[2])
+    assert body == {"path": "/base/v1/models", "host": f"localhost:{port}"}
 
 
 # --- configuration ----------------------------------------------------------------------

@@ -70,13 +70,17 @@ class Endpoint:
 class Relay:
     """A listening Unix socket in a private folder of its own; `close()` always."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, *, context: ssl.SSLContext | None = None) -> None:
+        """`context`: for an https endpoint, the TLS settings (the system's trusted
+        certificates unless given)."""
         self.endpoint = endpoint
         self.folder = Path(tempfile.mkdtemp(prefix="dispatch-acp-"))
         self.path = self.folder / SOCKET_NAME
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._ssl = ssl.create_default_context() if endpoint.scheme == "https" else None
+        self._ssl = None
+        if endpoint.scheme == "https":
+            self._ssl = context or ssl.create_default_context()
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(
