@@ -371,16 +371,28 @@ async def test_codex_starts_in_its_sandbox(monkeypatch, tmp_path: Path, fake_ser
         ("long_line", [f"more than {process.MAX_LINE_BYTES} bytes"]),
         ("floods_stderr", ["exited (status 1)", "the last words of the flood"]),
         ("refuses", ["answered initialize with an error", "no models configured"]),
+        ("minimal badnew", ["answered session/new with something that is not ACP"]),
     ],
 )
 async def test_a_bad_agent_is_a_clear_error(tmp_path: Path, program: str, expected: list) -> None:
-    config = AgentConfig(program, (str(DOUBLES / program),))
+    name, *args = program.split()
+    config = AgentConfig(name, (str(DOUBLES / name), *args))
     with pytest.raises(AgentError) as caught:
         await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "home", resume=None)
     message = str(caught.value)
     for part in expected:
         assert part in message
     assert len(message) < 2 * process.DETAIL_CHARS
+
+
+async def test_its_variables_reach_it_and_its_secrets_are_masked(tmp_path: Path) -> None:
+    config = AgentConfig(
+        "leaks", (str(DOUBLES / "leaks"),), env=(("AGENT_TOKEN", "very-secret-token"),)
+    )
+    with pytest.raises(AgentError) as caught:
+        await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "home", resume=None)
+    assert "starting with token=***" in str(caught.value)
+    assert "very-secret-token" not in str(caught.value)
 
 
 async def test_a_missing_command_is_a_clear_error(tmp_path: Path) -> None:

@@ -75,6 +75,11 @@ wire_api = "responses"
 supports_websockets = false
 """
 
+# Variables whose values are masked in what is shown of an agent's stderr; of the
+# operator's, values this long or longer (shorter ones, "1", would mask every digit).
+SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+MIN_SECRET_CHARS = 8
+
 # The shebang line of a program run by node, read to know whether node must be bound.
 SHEBANG_BYTES = 256
 
@@ -88,10 +93,22 @@ class Launch:
     workspace: Path
     home: Path
     variables: list[tuple[str, str]]
+    # The operator's variables for this agent (also in `variables`).
+    configured: tuple[tuple[str, str], ...] = ()
     # bwrap options after the workspace: read-only installs, the endpoint's folder.
     extra: list[str] = field(default_factory=list)
     # The endpoint to relay to (None: the agent gets no way out at all).
     endpoint: Endpoint | None = None
+
+    @property
+    def secrets(self) -> list[str]:
+        """Values never shown (in its stderr's tail): its key and its own variables'."""
+        return sorted(
+            {value for name, value in self.variables if name in SECRET_VARIABLES and value}
+            | {value for _, value in self.configured if len(value) >= MIN_SECRET_CHARS},
+            key=len,
+            reverse=True,
+        )
 
 
 def prepare(config: AgentConfig, workspace: Path, home: Path, policy: sandbox.Policy) -> Launch:
@@ -119,7 +136,7 @@ def prepare(config: AgentConfig, workspace: Path, home: Path, policy: sandbox.Po
     variables = _variables(config, home)
     endpoint = _endpoint(config, home, variables)
     argv = [str(program), *config.command[1:]]
-    return Launch(argv, workspace, home, variables, extra, endpoint)
+    return Launch(argv, workspace, home, variables, config.env, extra, endpoint)
 
 
 def inside_argv(prepared: Launch, control_fd: int) -> list[str]:

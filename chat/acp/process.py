@@ -363,7 +363,12 @@ class _Agent:
         await self._tell("others")
 
     def stderr_tail(self) -> str:
-        return self._stderr.decode("utf-8", "replace")
+        """The end of its stderr, its secrets (its key, its configured variables' values)
+        masked: the text goes into the log and to the user."""
+        text = self._stderr.decode("utf-8", "replace")
+        for secret in self.launch.secrets:
+            text = text.replace(secret, "***")
+        return text
 
     async def close(self) -> None:
         """Its stdin closed and CLOSE_GRACE to exit, SIGTERM and TERM_GRACE, then the
