@@ -40,6 +40,7 @@ from chat.acp import process
 from chat.acp.relay import MAX_HEAD_BYTES, Endpoint, Relay
 from chat.acp.seam import AgentConfig, AgentError, AgentSession
 from chat.envcheck import acp_agents
+from chat.tools import sandbox
 from harness.fakeprovider import ClaudeCodeEndpoint, FakeProviderServer, Reply, anthropic_blocks
 from harness.servers import ROOT
 
@@ -393,6 +394,16 @@ async def test_its_variables_reach_it_and_its_secrets_are_masked(tmp_path: Path)
         await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "home", resume=None)
     assert "starting with token=***" in str(caught.value)
     assert "very-secret-token" not in str(caught.value)
+
+
+async def test_no_agent_runs_unsandboxed_or_with_a_bad_variable(tmp_path: Path) -> None:
+    where = {"workspace": tmp_path / "ws", "home": tmp_path / "home", "resume": None}
+    config = AgentConfig("minimal", (str(DOUBLES / "minimal"),))
+    with pytest.raises(AgentError, match="run only in the shell's sandbox, and DISPATCH_SHELL_UN"):
+        await process.start(config, policy=sandbox.Policy(unsandboxed=True), **where)
+    bad = AgentConfig("minimal", (str(DOUBLES / "minimal"),), env=(("A=B", "x"),))
+    with pytest.raises(AgentError, match="the variable 'A=B' cannot be set"):
+        await process.start(bad, **where)
 
 
 async def test_a_missing_command_is_a_clear_error(tmp_path: Path) -> None:

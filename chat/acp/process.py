@@ -302,11 +302,16 @@ class _Agent:
                 limit=MAX_LINE_BYTES,
             )
         except ValueError as exc:
+            ours.close()
             raise AgentError(f"{self.config.name} was not started: {exc}") from None
         except OSError as exc:
+            ours.close()
             raise AgentError(
                 f"{self.config.name} was not started: bwrap could not run ({exc.strerror or exc})"
             ) from None
+        except BaseException:
+            ours.close()
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
