@@ -46,7 +46,8 @@ bubblewrap:
 # External agents (chat/acp/), for the tests and, once installed, `make run`: from npm,
 # pinned, into an ignored folder, installed again only when the pins change. About 15 s
 # and 350 MB (codex-acp is a static binary in a per-platform package). Without npm the
-# tests that run them skip, saying so.
+# tests that run them skip, saying so. The tests find them in AGENTS_BIN themselves: on
+# the suite's PATH, the presets would show in every test's model list.
 AGENTS_DIR := .npm-agents
 AGENTS_BIN := $(CURDIR)/$(AGENTS_DIR)/node_modules/.bin
 AGENT_PINS := @zed-industries/claude-code-acp@0.16.2 @zed-industries/codex-acp@0.16.0
@@ -67,7 +68,7 @@ agents:
 TEST_WORKERS ?= 4
 
 test: $(VENV)/.installed chromium bubblewrap agents
-	PATH=$(AGENTS_BIN):$$PATH $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # mypy's Django plugin imports dispatch.settings, which makes its data dir and secret
 # key: a throwaway one in mypy's cache, never the real one.

@@ -178,6 +178,8 @@ async def test_claude_code_in_its_sandbox(anthropic, tmp_path: Path) -> None:
         await agent.close()
         print(f"Claude Code closed in {time.monotonic() - closing:.2f} s")
     assert list(home.glob(f".claude/projects/*/{agent.session_id}.jsonl"))
+    # The key Dispatch holds reached the endpoint, through the relay.
+    assert {r.headers.get("x-api-key") for r in fake.requests} == {"sk-ant-fake"}
     await _resumed(config, agent.session_id, endpoint, fake, workspace, home)
 
 
@@ -249,6 +251,7 @@ async def _confined(
         assert secret not in output
     assert "db-password-2" not in output and "SECRET_KEY" not in output
     assert "ANTHROPIC_BASE_URL=http://127.0.0.1:" in output
+    assert "DISABLE_TELEMETRY=1" in output and "DISABLE_AUTOUPDATER=1" in output
     assert (workspace / "w.txt").exists() and (home / "h.txt").exists()
     assert "Read-only file system" in output
 
