@@ -409,6 +409,21 @@ async def test_no_agent_runs_unsandboxed_or_with_a_bad_variable(tmp_path: Path) 
         await process.start(bad, **where)
 
 
+async def test_an_agent_installed_in_the_data_directory_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(DOUBLES / "minimal", data / "agent")
+    config = AgentConfig("inside-data", (str(data / "agent"),))
+    with pytest.raises(AgentError, match=f"its install directory {data} holds or is in {data}"):
+        await process.start(
+            config,
+            workspace=tmp_path / "ws",
+            home=tmp_path / "home",
+            resume=None,
+            policy=sandbox.Policy(hidden=(data,)),
+        )
+
+
 async def test_a_missing_command_is_a_clear_error(tmp_path: Path) -> None:
     config = AgentConfig("ghost", ("no-such-agent-acp",))
     with pytest.raises(AgentError, match="ghost is not installed: its command 'no-such-agent-acp'"):

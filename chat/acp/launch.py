@@ -132,7 +132,7 @@ def prepare(config: AgentConfig, workspace: Path, home: Path, policy: sandbox.Po
         raise AgentError(
             f"{config.name} was not started: its home {home} and the workspace overlap"
         )
-    extra = [*_installs(program), *_interpreter()]
+    extra = [*_installs(config, program, policy), *_interpreter()]
     variables = _variables(config, home)
     endpoint = _endpoint(config, home, variables)
     argv = [str(program), *config.command[1:]]
@@ -171,19 +171,24 @@ def _within_system(path: Path) -> bool:
     return any(path.is_relative_to(Path(d).resolve()) for d in sandbox.SYSTEM_DIRS)
 
 
-def _installs(program: Path) -> list[str]:
-    """bwrap options binding the program's install (and node's) read-only."""
+def _installs(config: AgentConfig, program: Path, policy: sandbox.Policy) -> list[str]:
+    """bwrap options binding the program's install (and node's) read-only; AgentError
+    for one that holds what the sandbox hides (the data directory, the workspaces)."""
     folders = {_install_dir(program)}
     if _runs_on_node(program) and (node := shutil.which("node")) is not None:
         real = Path(node).resolve()
         # node's prefix (bin/node -> the prefix), for its lib/ beside it.
         folders.add(real.parent.parent if real.parent.name == "bin" else real.parent)
-    return [
-        arg
-        for folder in sorted(folders)
-        if not _within_system(folder)
-        for arg in ("--ro-bind", str(folder), str(folder))
-    ]
+    folders = {folder for folder in folders if not _within_system(folder)}
+    for folder in folders:
+        for hidden in policy.hidden:
+            hidden = hidden.resolve()
+            if hidden.is_relative_to(folder) or folder.is_relative_to(hidden):
+                raise AgentError(
+                    f"{config.name} was not started: its install directory {folder} holds or "
+                    f"is in {hidden}, which agents must not see; install it elsewhere"
+                )
+    return [arg for folder in sorted(folders) for arg in ("--ro-bind", str(folder), str(folder))]
 
 
 def _install_dir(program: Path) -> Path:
