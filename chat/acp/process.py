@@ -69,10 +69,12 @@ DETAIL_CHARS = 600
 # initialize and session/new (or load): Claude Code takes 2-4 s on a quiet machine; a
 # loaded one or a long replay takes more. Past this the start fails.
 START_TIMEOUT = 60.0
-# Closing: the agent's stdin is closed and it gets this long to exit on its own
-# (Claude Code writes its session file after a turn, asynchronously: stopped at once, the
-# session is lost), then SIGTERM and TERM_GRACE, then the whole sandbox is killed.
-CLOSE_GRACE = 3.0
+# Closing: the agent's stdin is closed and it gets this long to exit on its own (neither
+# Claude Code nor Codex does), then SIGTERM and TERM_GRACE, then the whole sandbox is
+# killed. Claude Code writes its session file after a turn, asynchronously: SIGTERM right
+# after a turn loses the session (`session/load` then fails), 0.5 s later it does not, on
+# a quiet machine; this is four times that.
+CLOSE_GRACE = 2.0
 TERM_GRACE = 1.0
 # The sandbox's side answers a control word in milliseconds.
 CONTROL_TIMEOUT = 5.0
