@@ -481,6 +481,29 @@ async def test_a_session_the_agent_forgot_starts_afresh(tmp_path: Path) -> None:
         await agent.close()
 
 
+async def test_a_flood_of_updates_waits_for_the_handler(monkeypatch, tmp_path: Path) -> None:
+    """Every update arrives, in order, and no more than MAX_WAITING wait at once: the
+    handler takes a millisecond each, the agent sends 1500 at once."""
+    monkeypatch.setattr(process, "MAX_WAITING", 50)
+    config = AgentConfig("floods", (str(DOUBLES / "floods_updates"), "1500"))
+    agent = await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "h", resume=None)
+    waiting: list[int] = []
+
+    class Slow(Recorder):
+        async def update(self, update: object) -> None:
+            waiting.append(agent.waiting)  # type: ignore[attr-defined]
+            await asyncio.sleep(0.001)
+            await super().update(update)
+
+    try:
+        handler = Slow()
+        assert await _prompt(agent, "flood", handler) == "end_turn"
+    finally:
+        await agent.close()
+    assert handler.text(AgentMessageChunk) == "x" * 1500
+    assert max(waiting) <= 50
+
+
 # --- the relay --------------------------------------------------------------------------
 
 

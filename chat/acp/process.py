@@ -62,6 +62,10 @@ logger = logging.getLogger(__name__)
 # be big (a file written), so lines up to this are taken; a longer one ends the
 # connection (memory stays bounded by it).
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# Updates waiting for the handler (the SDK makes a task of each) before stdout is no
+# longer read: a turn's updates come a few at a time, each handled in microseconds to
+# milliseconds; only a flood reaches this, and then waits.
+MAX_WAITING = 1000
 # Kept of the agent's stderr (its end) for error messages, however much it writes.
 STDERR_TAIL_BYTES = 64 * 1024
 # Shown of it in a message.
@@ -116,10 +120,12 @@ class _Lines:
     receive() returns None (the end) at end of stdout or at the first line that is too
     long or not a JSON-RPC message, which `problem` then names."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, room: asyncio.Event) -> None:
         assert proc.stdin is not None and proc.stdout is not None
         self._stdin = proc.stdin
         self._stdout = proc.stdout
+        # Set while fewer than MAX_WAITING updates wait for the handler (_Client).
+        self._room = room
         self.problem = ""
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -127,6 +133,12 @@ class _Lines:
         await self._stdin.drain()
 
     async def receive(self) -> dict[str, Any] | None:
+        # The SDK handles each message in a task it makes once this returns: one turn of
+        # the loop lets the last one start (and count itself), and no line is read while
+        # the handler is MAX_WAITING updates behind, so an agent that floods waits on its
+        # full pipe instead of filling memory.
+        await asyncio.sleep(0)
+        await self._room.wait()
         while True:
             try:
                 line = await self._stdout.readline()
@@ -160,11 +172,20 @@ class _Client:
 
     async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
         # Taken before any await: notifications run as tasks, in order up to here.
-        handler = self.agent.handler
-        if handler is None or session_id != self.agent.session_id:
+        agent = self.agent
+        handler = agent.handler
+        if handler is None or session_id != agent.session_id:
             return
-        async with self.agent.order:
-            await handler.update(update)
+        agent.waiting += 1
+        if agent.waiting >= MAX_WAITING:
+            agent.room.clear()
+        try:
+            async with agent.order:
+                await handler.update(update)
+        finally:
+            agent.waiting -= 1
+            if agent.waiting < MAX_WAITING:
+                agent.room.set()
 
     async def request_permission(
         self,
@@ -231,6 +252,11 @@ class _Agent:
         # Updates and permission requests reach the handler one at a time, in order
         # (asyncio.Lock wakes its waiters first come, first served).
         self.order = asyncio.Lock()
+        # Updates received and not yet handled; stdout is not read while there are
+        # MAX_WAITING (`room` clear).
+        self.waiting = 0
+        self.room = asyncio.Event()
+        self.room.set()
         self._stderr = bytearray()
         self._proc: asyncio.subprocess.Process | None = None
         self._lines: _Lines | None = None
@@ -253,7 +279,7 @@ class _Agent:
             await self._relay.start()
             extra += ["--bind", str(self._relay.folder), launch.INSIDE_SOCKET_DIR]
         await self._spawn(policy, extra)
-        self._lines = _Lines(self._require_proc())
+        self._lines = _Lines(self._require_proc(), self.room)
         # _Client has the methods of acp.interfaces.Client these agents call.
         self._conn = ClientSideConnection(cast(Client, _Client(self)), self._lines)
         try:
