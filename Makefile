@@ -11,7 +11,7 @@ FIND_PYTHON = for c in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bin/py
 	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; \
 	  then echo $$c; exit 0; fi; done; exit 1
 
-.PHONY: run test lint bench chromium bubblewrap clean
+.PHONY: run test lint bench chromium bubblewrap agents clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@if [ ! -x $(PY) ]; then \
@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 
 run: $(VENV)/.installed bubblewrap
 	$(PY) manage.py migrate --noinput -v 0
-	$(PY) manage.py serve --host $(HOST) --port $(PORT)
+	PATH=$(AGENTS_BIN):$$PATH $(PY) manage.py serve --host $(HOST) --port $(PORT)
 
 # Browser tests drive Debian's Chromium; install it when it is missing (CI runs as root).
 chromium:
@@ -43,13 +43,33 @@ bubblewrap:
 	    "install them (sudo apt-get install bubblewrap slirp4netns); see the README's Security" \
 	    "section." >&2; fi; }
 
+# External agents (chat/acp/), for the tests and, once installed, `make run`: from npm,
+# pinned, into an ignored folder, installed again only when the pins change. About 15 s
+# and 350 MB (codex-acp is a static binary in a per-platform package). Without npm the
+# tests that run them skip, saying so. The tests find them in AGENTS_BIN themselves: on
+# the suite's PATH, the presets would show in every test's model list.
+AGENTS_DIR := .npm-agents
+AGENTS_BIN := $(CURDIR)/$(AGENTS_DIR)/node_modules/.bin
+AGENT_PINS := @zed-industries/claude-code-acp@0.16.2 @zed-industries/codex-acp@0.16.0
+
+agents:
+	@if [ "$$(cat $(AGENTS_DIR)/.pins 2>/dev/null)" != "$(AGENT_PINS)" ]; then \
+	  if command -v npm >/dev/null 2>&1; then \
+	    echo "Installing $(AGENT_PINS) into $(AGENTS_DIR)/"; \
+	    rm -rf $(AGENTS_DIR) && mkdir -p $(AGENTS_DIR) && \
+	    CI=true npm install --prefix $(AGENTS_DIR) --no-audit --no-fund --no-save \
+	      --loglevel=error $(AGENT_PINS) </dev/null && \
+	    echo "$(AGENT_PINS)" > $(AGENTS_DIR)/.pins; \
+	  else echo "npm is missing: the external agents are not installed and their tests" \
+	    "skip (install Node.js 20 or later with npm)." >&2; fi; fi
+
 # The suite in parallel (pytest-xdist): much of it waits on servers, browsers and
 # sockets, so four processes on two cores finish sooner than three or two. loadgroup:
 # the modules tests/conftest.py groups (ONE_WORKER) share a worker, and what it starts
 # once (the scaled cluster).
 TEST_WORKERS ?= 4
 
-test: $(VENV)/.installed chromium bubblewrap
+test: $(VENV)/.installed chromium bubblewrap agents
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # mypy's Django plugin imports dispatch.settings, which makes its data dir and secret
@@ -65,4 +85,4 @@ bench: $(VENV)/.installed chromium bubblewrap
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .mypy_cache
+	rm -rf $(VENV) $(AGENTS_DIR) .pytest_cache .ruff_cache .hypothesis .mypy_cache

@@ -8,6 +8,8 @@ other way round (.importlinter).
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
@@ -97,3 +99,63 @@ def api_style_problem(value: str) -> str | None:
         f"{API_RESPONSES} (OpenAI's Responses API) or {API_CHAT} (Chat Completions, for "
         "any OpenAI-compatible server), or unset it to choose by the base URL."
     )
+
+
+# An external agent's name (DISPATCH_ACP_AGENTS): it becomes the model id `acp/<name>`,
+# shown in the picker and in URLs, so a short slug.
+ACP_AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+# What a configured agent may say besides its command and variables.
+ACP_AGENT_KEYS = ("command", "env", "provider")
+# Whose key and base URL a configured agent may be given.
+ACP_AGENT_PROVIDERS = ("anthropic", "openai", "")
+
+# name -> (argv, variables as sorted pairs, provider or None when not given)
+AcpAgents = dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...], str | None]]
+
+
+def acp_agents(text: str) -> AcpAgents:
+    """DISPATCH_ACP_AGENTS parsed: JSON, name -> {"command": [argv...], "env": {...},
+    "provider": "anthropic" | "openai" | ""}; ValueError saying what is wrong."""
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError('is not a JSON object (name -> {"command": [...], "env": {...}})')
+    agents: AcpAgents = {}
+    for name, spec in data.items():
+        if not ACP_AGENT_NAME.fullmatch(name):
+            raise ValueError(
+                f"names an agent {name[:60]!r}: a name is 1 to 40 of a-z, 0-9, - and _, "
+                "starting with a letter or digit"
+            )
+        if not isinstance(spec, dict):
+            raise ValueError(f'agent {name}: is not an object ({{"command": [...]}})')
+        if unknown := sorted(set(spec) - set(ACP_AGENT_KEYS)):
+            raise ValueError(
+                f"agent {name}: unknown key {unknown[0]!r} (known: command, env, provider)"
+            )
+        command = spec.get("command")
+        if (
+            not isinstance(command, list)
+            or not command
+            or not all(isinstance(word, str) and word and "\0" not in word for word in command)
+        ):
+            raise ValueError(f"agent {name}: command is not a non-empty list of non-empty strings")
+        env = spec.get("env", {})
+        if not isinstance(env, dict) or not all(
+            isinstance(value, str)
+            and "\0" not in value
+            and key
+            and "=" not in key
+            and "\0" not in key
+            for key, value in env.items()
+        ):
+            raise ValueError(f"agent {name}: env is not a map of variable names to strings")
+        provider = spec.get("provider")
+        if provider is not None and provider not in ACP_AGENT_PROVIDERS:
+            raise ValueError(f'agent {name}: provider is not one of anthropic, openai or ""')
+        agents[name] = (tuple(command), tuple(sorted(env.items())), provider)
+    return agents

@@ -79,10 +79,10 @@ def _model_problems() -> list[str]:
             # An external agent (chat.acp) is a tab's model, never a step's fallback.
             if variable != "DISPATCH_MODEL":
                 problems.append(f"{variable}={value!r}: an external agent cannot be a fallback.")
-            elif name not in acp_config.agents():
+            elif name not in _agents():
                 problems.append(
                     f"{variable}={value!r}: no agent {name!r} is configured "
-                    "(DISPATCH_ACP_AGENTS, or a preset found on PATH)."
+                    "(DISPATCH_ACP_AGENTS, Settings, or a preset found on PATH)."
                 )
             continue
         try:
@@ -95,6 +95,15 @@ def _model_problems() -> list[str]:
                 f"{PROVIDERS['anthropic'].default_model} or {OFFLINE_MODEL}, or unset it."
             )
     return problems
+
+
+def _agents() -> dict[str, object]:
+    try:
+        return dict(acp_config.agents())
+    except DatabaseError:
+        # Not migrated yet (this check runs before the database's): the saved agents
+        # are read once it is.
+        return dict(acp_config.agents(saved=False))
 
 
 def _base_url_problems() -> list[str]:

@@ -18,7 +18,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from chat.envcheck import masked_url, url_problem
+from chat.envcheck import acp_agents, masked_url, url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -443,6 +443,13 @@ DISPATCH_SHELL_NETWORK = envbool("DISPATCH_SHELL_NETWORK", True)
 # The explicit opt-out where bwrap cannot run: commands then run unconfined and
 # can read the server's secrets. Loud on purpose; the UI says it is set.
 DISPATCH_SHELL_UNSANDBOXED = envbool("DISPATCH_SHELL_UNSANDBOXED", False)
+
+# External coding agents (chat/acp/config.py): JSON, name -> {"command": [argv...],
+# "env": {...}}; checked here so a typo stops the server at start-up.
+try:
+    DISPATCH_ACP_AGENTS = acp_agents(os.environ.get("DISPATCH_ACP_AGENTS", ""))
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"DISPATCH_ACP_AGENTS {_exc}") from None
 
 LOGGING = {
     "version": 1,

@@ -108,7 +108,8 @@ class Reply:
     events: list[Any] = field(default_factory=list)
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
-    # The body of a non-200 reply: a dict is sent as JSON.
+    # The body of a non-200 reply, or of a whole (not streamed) 200 one: a dict is sent
+    # as JSON.
     body: Any = None
     # Seconds before each event.
     delay: float = 0.0
@@ -403,6 +404,108 @@ def with_usage(events: list[Any], usage: CacheUsage) -> list[Any]:
     return out
 
 
+# --- An Anthropic endpoint for Claude Code ---------------------------------------------
+#
+# Claude Code (through @zed-industries/claude-code-acp) makes more than its turn's
+# requests: POST /v1/messages/count_tokens, and side requests on a small model (a title,
+# a topic check), streamed or not. `ClaudeCodeEndpoint` answers each by its content: the
+# agent's own turns (requests offering tools) take the scripted turns in order (a default
+# text when none is left); everything else gets a short answer in the shape asked for.
+
+# The tokens count_tokens reports, whatever it is asked.
+AGENT_COUNT_TOKENS = 12
+
+
+def anthropic_blocks(*blocks: dict[str, Any], stop_reason: str = "end_turn") -> list[Any]:
+    """The SSE events of one streamed message holding `blocks`: {"type": "text", "text"},
+    {"type": "thinking", "thinking"} or {"type": "tool_use", "id", "name", "input"}."""
+    events: list[Any] = [
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_fake",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-fake",
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 10, "output_tokens": 1},
+            },
+        }
+    ]
+    for index, block in enumerate(blocks):
+        kind = block["type"]
+        if kind == "text":
+            start = {"type": "text", "text": ""}
+            delta = {"type": "text_delta", "text": block["text"]}
+        elif kind == "thinking":
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+        else:
+            start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        events += [
+            {"type": "content_block_start", "index": index, "content_block": start},
+            {"type": "content_block_delta", "index": index, "delta": delta},
+        ]
+        if kind == "thinking":
+            signature = {"type": "signature_delta", "signature": "c2lnbmF0dXJl"}
+            events.append({"type": "content_block_delta", "index": index, "delta": signature})
+        events.append({"type": "content_block_stop", "index": index})
+    events += [
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": 5},
+        },
+        {"type": "message_stop"},
+    ]
+    return events
+
+
+class ClaudeCodeEndpoint:
+    """`FakeProviderServer(respond=ClaudeCodeEndpoint(...))`: see above. `turns` are
+    lists of events (anthropic_blocks) or Replies, for the agent's turn requests."""
+
+    def __init__(self, *turns: list[Any] | Reply, default: str = "Done.") -> None:
+        self.turns: deque[list[Any] | Reply] = deque(turns)
+        self.default = default
+        self.lock = threading.Lock()
+
+    def add(self, *turns: list[Any] | Reply) -> None:
+        with self.lock:
+            self.turns.extend(turns)
+
+    def __call__(self, request: Recorded) -> Reply:
+        body = request.json if isinstance(request.json, dict) else {}
+        if request.path.split("?")[0].endswith("/count_tokens"):
+            return Reply(body={"input_tokens": AGENT_COUNT_TOKENS})
+        if not body.get("stream"):
+            return Reply(body=_whole_message(body.get("model", "claude-fake"), self.default))
+        if body.get("tools"):
+            with self.lock:
+                turn = self.turns.popleft() if self.turns else None
+            if isinstance(turn, Reply):
+                return turn
+            if turn is not None:
+                return Reply(events=turn)
+        return Reply(events=anthropic_blocks({"type": "text", "text": self.default}))
+
+
+def _whole_message(model: str, text: str) -> dict[str, Any]:
+    return {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 2},
+    }
+
+
 class FakeProviderServer:
     """With `cache`, Anthropic streams report the usage it computes from each request
     (whatever usage they were scripted with). With `respond`, a request nothing is
@@ -526,11 +629,13 @@ class _Handler(BaseHTTPRequestHandler):
             reply = self.fake.respond(record)
         if reply is None:
             reply = Reply.error(500, "api_error", f"fake server: no reply scripted for {self.path}")
-        if reply.status != 200:
+        if reply.status != 200 or reply.body is not None:
+            # An error, or a whole (not streamed) answer: a 200 with a body.
             self._send_whole(reply)
             record.completed.set()
             return
-        anthropic = self.path.rstrip("/").endswith("/messages")
+        # Claude Code asks for /v1/messages?beta=true.
+        anthropic = self.path.partition("?")[0].rstrip("/").endswith("/messages")
         if anthropic and self.fake.cache is not None and isinstance(parsed, dict):
             record.usage = self.fake.cache.usage(parsed)
             reply = replace(reply, events=with_usage(reply.events, record.usage))

@@ -648,11 +648,13 @@ def command(
     root_fd: int | None = None,
     workspace: Path | None = None,
     binds: Sequence[tuple[Path, Path]] = (),
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The bwrap command line that runs `argv` in workspace `root` (resolved), on the
     private `network` if given, under the seccomp program readable on fd `seccomp`;
     `binds` are more folders bound writable, each (folder, where it shows): an MCP
-    server's workspace.
+    server's workspace. `extra` are more bwrap options, after the binds (an external
+    agent's read-only install directory, its endpoint's socket).
 
     `root` may be a tab's working directory, a folder of `workspace` checked by
     chat.tools.workdir.open_root, which opened it as `root_fd` (passed to bwrap). A
@@ -687,6 +689,7 @@ def command(
         *covers,
         *bind,
         *(arg for path, shown in binds for arg in ("--bind", str(path), str(shown))),
+        *extra,
         # Last: the new root, where bwrap made the mount points, takes no files.
         "--remount-ro",
         "/",
@@ -790,3 +793,31 @@ def state(policy: Policy) -> State:
         policy.network,
         root_warning(),
     )
+
+
+def setenv_fd(variables: Sequence[tuple[str, str]]) -> int:
+    """A descriptor (a memfd, read from its start) holding bwrap's --setenv arguments for
+    `variables` (name, value), NUL-separated as bwrap's --args reads them: set inside the
+    sandbox, never in bwrap's own environment (where LD_PRELOAD, say, would run code on
+    the host), and read from a descriptor, so no other user's `ps` shows them. ValueError
+    for a name or value bwrap cannot pass."""
+    words: list[str] = []
+    for name, value in variables:
+        if "\0" in name or "\0" in value or "=" in name or not name:
+            raise ValueError(f"the variable {name!r} cannot be set: a NUL, '=' or no name")
+        words += ["--setenv", name, value]
+    return data_fd(b"".join(os.fsencode(word) + b"\0" for word in words), "bwrap-setenv")
+
+
+def data_fd(data: bytes, name: str) -> int:
+    """A memfd holding `data`, read from its start: for bwrap's --args or --ro-bind-data."""
+    fd = os.memfd_create(name)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from channels.db import database_sync_to_async
-from django.conf import settings as django_settings
 
 from chat import blobs, rules
 from chat.acp import config as acp_config
@@ -89,17 +88,12 @@ def agent_name(model: str) -> str:
 async def start_agent(
     config: AgentConfig, *, workspace: Path, home: Path, resume: str | None
 ) -> AgentSession:
-    """Start `config`'s agent confined to `workspace` (part B's chat.acp.process.start;
-    tests replace this function)."""
-    # MERGE: part B's process module replaces this body: `return await process.start(...)`.
-    raise AgentError(f"The agent {config.name} cannot be started: this build has no ACP process.")
+    """Start `config`'s agent confined to `workspace` (tests replace this function)."""
+    # Imported here for the startup cost: the ACP SDK's schema is half a second of
+    # pydantic models, paid by the processes that run an agent only.
+    from chat.acp import process
 
-
-def home_of(owner_id: int | None, agent: str) -> Path:
-    """The agent's HOME: under the data directory, per user and agent, kept (its sessions
-    are what session/load reads)."""
-    owner = str(owner_id) if owner_id is not None else workdir.UNOWNED
-    return Path(django_settings.DATA_DIR) / "acp" / "users" / owner / agent / "home"
+    return await process.start(config, workspace=workspace, home=home, resume=resume)
 
 
 # --- the sessions of this loop's tabs ---------------------------------------------------
@@ -286,10 +280,11 @@ class AcpDriver:
         state.reducer.step = state.status.step = 1
         await database_sync_to_async(lease.set_step)(state.tab_id, state.turn_id, 1)
         await self.outbox.status()
-        config = acp_config.agents().get(name)
+        known = await database_sync_to_async(acp_config.agents)()
+        config = known.get(name)
         if config is None:
-            known = ", ".join(sorted(acp_config.agents())) or "none"
-            await self._error(f"No agent named {name!r} is configured (configured: {known}).")
+            names = ", ".join(sorted(known)) or "none"
+            await self._error(f"No agent named {name!r} is configured (configured: {names}).")
             return
         try:
             session = await self._session(tab, config)
@@ -337,7 +332,7 @@ class AcpDriver:
             root = await asyncio.to_thread(workdir.ensure, state.workspace, state.cwd)
         except ToolError as exc:
             raise AgentError(f"The agent cannot start in this tab's folder: {exc}") from exc
-        home = home_of(state.owner_id, config.name)
+        home = acp_config.home_of(config.name, state.owner_id)
         started: list[AgentSession] = []
 
         async def produce(queue: asyncio.Queue[Any]) -> None:
