@@ -258,7 +258,7 @@ async def test_an_agent_turn_streams_into_the_log_like_a_native_one(agent):
         [TextContentBlock(type="text", text="and now?")],
     ]
     assert len(starts) == 1 and starts[0].resume is None
-    assert starts[0].home.parts[-2:] == ("fake", "home")
+    assert starts[0].home.parts[-4:] == ("fake", "users", str(tab.owner_id), "home")
     saved = await Tab.objects.aget(pk=tab.pk)
     assert saved.acp_session == {"agent": "fake", "session_id": "s-1"}
     usage = [
@@ -500,8 +500,8 @@ async def test_startup_takes_a_configured_agent_as_the_default_model_never_as_a_
     assert startup._model_problems() == []
     settings.DISPATCH_MODEL, settings.DISPATCH_FALLBACK_MODEL = "acp/nope", "acp/fake"
     assert startup._model_problems() == [
-        "DISPATCH_MODEL='acp/nope': no agent 'nope' is configured (DISPATCH_ACP_AGENTS, or a "
-        "preset found on PATH).",
+        "DISPATCH_MODEL='acp/nope': no agent 'nope' is configured (DISPATCH_ACP_AGENTS, "
+        "Settings, or a preset found on PATH).",
         "DISPATCH_FALLBACK_MODEL='acp/fake': an external agent cannot be a fallback.",
     ]
 

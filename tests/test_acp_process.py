@@ -638,7 +638,7 @@ def test_agents_are_the_presets_found_then_the_variable(monkeypatch, tmp_path: P
         '{"claude-code": {"command": ["/opt/cc", "--x"], "env": {"A": "1"}},'
         ' "mine": {"command": ["my-agent"]}}'
     )
-    agents = acp_config.agents(parsed)
+    agents = acp_config.agents(parsed, saved=False)
     assert list(agents) == ["claude-code", "codex", "mine"]
     assert agents["claude-code"] == AgentConfig(
         "claude-code", ("/opt/cc", "--x"), (("A", "1"),), "anthropic"
@@ -646,4 +646,4 @@ def test_agents_are_the_presets_found_then_the_variable(monkeypatch, tmp_path: P
     assert agents["codex"] == AgentConfig("codex", ("codex-acp",), (), "openai", preset=True)
     assert agents["mine"].provider == ""
     (tmp_path / "codex-acp").unlink()
-    assert "codex" not in acp_config.agents({})
+    assert "codex" not in acp_config.agents({}, saved=False)

@@ -9,6 +9,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
+from chat.acp import config as acp_config
+from chat.acp.seam import AgentConfig
+from chat.envcheck import acp_agents
 from chat.forms import SECRET_MASK
 from chat.models import AcpAgent
 
@@ -120,3 +123,31 @@ def test_a_superuser_removes_an_agent(root):
     assert not AcpAgent.objects.exists()
     assert root.post(reverse("agent_delete", args=[row.pk])).status_code == 404
     assert root.get(reverse("settings") + "?agent=abc").status_code == 404
+
+
+def test_saved_agents_join_the_presets_and_the_variable_wins_by_name(root, monkeypatch, settings):
+    """What a tab may use: the presets found, then the enabled agents saved here, then
+    DISPATCH_ACP_AGENTS (the operator's), a later one replacing an earlier of its name."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    add(root, name="mine", command="mine-acp --x", env=f"AGENT_TOKEN={TOKEN}")
+    add(root, name="theirs", command="theirs-acp", provider="openai")
+    add(root, name="off", command="off-acp", enabled="")
+    assert AcpAgent.objects.get(name="off").enabled is False
+    settings.DISPATCH_ACP_AGENTS = acp_agents('{"theirs": {"command": ["/opt/theirs"]}}')
+    agents = acp_config.agents()
+    assert agents == {
+        "mine": AgentConfig("mine", ("mine-acp", "--x"), (("AGENT_TOKEN", TOKEN),), ""),
+        "theirs": AgentConfig("theirs", ("/opt/theirs",), (), ""),
+    }
+    page = root.get(reverse("settings")).content.decode()
+    assert "DISPATCH_ACP_AGENTS, replacing the saved one" in page
+    assert "/opt/theirs" in page
+
+
+def test_an_agent_whose_variables_cannot_be_read_is_left_out(root, monkeypatch):
+    """Saved under another SECRET_KEY, its variables cannot be decrypted: started without
+    them it would fail without saying why."""
+    add(root, name="mine", command="mine-acp", env=f"AGENT_TOKEN={TOKEN}")
+    AcpAgent.objects.filter(name="mine").update(env_encrypted="not-a-token")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert acp_config.agents({}) == {}

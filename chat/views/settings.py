@@ -21,6 +21,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from chat import preferences, usage
 from chat import render as chat_render
 from chat.acp import config as acp_config
+from chat.acp.seam import AgentConfig
 from chat.forms import (
     OFFLINE_MODEL,
     AcpAgentForm,
@@ -153,21 +154,25 @@ def _settings_page(
 def _agents_section() -> dict[str, Any]:
     """The agents saved here, and the ones the environment or a preset gives (read-only)."""
     saved = list(AcpAgent.objects.all())
-    names = {agent.name for agent in saved}
+    in_effect = acp_config.stored()
     return {
         "agents": [
             (agent, shlex.join(agent.command), masked_pairs(agent.get_env())) for agent in saved
         ],
         "agents_available": [
-            (
-                name,
-                "found on PATH" if agent.preset else "DISPATCH_ACP_AGENTS",
-                shlex.join(agent.command),
-            )
-            for name, agent in sorted(acp_config.agents().items())
-            if name not in names
+            (name, _agent_source(agent, {a.name for a in saved}), shlex.join(agent.command))
+            for name, agent in acp_config.agents().items()
+            if agent not in in_effect
         ],
     }
+
+
+def _agent_source(agent: AgentConfig, saved: set[str]) -> str:
+    if agent.preset:
+        return "found on PATH"
+    if agent.name in saved:
+        return "DISPATCH_ACP_AGENTS, replacing the saved one"
+    return "DISPATCH_ACP_AGENTS"
 
 
 def _usage_section(period: str) -> dict[str, Any]:
