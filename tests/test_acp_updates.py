@@ -111,6 +111,27 @@ TABLE: list[tuple[str, list[object], list[Event]]] = [
         [ToolCallEvent("t1", "shell", {"command": "ls -la"}, title="`ls -la`")],
     ),
     (
+        "claude code: its call's content is the description, never output",
+        [
+            start("t1", kind="execute", status="pending", rawInput={}, _meta=CLAUDE_BASH),
+            start(
+                "t1",
+                title="`ls`",
+                kind="execute",
+                status="pending",
+                content=out("List files"),
+                rawInput={"command": "ls", "description": "List files"},
+                _meta=CLAUDE_BASH,
+            ),
+            start("t1", kind="execute", status="pending", content=out("List files")),
+            progress("t1", status="completed", content=out("a.txt"), rawOutput="a.txt"),
+        ],
+        [
+            ToolCallEvent("t1", "shell", {"command": "ls"}, title="`ls`"),
+            ToolResultEvent("t1", "shell", "a.txt", False),
+        ],
+    ),
+    (
         "codex: an argv command, in progress at once",
         [
             start(

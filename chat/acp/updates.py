@@ -206,13 +206,16 @@ class Updates:
         call = self._call(update.tool_call_id)
         if call is None:
             return self._too_many()
+        # A call's own content describes it (Claude Code: the command's description);
+        # output comes in its updates, and only its final state counts here.
+        content = update.content if update.status in _DONE else None
         if call.emitted:
-            # Sent again once running (Claude Code): what it adds is an update's.
-            return self._running(call, update.status, update.content, update.raw_output)
+            # Sent again (Claude Code): only its end would add to what was shown.
+            return self._running(call, update.status, content, update.raw_output)
         self._merge(call, update)
         if not _given(call.raw_input) and update.status not in ("in_progress", *_DONE):
             return []  # its input comes in the next tool_call or update
-        return self._emit(call) + self._running(call, update.status, update.content, None)
+        return self._emit(call) + self._running(call, update.status, content, None)
 
     def _progress(self, update: ToolCallUpdate) -> list[Event]:
         call = self._call(update.tool_call_id)
