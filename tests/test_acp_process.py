@@ -18,6 +18,7 @@ import ssl
 import subprocess
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -433,7 +434,9 @@ async def test_a_missing_command_is_a_clear_error(tmp_path: Path) -> None:
 async def test_cancel_ends_what_the_prompt_left_but_not_the_agent(tmp_path: Path) -> None:
     """A command in a session of its own is ended by cancel; the agent is not, and
     answers its prompt as cancelled. Its update reached the prompt's handler."""
-    config = AgentConfig("minimal", (str(DOUBLES / "minimal"), "child"))
+    # Its own: other tests beside it under xdist start the same double.
+    mark = f"cancel-{uuid.uuid4().hex}".encode()
+    config = AgentConfig("minimal", (str(DOUBLES / "minimal"), "child", mark.decode()))
     agent = await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "h", resume=None)
     try:
         handler = Recorder()
@@ -443,11 +446,11 @@ async def test_cancel_ends_what_the_prompt_left_but_not_the_agent(tmp_path: Path
         assert await asyncio.wait_for(turn, 5.0) == "cancelled"
         assert await _until(lambda: not _pids_running(b"sleep\x0063\x00"), 1.0)
         assert handler.text(AgentMessageChunk) == "working"
-        assert _pids_with(str(DOUBLES / "minimal").encode())
+        assert _pids_with(mark)
     finally:
         await agent.close()
     # Closed: the whole sandbox is gone, the agent with it.
-    assert not _pids_with(str(DOUBLES / "minimal").encode())
+    assert await _until(lambda: not _pids_with(mark), 2.0)
 
 
 async def test_an_agent_dying_mid_prompt_is_a_clear_error(tmp_path: Path) -> None:

@@ -1,20 +1,26 @@
 """The real agents end to end, as issue 30 says it is done: `manage.py send --new --model
 acp/claude-code --json "…"` (and `acp/codex`) runs the installed agent (`make agents`)
 in its sandbox against the fake Anthropic (Claude Code) or Responses (Codex) endpoint, and
-streams thinking, text, a plan and a tool call with its output into the log, exiting 0.
-The agents' own behaviour (sandbox, cancel, session/load, bad agents) is
-tests/test_acp_process.py's; the mapping and the driver are test_acp_updates and
-test_acp_driver's."""
+streams thinking, text, a plan and a tool call with its output into the log, exiting 0;
+and through the worker, Stop ends a real agent's command and a restarted worker continues
+its session. The agents' own behaviour (sandbox, cancel, session/load, bad agents) is
+tests/test_acp_process.py's; the mapping and the driver's paths are test_acp_updates and
+test_acp_driver's, with a double of the agent."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from channels.db import database_sync_to_async
 
+from chat import turns
+from chat.turn import acp
 from harness.fakeprovider import (
     ClaudeCodeEndpoint,
     FakeProviderServer,
@@ -23,7 +29,9 @@ from harness.fakeprovider import (
     ResponsesStream,
     anthropic_blocks,
 )
+from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 from tests.test_acp_process import AGENTS_BIN, _needs
+from tests.test_sandbox import host_processes_with, marker
 from tests.test_send import send, unowned
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.agents]
@@ -131,3 +139,79 @@ def test_codex_streams_reasoning_a_plan_a_command_with_its_output_and_text(tmp_p
     assert log[2][1]["arguments"] == {"command": "echo hi"}
     assert log[3][1]["result"] == "hi\n"
     assert log[4] == ("text", {"text": "It said hi."})
+
+
+@_needs("claude-code-acp")
+@pytest.mark.asyncio
+async def test_stop_ends_a_real_agents_command_and_a_restart_continues_its_session(
+    monkeypatch, settings, tmp_path
+):
+    """Claude Code through the worker: Stop ends its running command (the process gone)
+    and the turn, cancelled, within a second or so; the worker's agents closed as at a
+    restart, the next turn restores the agent's session (it sends the earlier messages to
+    the model again) without logging its replay."""
+    m = marker()
+    # A command that runs until it is killed, found by its marker.
+    command = f"exec -a {m} sleep 300"
+    endpoint = ClaudeCodeEndpoint(
+        anthropic_blocks({"type": "text", "text": "Noted: banana."}),
+        anthropic_blocks(
+            {"type": "tool_use", "id": "toolu_s", "name": "Bash", "input": {"command": command}},
+            stop_reason="tool_use",
+        ),
+        anthropic_blocks({"type": "text", "text": "The word was banana."}),
+    )
+    fake = FakeProviderServer(respond=endpoint).start()
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-fake")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
+    monkeypatch.setenv("PATH", f"{AGENTS_BIN}{os.pathsep}{os.environ['PATH']}")
+    owner_workspace(settings, tmp_path / "ws")
+    try:
+        async with running_worker():
+            tab = await make_tab("acp/claude-code")
+            async with Watcher(tab.pk) as watcher:
+                await submit(tab, "remember banana")
+                await watcher.until_idle(timeout=60)
+                await submit(tab, "now wait")
+                await watcher.until(lambda op: op["op"] == "seal" and _is_call(op), 60)
+                await _until(lambda: host_processes_with(m), "the command to run")
+                stopped_at = time.monotonic()
+                await database_sync_to_async(turns.cancel)(tab.pk)
+                await watcher.until_idle()
+                took = time.monotonic() - stopped_at
+                await _until(lambda: not host_processes_with(m), "the command to end")
+                # What a restart does to the agents: closed gracefully.
+                await acp.close_all()
+                await submit(tab, "what was the word?")
+                await watcher.until_idle(timeout=60)
+    finally:
+        fake.stop()
+    assert took < 2.0
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == [
+        "user/text",
+        "assistant/text",
+        "user/text",
+        "assistant/tool_call",
+        "tool/tool_result",
+        "system/system",
+        "user/text",
+        "assistant/text",
+    ]
+    assert rows[5].data["kind"] == "cancelled"
+    assert rows[-1].data["text"] == "The word was banana."
+    last = next(
+        r for r in reversed(fake.requests) if isinstance(r.json, dict) and r.json.get("tools")
+    )
+    assert "remember banana" in json.dumps(last.json["messages"])
+
+
+def _is_call(op: dict[str, Any]) -> bool:
+    return op["block"]["type"] == "tool_call"
+
+
+async def _until(check: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)

@@ -318,7 +318,8 @@ async def test_a_stalling_server_is_retried_then_reported(fake_server, monkeypat
     the endpoint's idle timeout (the connection closed), retried with a notice, and the
     turn ends with an error saying the provider stalled."""
     use_openai(monkeypatch, fake_server)
-    monkeypatch.setenv("OPENAI_STREAM_IDLE_TIMEOUT", "0.3")
+    # Long enough that a loaded machine's connect and request never count as the stall.
+    monkeypatch.setenv("OPENAI_STREAM_IDLE_TIMEOUT", "0.8")
     monkeypatch.setattr(retry, "RETRY_DELAYS", (0.01, 0.01, 0.01))
     monkeypatch.setattr(retry, "JITTER", 0)
     for _ in range(4):
@@ -329,11 +330,11 @@ async def test_a_stalling_server_is_retried_then_reported(fake_server, monkeypat
     rows = await chunks(tab.pk)
     notices = [r.data["text"] for r in rows if r.type == "system"]
     assert notices == [
-        f"openai/gpt-4.1 sent nothing for 0.3 s; retrying in 0.01 s (attempt {n} of 4)."
+        f"openai/gpt-4.1 sent nothing for 0.8 s; retrying in 0.01 s (attempt {n} of 4)."
         for n in (2, 3, 4)
     ]
     assert kinds(rows)[-1] == "assistant/error"
-    assert "sent nothing for 0.3 s, on each of 4 attempts" in rows[-1].data["message"]
+    assert "sent nothing for 0.8 s, on each of 4 attempts" in rows[-1].data["message"]
     assert len(fake_server.requests) == 4
     for request in fake_server.requests:
         assert await asyncio.to_thread(request.wait_disconnected)
