@@ -165,7 +165,7 @@ async def test_stop_ends_a_real_agents_command_and_a_restart_continues_its_sessi
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-fake")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
     monkeypatch.setenv("PATH", f"{AGENTS_BIN}{os.pathsep}{os.environ['PATH']}")
-    owner_workspace(settings, tmp_path / "ws")
+    await database_sync_to_async(owner_workspace)(settings, tmp_path / "ws")
     try:
         async with running_worker():
             tab = await make_tab("acp/claude-code")
