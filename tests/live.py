@@ -37,9 +37,10 @@ ARTIFACTS = ROOT / "test-artifacts"
 # when asked: `DISPATCH_TEST_SHOTS=1 make test`.
 SHOTS = os.environ.get("DISPATCH_TEST_SHOTS", "") not in ("", "0")
 
-# Every wait in a browser or on the database: generous for a loaded CI machine,
-# and a passing test never comes near it.
-WAIT_SECONDS = 15.0
+# Every wait in a browser or on the database: generous for a loaded CI machine (the
+# suite on two cores with four workers, Chromium and agents beside it: a fresh server's
+# first turn was seen to take over 15 s), and a passing test never comes near it.
+WAIT_SECONDS = 30.0
 # How often a Python-side wait looks again.
 POLL_SECONDS = 0.05
 PASSWORD = "pw-for-tests-only"
