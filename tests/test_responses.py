@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chat.providers import responses
 from chat.providers.base import (
     Finish,
     Message,
@@ -454,3 +455,56 @@ async def test_the_harness_builds_streams_the_adapter_reads(fake_server):
     assert (finish.usage.input_tokens, finish.usage.cache_read_tokens) == (30, 20)
     assert finish.usage.reasoning_tokens == 9
     assert finish.usage.output_tokens > 9
+
+
+async def test_an_endpoint_refusing_reasoning_summaries_is_asked_again_without(
+    fake_server, monkeypatch
+):
+    """OpenAI refuses `reasoning.summary` to an organisation it has not verified: the
+    request is sent again without it (reasoning is still kept between steps), and so is
+    every later request to that endpoint; any other 400 is the error it is."""
+    monkeypatch.setattr(responses, "_NO_SUMMARY", set())
+    refusal = {
+        "error": {
+            "message": "Your organization must be verified to generate reasoning summaries.",
+            "type": "invalid_request_error",
+            "param": "reasoning.summary",
+            "code": "unsupported_value",
+        }
+    }
+    fake_server.add(
+        Reply(status=400, body=refusal),
+        Reply(events=ResponsesStream().text("Hi.").events()),
+        Reply(events=ResponsesStream().text("Again.").events()),
+        Reply.error(400, "invalid_request_error", "Unsupported parameter: 'temperature'."),
+    )
+    events = await collect(provider(fake_server).stream(ask()))
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["Hi."]
+    await collect(provider(fake_server).stream(ask()))
+    sent = [r.json for r in fake_server.requests]
+    assert sent[0]["reasoning"] == {"summary": "auto"}
+    assert "reasoning" not in sent[1] and "reasoning" not in sent[2]
+    assert sent[1]["include"] == ["reasoning.encrypted_content"]
+    with pytest.raises(ProviderError, match="temperature"):
+        await collect(provider(fake_server).stream(ask()))
+    assert len(fake_server.requests) == 4
+
+
+@pytest.mark.parametrize(
+    ("model", "reasoning"),
+    [
+        ("gpt-5", True),
+        ("gpt-5-mini", True),
+        ("o4-mini", True),
+        ("o3", True),
+        ("codex-mini-latest", True),
+        ("gpt-5-chat-latest", False),
+        ("gpt-4.1", False),
+        ("gpt-4o", False),
+    ],
+)
+def test_reasoning_models_are_told_apart_by_name(model, reasoning):
+    info = model_info(f"openai/{model}")
+    assert responses.is_reasoning(info) is reasoning
+    params = responses.build_params(ask(), info)
+    assert ("reasoning" in params, "include" in params) == (reasoning, reasoning)

@@ -96,7 +96,8 @@ SUMMARY_BREAK = "\n\n"
 INCLUDE = ["reasoning.encrypted_content"]
 # OpenAI's reasoning models, when the registry does not say so (a model it does not
 # list): only they accept `reasoning` and encrypted reasoning content.
-REASONING_NAMES = re.compile(r"^(o\d|gpt-5|codex)")
+# gpt-5-chat-latest is ChatGPT's model without reasoning: it refuses `reasoning`.
+REASONING_NAMES = re.compile(r"^(o\d|gpt-5(?!-chat)|codex)")
 # The events that end a response.
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # Events that carry nothing a turn shows or sends back: known, so not logged.
@@ -130,6 +131,13 @@ STATUS_OF_CODE = {
 RETRYABLE_CODES = frozenset({"server_error", "rate_limit_exceeded", "vector_store_timeout"})
 # Finish's stop reasons (the Anthropic vocabulary) for response.incomplete's reason.
 INCOMPLETE_REASONS = {"max_output_tokens": "max_tokens", "content_filter": "refusal"}
+
+
+# Endpoints (by endpoint key) that refused reasoning summaries: OpenAI answers 400
+# (param `reasoning.summary`) to an organisation it has not verified. Their requests leave
+# `summary` out from then on (reasoning is still kept between steps, only not shown), so a
+# tab's later requests keep one shape and their shared prefix.
+_NO_SUMMARY: set[tuple[Any, ...]] = set()
 
 
 def is_reasoning(model: ModelInfo) -> bool:
@@ -175,6 +183,21 @@ class ResponsesProvider:
 
     async def stream(self, request: Request) -> AsyncIterator[Event]:
         params = build_params(request, self.model)
+        if self.endpoint() in _NO_SUMMARY:
+            params.pop("reasoning", None)
+        try:
+            async for event in self._stream(params):
+                yield event
+        except ProviderError as exc:
+            if "reasoning" not in params or not _refuses_summary(exc):
+                raise
+            logger.warning("%s refuses reasoning summaries: asking without them", self.base_url)
+            _NO_SUMMARY.add(self.endpoint())
+            params.pop("reasoning")
+            async for event in self._stream(params):
+                yield event
+
+    async def _stream(self, params: dict[str, Any]) -> AsyncIterator[Event]:
         loop = asyncio.get_running_loop()
         self.alive_at = None
         client = None
@@ -206,6 +229,14 @@ class ResponsesProvider:
                 exc, configured=self.base_url, effective=effective, secrets=(self.api_key,)
             )
             raise
+
+
+def _refuses_summary(exc: ProviderError) -> bool:
+    """A 400 that refuses `reasoning.summary` (before anything streamed): e.g. "Your
+    organization must be verified to generate reasoning summaries"."""
+    return exc.status_code == 400 and (
+        "reasoning.summary" in exc.message or "reasoning summar" in exc.message.lower()
+    )
 
 
 def classify(exc: BaseException) -> ProviderError:
