@@ -43,13 +43,13 @@ def sealed(stdout: str) -> list[tuple[str, dict[str, Any]]]:
     return [(op["block"]["type"], op["block"]["data"]) for op in ops if op["op"] == "seal"]
 
 
-def run(workspace: Path, model: str, message: str, **env: str) -> list[tuple[str, dict]]:
+def run(
+    workspace: Path, model: str, message: str, *, yes: bool = True, exit: int = 0, **env: str
+) -> list[tuple[str, dict]]:
     path = f"{AGENTS_BIN}{os.pathsep}{os.environ['PATH']}"
-    done = send(
-        workspace, "--new", "--model", model, "--yes-to-tools", "--json", message,
-        PATH=path, **env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    answer = ["--yes-to-tools"] if yes else []
+    done = send(workspace, "--new", "--model", model, *answer, "--json", message, PATH=path, **env)
+    assert done.returncode == exit, done.stderr[-3000:]
     return sealed(done.stdout)
 
 
@@ -139,6 +139,37 @@ def test_codex_streams_reasoning_a_plan_a_command_with_its_output_and_text(tmp_p
     assert log[2][1]["arguments"] == {"command": "echo hi"}
     assert log[3][1]["result"] == "hi\n"
     assert log[4] == ("text", {"text": "It said hi."})
+
+
+@_needs("codex-acp")
+def test_a_refused_codex_command_does_not_run_and_its_turn_ends_cancelled_saying_why(tmp_path):
+    """Codex asks before `touch` (its request ids are strings, its options
+    approved/abort); refused (send without a terminal refuses), the command does not run
+    and Codex ends its turn cancelled, which the log says."""
+
+    def respond(request: Recorded) -> Reply:
+        call = ResponsesStream().call("call_1", "exec_command", {"cmd": "touch made.txt"})
+        return Reply(events=call.events())
+
+    fake = FakeProviderServer(respond=respond).start()
+    try:
+        log = run(
+            tmp_path / "ws",
+            "acp/codex",
+            "make a file",
+            yes=False,
+            exit=1,
+            OPENAI_API_KEY="sk-fake",
+            OPENAI_BASE_URL=f"{fake.url}/v1",
+        )
+    finally:
+        fake.stop()
+    kinds = [kind for kind, _ in log]
+    assert kinds == ["tool_call", "system", "tool_result", "system"], log
+    assert log[1][1]["text"] == "Denied by the user."
+    assert log[2][1]["is_error"]
+    assert log[3][1]["kind"] == "cancelled" and "Codex ends its turn" in log[3][1]["text"]
+    assert not list((tmp_path / "ws").rglob("made.txt"))
 
 
 @_needs("claude-code-acp")
