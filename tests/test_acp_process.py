@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from acp.schema import (
 from django.conf import settings
 
 from chat.acp import config as acp_config
-from chat.acp import process
+from chat.acp import launch, process
 from chat.acp.relay import MAX_HEAD_BYTES, Endpoint, Relay
 from chat.acp.seam import AgentConfig, AgentError, AgentSession
 from chat.envcheck import acp_agents
@@ -423,6 +423,36 @@ async def test_an_agent_installed_in_the_data_directory_is_refused(tmp_path: Pat
             resume=None,
             policy=sandbox.Policy(hidden=(data,)),
         )
+
+
+@pytest.mark.parametrize("planted", ["file", "folder"])
+def test_codex_config_is_written_through_no_link(
+    monkeypatch, tmp_path: Path, planted: str
+) -> None:
+    """HOME persists and the agent writes it: a link it planted at ~/.codex/config.toml,
+    or at ~/.codex, is replaced, and what it points to (a host file) left untouched."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-fake")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    home = tmp_path / "home"
+    home.mkdir()
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "config.toml").write_text("host file")
+    if planted == "file":
+        (home / ".codex").mkdir()
+        (home / ".codex" / "config.toml").symlink_to(host / "config.toml")
+    else:
+        (home / ".codex").symlink_to(host)
+    config = AgentConfig("codex", (str(DOUBLES / "minimal"),), provider="openai")
+    policy = replace(sandbox.policy_from(settings), network=False)
+    launch.prepare(config, tmp_path / "ws", home, policy)
+    assert (host / "config.toml").read_text() == "host file"
+    assert sorted(p.name for p in host.iterdir()) == ["config.toml"]
+    written = home / ".codex" / "config.toml"
+    assert not written.is_symlink() and not (home / ".codex").is_symlink()
+    assert 'base_url = "http://127.0.0.1:8700"' in written.read_text()
+    assert written.stat().st_mode & 0o777 == 0o600
+    assert (home / ".codex").stat().st_mode & 0o777 == 0o700
 
 
 async def test_a_missing_command_is_a_clear_error(tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ CODEX_HOME (Codex ignores OPENAI_BASE_URL).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import sys
@@ -61,6 +63,7 @@ CLAUDE_CODE_ENV = (
 # anything but reading ("untrusted"): Dispatch's approvals and rules decide. Its own
 # sandbox stays off: it runs inside Dispatch's, which it could not nest in.
 CODEX_DIR = ".codex"
+CODEX_FILE = "config.toml"
 CODEX_CONFIG = """\
 # Written by Dispatch at every start of this agent: edits here are replaced.
 model_provider = "dispatch"
@@ -260,11 +263,63 @@ def _endpoint(config: AgentConfig, home: Path, variables: list[tuple[str, str]])
         ]
     elif config.provider == "openai":
         codex_home = home / CODEX_DIR
-        files.make_private(codex_home)
-        (codex_home / "config.toml").write_text(CODEX_CONFIG.format(base_url=ENDPOINT_URL))
+        try:
+            _write_codex_config(home, CODEX_CONFIG.format(base_url=ENDPOINT_URL).encode())
+        except OSError as exc:
+            raise AgentError(
+                f"{config.name} was not started: its {codex_home}/{CODEX_FILE} cannot be "
+                f"written ({exc.strerror or exc})"
+            ) from exc
         variables += [
             ("OPENAI_API_KEY", key),
             ("OPENAI_BASE_URL", ENDPOINT_URL),
             ("CODEX_HOME", str(codex_home)),
         ]
     return endpoint
+
+
+def _write_codex_config(home: Path, data: bytes) -> None:
+    """HOME/.codex/config.toml holding `data`, 0600, written without following a link:
+    HOME persists and the agent writes it, so either name may be a link it planted
+    (`ln -s ~/.ssh/authorized_keys ~/.codex/config.toml`) to make the server, which
+    writes this outside the sandbox, overwrite a host file. Each step is relative to a
+    descriptor of the folder opened with O_NOFOLLOW; a link (or file) named .codex is
+    replaced by a folder, an existing config.toml is unlinked (never opened) and the new
+    one made with O_EXCL. OSError for what cannot be (a folder named config.toml)."""
+    home_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        codex_fd = _private_dir(CODEX_DIR, home_fd)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(CODEX_FILE, dir_fd=codex_fd)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(CODEX_FILE, flags, 0o600, dir_fd=codex_fd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        finally:
+            os.close(codex_fd)
+    finally:
+        os.close(home_fd)
+
+
+def _private_dir(name: str, parent_fd: int) -> int:
+    """A descriptor of the folder `name` in `parent_fd` (made 0700 if missing; what is
+    there but a folder, a link above all, is removed first), never through a link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+    try:
+        fd = os.open(name, flags, dir_fd=parent_fd)
+    except OSError as exc:
+        # A link gives ELOOP under O_NOFOLLOW, a file ENOTDIR: either is replaced.
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        os.unlink(name, dir_fd=parent_fd)
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+        fd = os.open(name, flags, dir_fd=parent_fd)
+    try:
+        os.fchmod(fd, 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
