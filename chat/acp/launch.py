@@ -13,10 +13,13 @@ fresh /proc, the system read-only, no data directory), with:
   endpoint, relayed by chat.acp.relay through a Unix socket bound in, which
   chat/acp/inside.py (run by the server's own interpreter, bound read-only) serves on
   the sandbox's 127.0.0.1:ENDPOINT_PORT;
-- variables: a few fixed ones, the operator's for this agent, and its provider's key
-  and base URL (the relay's) — nothing of the server's environment.
+- variables: a few fixed ones, the operator's for this agent, and its provider's base
+  URL (the relay's) with a placeholder key (PLACEHOLDER_KEY) — nothing of the server's
+  environment. The provider's real key never enters the sandbox (where the agent, or
+  any command it runs, could read and print it): the relay drops the credentials the
+  agent sends and puts the real key on each request (Launch.auth).
 
-Claude Code gets Anthropic's credentials and its telemetry, error reporting and
+Claude Code gets Anthropic's variables and its telemetry, error reporting and
 updater off; Codex gets OpenAI's, through a config.toml Dispatch writes in its
 CODEX_HOME (Codex ignores OPENAI_BASE_URL).
 """
@@ -46,6 +49,9 @@ INSIDE_SOCKET_DIR = "/run/dispatch/endpoint"
 # nothing else listens there.
 ENDPOINT_PORT = 8700
 ENDPOINT_URL = f"http://127.0.0.1:{ENDPOINT_PORT}"
+
+# The key an agent is given: its client insists on one, and the relay replaces it.
+PLACEHOLDER_KEY = "dispatch-relay"
 
 # Variables every agent gets (shell.ENV_FIXED: no colours or pagers either).
 AGENT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -78,9 +84,9 @@ wire_api = "responses"
 supports_websockets = false
 """
 
-# Variables whose values are masked in what is shown of an agent's stderr; of the
-# operator's, values this long or longer (shorter ones, "1", would mask every digit).
-SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+# Values masked in what is shown of an agent's stderr (besides the provider's key): of
+# the operator's variables, values this long or longer (shorter ones, "1", would mask
+# every digit).
 MIN_SECRET_CHARS = 8
 
 # The shebang line of a program run by node, read to know whether node must be bound.
@@ -102,12 +108,16 @@ class Launch:
     extra: list[str] = field(default_factory=list)
     # The endpoint to relay to (None: the agent gets no way out at all).
     endpoint: Endpoint | None = None
+    # The provider's key, and the headers carrying it that the relay sets: the host's
+    # side only, never the sandbox's.
+    key: str = field(default="", repr=False)
+    auth: tuple[tuple[bytes, bytes], ...] = field(default=(), repr=False)
 
     @property
     def secrets(self) -> list[str]:
         """Values never shown (in its stderr's tail): its key and its own variables'."""
         return sorted(
-            {value for name, value in self.variables if name in SECRET_VARIABLES and value}
+            {self.key} - {""}
             | {value for _, value in self.configured if len(value) >= MIN_SECRET_CHARS},
             key=len,
             reverse=True,
@@ -137,9 +147,10 @@ def prepare(config: AgentConfig, workspace: Path, home: Path, policy: sandbox.Po
         )
     extra = [*_installs(config, program, policy), *_interpreter()]
     variables = _variables(config, home)
-    endpoint = _endpoint(config, home, variables)
+    endpoint, key = _endpoint(config, home, variables)
     argv = [str(program), *config.command[1:]]
-    return Launch(argv, workspace, home, variables, config.env, extra, endpoint)
+    auth = _auth(config, key)
+    return Launch(argv, workspace, home, variables, config.env, extra, endpoint, key, auth)
 
 
 def inside_argv(prepared: Launch, control_fd: int) -> list[str]:
@@ -240,10 +251,13 @@ def _variables(config: AgentConfig, home: Path) -> list[tuple[str, str]]:
     return [*fixed.items(), *config.env]
 
 
-def _endpoint(config: AgentConfig, home: Path, variables: list[tuple[str, str]]) -> Endpoint | None:
-    """The provider's endpoint, and its key and the relay's URL added to `variables`."""
+def _endpoint(
+    config: AgentConfig, home: Path, variables: list[tuple[str, str]]
+) -> tuple[Endpoint | None, str]:
+    """The provider's endpoint and key; the relay's URL and the placeholder key added to
+    `variables`."""
     if not config.provider:
-        return None
+        return None, ""
     spec = registry.PROVIDERS[config.provider]
     try:
         creds = registry.credentials(config.provider)
@@ -258,7 +272,7 @@ def _endpoint(config: AgentConfig, home: Path, variables: list[tuple[str, str]])
     if config.provider == "anthropic":
         variables += [
             *CLAUDE_CODE_ENV,
-            ("ANTHROPIC_API_KEY", key),
+            ("ANTHROPIC_API_KEY", PLACEHOLDER_KEY),
             ("ANTHROPIC_BASE_URL", ENDPOINT_URL),
         ]
     elif config.provider == "openai":
@@ -271,11 +285,26 @@ def _endpoint(config: AgentConfig, home: Path, variables: list[tuple[str, str]])
                 f"written ({exc.strerror or exc})"
             ) from exc
         variables += [
-            ("OPENAI_API_KEY", key),
+            ("OPENAI_API_KEY", PLACEHOLDER_KEY),
             ("OPENAI_BASE_URL", ENDPOINT_URL),
             ("CODEX_HOME", str(codex_home)),
         ]
-    return endpoint
+    return endpoint, key
+
+
+def _auth(config: AgentConfig, key: str) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers the relay sets for the provider's key (none without a key: a local
+    server may want none); AgentError for a key no header can carry."""
+    if not key:
+        return ()
+    if not key.isascii() or not key.isprintable():
+        raise AgentError(
+            f"{config.name} was not started: its {config.provider} key holds a character "
+            "an HTTP header cannot carry (a line break, a control or non-ASCII character)"
+        )
+    if config.provider == "anthropic":
+        return ((b"x-api-key", key.encode()),)
+    return ((b"Authorization", b"Bearer " + key.encode()),)
 
 
 def _write_codex_config(home: Path, data: bytes) -> None:

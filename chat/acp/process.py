@@ -277,7 +277,7 @@ class _Agent:
         prepared = self.launch
         extra = list(prepared.extra)
         if prepared.endpoint is not None:
-            self._relay = Relay(prepared.endpoint)
+            self._relay = Relay(prepared.endpoint, auth=prepared.auth)
             await self._relay.start()
             extra += ["--bind", str(self._relay.folder), launch.INSIDE_SOCKET_DIR]
         await self._spawn(policy, extra)
