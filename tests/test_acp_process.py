@@ -495,6 +495,48 @@ def test_codex_config_is_written_through_no_link(monkeypatch, tmp_path: Path, pl
     assert (home / ".codex").stat().st_mode & 0o777 == 0o700
 
 
+async def test_a_link_swapped_in_for_its_folder_is_not_followed(tmp_path: Path) -> None:
+    """The agent's folder (a tab's working directory) is bound by the descriptor opened
+    when it was checked: a link swapped in for it afterwards (another tab's shell can)
+    does not lead the sandbox to what it points to."""
+    workspace = tmp_path / "ws"
+    (workspace / "sub").mkdir(parents=True)
+    (workspace / "sub" / "checked.txt").write_text("")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "outside-secret.txt").write_text("")
+    config = AgentConfig("lists", (str(DOUBLES / "lists_its_folder"),))
+    # The real start, with the swap between the check and the bind.
+    swapped = launch.prepare
+
+    def prepare_then_swap(*args: Any) -> launch.Launch:
+        ready = swapped(*args)
+        (workspace / "sub").rename(workspace / "moved")
+        (workspace / "sub").symlink_to(outside)
+        return ready
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launch, "prepare", prepare_then_swap)
+        with pytest.raises(AgentError) as caught:
+            await process.start(
+                config, workspace=workspace, cwd="sub", home=tmp_path / "home", resume=None
+            )
+    message = str(caught.value)
+    assert f"in {workspace.resolve()}/sub: checked.txt" in message
+    assert "outside-secret" not in message
+
+
+async def test_a_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "out").symlink_to(tmp_path)
+    config = AgentConfig("lists", (str(DOUBLES / "lists_its_folder"),))
+    with pytest.raises(AgentError, match="the working directory out is not a folder of the"):
+        await process.start(
+            config, workspace=workspace, cwd="out", home=tmp_path / "home", resume=None
+        )
+
+
 async def test_a_missing_command_is_a_clear_error(tmp_path: Path) -> None:
     config = AgentConfig("ghost", ("no-such-agent-acp",))
     with pytest.raises(AgentError, match="ghost is not installed: its command 'no-such-agent-acp'"):

@@ -3,7 +3,9 @@
 An agent runs as the shell's commands do (chat.tools.sandbox: bubblewrap, seccomp, a
 fresh /proc, the system read-only, no data directory), with:
 
-- the workspace read-write at its own path (where it starts), and its own HOME
+- the workspace read-write at its own path (where it starts; a tab's working directory
+  bound by the descriptor workdir.open_root opened, as the shell's commands are, so a
+  link swapped in for it after the check is not followed), and its own HOME
   read-write (per user and agent, under the data directory: its sessions, for
   `session/load`); nothing else writable but the sandbox's private /tmp;
 - its program's install directory read-only, wherever it is (a user's npm prefix,
@@ -38,7 +40,7 @@ from chat.acp.relay import SOCKET_NAME, Endpoint
 from chat.acp.seam import AgentConfig, AgentError
 from chat.providers import registry
 from chat.providers.base import ProviderError
-from chat.tools import files, sandbox, shell
+from chat.tools import files, sandbox, shell, workdir
 from chat.tools.base import ToolError
 
 # Where the sandbox's side lives inside (a copy of chat/acp/inside.py), and the folder
@@ -112,6 +114,17 @@ class Launch:
     # side only, never the sandbox's.
     key: str = field(default="", repr=False)
     auth: tuple[tuple[bytes, bytes], ...] = field(default=(), repr=False)
+    # The workspace's folder as opened by workdir.open_root (bound by descriptor: a link
+    # swapped in for it since is not followed), and the whole workspace it is in (bound
+    # instead by a bwrap without --bind-fd); None: `workspace` is bound by its path.
+    root_fd: int | None = None
+    top: Path | None = None
+
+    def release(self) -> None:
+        """Close root_fd (once the sandbox has its own copy, or will never run)."""
+        if self.root_fd is not None:
+            os.close(self.root_fd)
+            self.root_fd = None
 
     @property
     def secrets(self) -> list[str]:
@@ -124,8 +137,17 @@ class Launch:
         )
 
 
-def prepare(config: AgentConfig, workspace: Path, home: Path, policy: sandbox.Policy) -> Launch:
-    """The agent's launch, or AgentError saying why it cannot start (blocking: files)."""
+def prepare(
+    config: AgentConfig,
+    workspace: Path,
+    home: Path,
+    policy: sandbox.Policy,
+    cwd: str | None = None,
+) -> Launch:
+    """The agent's launch, or AgentError saying why it cannot start (blocking: files).
+    With `cwd`, `workspace` is the user's whole workspace and the agent runs in its
+    folder `cwd`, opened without following a link (workdir.open_root) and bound by that
+    descriptor (the Launch holds it: release() it); else in `workspace`, bound by path."""
     if policy.unsandboxed:
         raise AgentError(
             f"{config.name} was not started: external agents run only in the shell's "
@@ -135,13 +157,38 @@ def prepare(config: AgentConfig, workspace: Path, home: Path, policy: sandbox.Po
     if not verdict.available:
         raise AgentError(f"{config.name} was not started: {verdict.problem}")
     program = _program(config)
+    root_fd = top = None
     try:
-        workspace = files.ensure_workspace(workspace)
+        if cwd is None:
+            workspace = files.ensure_workspace(workspace)
+        else:
+            top = files.ensure_workspace(workspace)
+            workspace, root_fd = workdir.open_root(top, cwd)
         files.make_private(home)
         home = home.resolve(strict=True)
     except (OSError, ToolError) as exc:
+        if root_fd is not None:
+            os.close(root_fd)
         raise AgentError(f"{config.name} was not started: {exc}") from exc
-    if home.is_relative_to(workspace) or workspace.is_relative_to(home):
+    try:
+        return _launch(config, program, workspace, home, policy, root_fd, top)
+    except BaseException:
+        if root_fd is not None:
+            os.close(root_fd)
+        raise
+
+
+def _launch(
+    config: AgentConfig,
+    program: Path,
+    workspace: Path,
+    home: Path,
+    policy: sandbox.Policy,
+    root_fd: int | None,
+    top: Path | None,
+) -> Launch:
+    span = top or workspace
+    if home.is_relative_to(span) or span.is_relative_to(home):
         raise AgentError(
             f"{config.name} was not started: its home {home} and the workspace overlap"
         )
@@ -150,7 +197,9 @@ def prepare(config: AgentConfig, workspace: Path, home: Path, policy: sandbox.Po
     endpoint, key = _endpoint(config, home, variables)
     argv = [str(program), *config.command[1:]]
     auth = _auth(config, key)
-    return Launch(argv, workspace, home, variables, config.env, extra, endpoint, key, auth)
+    return Launch(
+        argv, workspace, home, variables, config.env, extra, endpoint, key, auth, root_fd, top
+    )
 
 
 def inside_argv(prepared: Launch, control_fd: int) -> list[str]:
