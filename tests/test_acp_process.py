@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -37,12 +37,19 @@ from acp.schema import (
 from django.conf import settings
 
 from chat.acp import config as acp_config
-from chat.acp import process
+from chat.acp import launch, process
 from chat.acp.relay import MAX_HEAD_BYTES, Endpoint, Relay
 from chat.acp.seam import AgentConfig, AgentError, AgentSession
 from chat.envcheck import acp_agents
 from chat.tools import sandbox
-from harness.fakeprovider import ClaudeCodeEndpoint, FakeProviderServer, Reply, anthropic_blocks
+from harness.fakeprovider import (
+    ClaudeCodeEndpoint,
+    FakeProviderServer,
+    Reply,
+    ResponsesStream,
+    anthropic_blocks,
+    is_responses_path,
+)
 from harness.servers import ROOT
 
 AGENTS_BIN = ROOT / ".npm-agents" / "node_modules" / ".bin"
@@ -252,6 +259,8 @@ async def _confined(
         assert secret not in output
     assert "db-password-2" not in output and "SECRET_KEY" not in output
     assert "ANTHROPIC_BASE_URL=http://127.0.0.1:" in output
+    # Only a placeholder key: the relay puts the real one on its requests.
+    assert "ANTHROPIC_API_KEY=dispatch-relay" in output and "sk-ant-fake" not in output
     assert "DISABLE_TELEMETRY=1" in output and "DISABLE_AUTOUPDATER=1" in output
     assert (workspace / "w.txt").exists() and (home / "h.txt").exists()
     assert "Read-only file system" in output
@@ -356,10 +365,18 @@ async def test_codex_starts_in_its_sandbox(monkeypatch, tmp_path: Path, fake_ser
         assert agent.session_id
         written = (home / ".codex" / "config.toml").read_text()
         assert 'wire_api = "responses"' in written and "supports_websockets = false" in written
+        fake_server.add(Reply(events=ResponsesStream().text("Hello from Codex.").events()))
+        handler = Recorder()
+        assert await _prompt(agent, "hello", handler) == "end_turn"
+        assert handler.text(AgentMessageChunk) == "Hello from Codex."
     finally:
         closing = time.monotonic()
         await agent.close()
         print(f"Codex closed in {time.monotonic() - closing:.2f} s")
+    # The key Dispatch holds reached the endpoint, through the relay; Codex had only a
+    # placeholder.
+    asked = [r for r in fake_server.requests if is_responses_path(r.path)]
+    assert asked and {r.headers.get("authorization") for r in asked} == {"Bearer sk-openai-fake"}
     # Codex does not exit when its stdin closes: its sandbox was killed.
     assert not _pids_with(config.command[0].encode())
 
@@ -400,6 +417,31 @@ async def test_its_variables_reach_it_and_its_secrets_are_masked(tmp_path: Path)
     assert "very-secret-token" not in str(caught.value)
 
 
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+async def test_the_providers_key_never_enters_the_sandbox(
+    monkeypatch, tmp_path: Path, provider: str
+) -> None:
+    """The agent's variables hold a placeholder key (shown: it is no secret), never the
+    server's key, which the relay alone sets."""
+    variable = f"{provider.upper()}_API_KEY"
+    monkeypatch.setenv(variable, "sk-real-key-5")
+    monkeypatch.setenv(f"{provider.upper()}_BASE_URL", "http://127.0.0.1:9/v1")
+    config = AgentConfig("leaks", (str(DOUBLES / "leaks"),), provider=provider)
+    with pytest.raises(AgentError) as caught:
+        await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "home", resume=None)
+    assert f"{provider}=dispatch-relay" in str(caught.value)
+    assert "sk-real-key-5" not in str(caught.value)
+
+
+@pytest.mark.parametrize("key", ["sk-bad\r\nX-Injected: 1", "sk-\u00e9"])
+async def test_a_key_no_header_can_carry_is_refused(monkeypatch, tmp_path: Path, key: str) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    config = AgentConfig("leaks", (str(DOUBLES / "leaks"),), provider="anthropic")
+    with pytest.raises(AgentError, match="key holds a character an HTTP header cannot carry"):
+        await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "home", resume=None)
+
+
 async def test_no_agent_runs_unsandboxed_or_with_a_bad_variable(tmp_path: Path) -> None:
     where = {"workspace": tmp_path / "ws", "home": tmp_path / "home", "resume": None}
     config = AgentConfig("minimal", (str(DOUBLES / "minimal"),))
@@ -422,6 +464,76 @@ async def test_an_agent_installed_in_the_data_directory_is_refused(tmp_path: Pat
             home=tmp_path / "home",
             resume=None,
             policy=sandbox.Policy(hidden=(data,)),
+        )
+
+
+@pytest.mark.parametrize("planted", ["file", "folder"])
+def test_codex_config_is_written_through_no_link(monkeypatch, tmp_path: Path, planted: str) -> None:
+    """HOME persists and the agent writes it: a link it planted at ~/.codex/config.toml,
+    or at ~/.codex, is replaced, and what it points to (a host file) left untouched."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-fake")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    home = tmp_path / "home"
+    home.mkdir()
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "config.toml").write_text("host file")
+    if planted == "file":
+        (home / ".codex").mkdir()
+        (home / ".codex" / "config.toml").symlink_to(host / "config.toml")
+    else:
+        (home / ".codex").symlink_to(host)
+    config = AgentConfig("codex", (str(DOUBLES / "minimal"),), provider="openai")
+    policy = replace(sandbox.policy_from(settings), network=False)
+    launch.prepare(config, tmp_path / "ws", home, policy)
+    assert (host / "config.toml").read_text() == "host file"
+    assert sorted(p.name for p in host.iterdir()) == ["config.toml"]
+    written = home / ".codex" / "config.toml"
+    assert not written.is_symlink() and not (home / ".codex").is_symlink()
+    assert 'base_url = "http://127.0.0.1:8700"' in written.read_text()
+    assert written.stat().st_mode & 0o777 == 0o600
+    assert (home / ".codex").stat().st_mode & 0o777 == 0o700
+
+
+async def test_a_link_swapped_in_for_its_folder_is_not_followed(tmp_path: Path) -> None:
+    """The agent's folder (a tab's working directory) is bound by the descriptor opened
+    when it was checked: a link swapped in for it afterwards (another tab's shell can)
+    does not lead the sandbox to what it points to."""
+    workspace = tmp_path / "ws"
+    (workspace / "sub").mkdir(parents=True)
+    (workspace / "sub" / "checked.txt").write_text("")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "outside-secret.txt").write_text("")
+    config = AgentConfig("lists", (str(DOUBLES / "lists_its_folder"),))
+    # The real start, with the swap between the check and the bind.
+    swapped = launch.prepare
+
+    def prepare_then_swap(*args: Any) -> launch.Launch:
+        ready = swapped(*args)
+        (workspace / "sub").rename(workspace / "moved")
+        (workspace / "sub").symlink_to(outside)
+        return ready
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launch, "prepare", prepare_then_swap)
+        with pytest.raises(AgentError) as caught:
+            await process.start(
+                config, workspace=workspace, cwd="sub", home=tmp_path / "home", resume=None
+            )
+    message = str(caught.value)
+    assert f"in {workspace.resolve()}/sub: checked.txt" in message
+    assert "outside-secret" not in message
+
+
+async def test_a_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "out").symlink_to(tmp_path)
+    config = AgentConfig("lists", (str(DOUBLES / "lists_its_folder"),))
+    with pytest.raises(AgentError, match="the working directory out is not a folder of the"):
+        await process.start(
+            config, workspace=workspace, cwd="out", home=tmp_path / "home", resume=None
         )
 
 
@@ -519,16 +631,19 @@ async def _exchange(relay: Relay, request: bytes) -> bytes:
 
 
 async def test_the_relay_forwards_under_the_base_path(fake_server) -> None:
-    """The target goes under the base URL's path, Host becomes the endpoint's, and both
-    sides are told the connection closes."""
+    """The target goes under the base URL's path, Host becomes the endpoint's, the
+    agent's credentials (a placeholder) the relay's key, and both sides are told the
+    connection closes."""
     fake_server.add(Reply(events=anthropic_blocks({"type": "text", "text": "relayed"})))
-    relay = Relay(Endpoint.of(f"{fake_server.url}/gateway/"))
+    relay = Relay(Endpoint.of(f"{fake_server.url}/gateway/"), auth=((b"x-api-key", b"sk-real"),))
     await relay.start()
     try:
         body = b'{"stream": true}'
         answer = await _exchange(
             relay,
             b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1:8700\r\nConnection: keep-alive\r\n"
+            b"X-Api-Key: dispatch-relay\r\nauthorization: Bearer dispatch-relay\r\n"
+            b"api-key: dispatch-relay\r\nanthropic-version: 2023-06-01\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
         )
     finally:
@@ -539,6 +654,10 @@ async def test_the_relay_forwards_under_the_base_path(fake_server) -> None:
     host = fake_server.url.removeprefix("http://")
     assert fake_server.last.headers["host"] == host
     assert fake_server.last.headers["connection"] == "close"
+    assert fake_server.last.headers["x-api-key"] == "sk-real"
+    assert fake_server.last.headers["anthropic-version"] == "2023-06-01"
+    assert "authorization" not in fake_server.last.headers
+    assert "api-key" not in fake_server.last.headers
     assert not relay.path.exists()
 
 

@@ -3,7 +3,9 @@
 An agent runs as the shell's commands do (chat.tools.sandbox: bubblewrap, seccomp, a
 fresh /proc, the system read-only, no data directory), with:
 
-- the workspace read-write at its own path (where it starts), and its own HOME
+- the workspace read-write at its own path (where it starts; a tab's working directory
+  bound by the descriptor workdir.open_root opened, as the shell's commands are, so a
+  link swapped in for it after the check is not followed), and its own HOME
   read-write (per user and agent, under the data directory: its sessions, for
   `session/load`); nothing else writable but the sandbox's private /tmp;
 - its program's install directory read-only, wherever it is (a user's npm prefix,
@@ -13,16 +15,21 @@ fresh /proc, the system read-only, no data directory), with:
   endpoint, relayed by chat.acp.relay through a Unix socket bound in, which
   chat/acp/inside.py (run by the server's own interpreter, bound read-only) serves on
   the sandbox's 127.0.0.1:ENDPOINT_PORT;
-- variables: a few fixed ones, the operator's for this agent, and its provider's key
-  and base URL (the relay's) — nothing of the server's environment.
+- variables: a few fixed ones, the operator's for this agent, and its provider's base
+  URL (the relay's) with a placeholder key (PLACEHOLDER_KEY) — nothing of the server's
+  environment. The provider's real key never enters the sandbox (where the agent, or
+  any command it runs, could read and print it): the relay drops the credentials the
+  agent sends and puts the real key on each request (Launch.auth).
 
-Claude Code gets Anthropic's credentials and its telemetry, error reporting and
+Claude Code gets Anthropic's variables and its telemetry, error reporting and
 updater off; Codex gets OpenAI's, through a config.toml Dispatch writes in its
 CODEX_HOME (Codex ignores OPENAI_BASE_URL).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import sys
@@ -33,7 +40,7 @@ from chat.acp.relay import SOCKET_NAME, Endpoint
 from chat.acp.seam import AgentConfig, AgentError
 from chat.providers import registry
 from chat.providers.base import ProviderError
-from chat.tools import files, sandbox, shell
+from chat.tools import files, sandbox, shell, workdir
 from chat.tools.base import ToolError
 
 # Where the sandbox's side lives inside (a copy of chat/acp/inside.py), and the folder
@@ -44,6 +51,9 @@ INSIDE_SOCKET_DIR = "/run/dispatch/endpoint"
 # nothing else listens there.
 ENDPOINT_PORT = 8700
 ENDPOINT_URL = f"http://127.0.0.1:{ENDPOINT_PORT}"
+
+# The key an agent is given: its client insists on one, and the relay replaces it.
+PLACEHOLDER_KEY = "dispatch-relay"
 
 # Variables every agent gets (shell.ENV_FIXED: no colours or pagers either).
 AGENT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -61,6 +71,7 @@ CLAUDE_CODE_ENV = (
 # anything but reading ("untrusted"): Dispatch's approvals and rules decide. Its own
 # sandbox stays off: it runs inside Dispatch's, which it could not nest in.
 CODEX_DIR = ".codex"
+CODEX_FILE = "config.toml"
 CODEX_CONFIG = """\
 # Written by Dispatch at every start of this agent: edits here are replaced.
 model_provider = "dispatch"
@@ -75,9 +86,9 @@ wire_api = "responses"
 supports_websockets = false
 """
 
-# Variables whose values are masked in what is shown of an agent's stderr; of the
-# operator's, values this long or longer (shorter ones, "1", would mask every digit).
-SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+# Values masked in what is shown of an agent's stderr (besides the provider's key): of
+# the operator's variables, values this long or longer (shorter ones, "1", would mask
+# every digit).
 MIN_SECRET_CHARS = 8
 
 # The shebang line of a program run by node, read to know whether node must be bound.
@@ -99,20 +110,44 @@ class Launch:
     extra: list[str] = field(default_factory=list)
     # The endpoint to relay to (None: the agent gets no way out at all).
     endpoint: Endpoint | None = None
+    # The provider's key, and the headers carrying it that the relay sets: the host's
+    # side only, never the sandbox's.
+    key: str = field(default="", repr=False)
+    auth: tuple[tuple[bytes, bytes], ...] = field(default=(), repr=False)
+    # The workspace's folder as opened by workdir.open_root (bound by descriptor: a link
+    # swapped in for it since is not followed), and the whole workspace it is in (bound
+    # instead by a bwrap without --bind-fd); None: `workspace` is bound by its path.
+    root_fd: int | None = None
+    top: Path | None = None
+
+    def release(self) -> None:
+        """Close root_fd (once the sandbox has its own copy, or will never run)."""
+        if self.root_fd is not None:
+            os.close(self.root_fd)
+            self.root_fd = None
 
     @property
     def secrets(self) -> list[str]:
         """Values never shown (in its stderr's tail): its key and its own variables'."""
         return sorted(
-            {value for name, value in self.variables if name in SECRET_VARIABLES and value}
+            {self.key} - {""}
             | {value for _, value in self.configured if len(value) >= MIN_SECRET_CHARS},
             key=len,
             reverse=True,
         )
 
 
-def prepare(config: AgentConfig, workspace: Path, home: Path, policy: sandbox.Policy) -> Launch:
-    """The agent's launch, or AgentError saying why it cannot start (blocking: files)."""
+def prepare(
+    config: AgentConfig,
+    workspace: Path,
+    home: Path,
+    policy: sandbox.Policy,
+    cwd: str | None = None,
+) -> Launch:
+    """The agent's launch, or AgentError saying why it cannot start (blocking: files).
+    With `cwd`, `workspace` is the user's whole workspace and the agent runs in its
+    folder `cwd`, opened without following a link (workdir.open_root) and bound by that
+    descriptor (the Launch holds it: release() it); else in `workspace`, bound by path."""
     if policy.unsandboxed:
         raise AgentError(
             f"{config.name} was not started: external agents run only in the shell's "
@@ -122,21 +157,49 @@ def prepare(config: AgentConfig, workspace: Path, home: Path, policy: sandbox.Po
     if not verdict.available:
         raise AgentError(f"{config.name} was not started: {verdict.problem}")
     program = _program(config)
+    root_fd = top = None
     try:
-        workspace = files.ensure_workspace(workspace)
+        if cwd is None:
+            workspace = files.ensure_workspace(workspace)
+        else:
+            top = files.ensure_workspace(workspace)
+            workspace, root_fd = workdir.open_root(top, cwd)
         files.make_private(home)
         home = home.resolve(strict=True)
     except (OSError, ToolError) as exc:
+        if root_fd is not None:
+            os.close(root_fd)
         raise AgentError(f"{config.name} was not started: {exc}") from exc
-    if home.is_relative_to(workspace) or workspace.is_relative_to(home):
+    try:
+        return _launch(config, program, workspace, home, policy, root_fd, top)
+    except BaseException:
+        if root_fd is not None:
+            os.close(root_fd)
+        raise
+
+
+def _launch(
+    config: AgentConfig,
+    program: Path,
+    workspace: Path,
+    home: Path,
+    policy: sandbox.Policy,
+    root_fd: int | None,
+    top: Path | None,
+) -> Launch:
+    span = top or workspace
+    if home.is_relative_to(span) or span.is_relative_to(home):
         raise AgentError(
             f"{config.name} was not started: its home {home} and the workspace overlap"
         )
     extra = [*_installs(config, program, policy), *_interpreter()]
     variables = _variables(config, home)
-    endpoint = _endpoint(config, home, variables)
+    endpoint, key = _endpoint(config, home, variables)
     argv = [str(program), *config.command[1:]]
-    return Launch(argv, workspace, home, variables, config.env, extra, endpoint)
+    auth = _auth(config, key)
+    return Launch(
+        argv, workspace, home, variables, config.env, extra, endpoint, key, auth, root_fd, top
+    )
 
 
 def inside_argv(prepared: Launch, control_fd: int) -> list[str]:
@@ -237,10 +300,13 @@ def _variables(config: AgentConfig, home: Path) -> list[tuple[str, str]]:
     return [*fixed.items(), *config.env]
 
 
-def _endpoint(config: AgentConfig, home: Path, variables: list[tuple[str, str]]) -> Endpoint | None:
-    """The provider's endpoint, and its key and the relay's URL added to `variables`."""
+def _endpoint(
+    config: AgentConfig, home: Path, variables: list[tuple[str, str]]
+) -> tuple[Endpoint | None, str]:
+    """The provider's endpoint and key; the relay's URL and the placeholder key added to
+    `variables`."""
     if not config.provider:
-        return None
+        return None, ""
     spec = registry.PROVIDERS[config.provider]
     try:
         creds = registry.credentials(config.provider)
@@ -255,16 +321,83 @@ def _endpoint(config: AgentConfig, home: Path, variables: list[tuple[str, str]])
     if config.provider == "anthropic":
         variables += [
             *CLAUDE_CODE_ENV,
-            ("ANTHROPIC_API_KEY", key),
+            ("ANTHROPIC_API_KEY", PLACEHOLDER_KEY),
             ("ANTHROPIC_BASE_URL", ENDPOINT_URL),
         ]
     elif config.provider == "openai":
         codex_home = home / CODEX_DIR
-        files.make_private(codex_home)
-        (codex_home / "config.toml").write_text(CODEX_CONFIG.format(base_url=ENDPOINT_URL))
+        try:
+            _write_codex_config(home, CODEX_CONFIG.format(base_url=ENDPOINT_URL).encode())
+        except OSError as exc:
+            raise AgentError(
+                f"{config.name} was not started: its {codex_home}/{CODEX_FILE} cannot be "
+                f"written ({exc.strerror or exc})"
+            ) from exc
         variables += [
-            ("OPENAI_API_KEY", key),
+            ("OPENAI_API_KEY", PLACEHOLDER_KEY),
             ("OPENAI_BASE_URL", ENDPOINT_URL),
             ("CODEX_HOME", str(codex_home)),
         ]
-    return endpoint
+    return endpoint, key
+
+
+def _auth(config: AgentConfig, key: str) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers the relay sets for the provider's key (none without a key: a local
+    server may want none); AgentError for a key no header can carry."""
+    if not key:
+        return ()
+    if not key.isascii() or not key.isprintable():
+        raise AgentError(
+            f"{config.name} was not started: its {config.provider} key holds a character "
+            "an HTTP header cannot carry (a line break, a control or non-ASCII character)"
+        )
+    if config.provider == "anthropic":
+        return ((b"x-api-key", key.encode()),)
+    return ((b"Authorization", b"Bearer " + key.encode()),)
+
+
+def _write_codex_config(home: Path, data: bytes) -> None:
+    """HOME/.codex/config.toml holding `data`, 0600, written without following a link:
+    HOME persists and the agent writes it, so either name may be a link it planted
+    (`ln -s ~/.ssh/authorized_keys ~/.codex/config.toml`) to make the server, which
+    writes this outside the sandbox, overwrite a host file. Each step is relative to a
+    descriptor of the folder opened with O_NOFOLLOW; a link (or file) named .codex is
+    replaced by a folder, an existing config.toml is unlinked (never opened) and the new
+    one made with O_EXCL. OSError for what cannot be (a folder named config.toml)."""
+    home_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        codex_fd = _private_dir(CODEX_DIR, home_fd)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(CODEX_FILE, dir_fd=codex_fd)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(CODEX_FILE, flags, 0o600, dir_fd=codex_fd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        finally:
+            os.close(codex_fd)
+    finally:
+        os.close(home_fd)
+
+
+def _private_dir(name: str, parent_fd: int) -> int:
+    """A descriptor of the folder `name` in `parent_fd` (made 0700 if missing; what is
+    there but a folder, a link above all, is removed first), never through a link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+    try:
+        fd = os.open(name, flags, dir_fd=parent_fd)
+    except OSError as exc:
+        # A link gives ELOOP under O_NOFOLLOW, a file ENOTDIR: either is replaced.
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        os.unlink(name, dir_fd=parent_fd)
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+        fd = os.open(name, flags, dir_fd=parent_fd)
+    try:
+        os.fchmod(fd, 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -93,14 +93,18 @@ async def start(
     home: Path,
     resume: str | None,
     policy: sandbox.Policy | None = None,
+    cwd: str | None = None,
 ) -> AgentSession:
     """The agent running in its sandbox with one ACP session: `resume`'s restored by
     `session/load` where the agent can (its replay handed to nobody), else a new one.
-    `policy` is the shell's (settings) unless given, always without network."""
+    `policy` is the shell's (settings) unless given, always without network. With
+    `cwd` (a tab's working directory), `workspace` is the user's whole workspace and the
+    agent runs in that folder of it, bound by a descriptor opened without following a
+    link (launch.prepare), never by its path."""
     if policy is None:
         policy = sandbox.policy_from(settings)
     policy = replace(policy, network=False)
-    prepared = await asyncio.to_thread(launch.prepare, config, workspace, home, policy)
+    prepared = await asyncio.to_thread(launch.prepare, config, workspace, home, policy, cwd)
     agent = _Agent(config, prepared)
     try:
         async with asyncio.timeout(START_TIMEOUT):
@@ -112,6 +116,8 @@ async def start(
     except BaseException:
         await agent.kill()
         raise
+    finally:
+        prepared.release()
     return agent
 
 
@@ -277,7 +283,7 @@ class _Agent:
         prepared = self.launch
         extra = list(prepared.extra)
         if prepared.endpoint is not None:
-            self._relay = Relay(prepared.endpoint)
+            self._relay = Relay(prepared.endpoint, auth=prepared.auth)
             await self._relay.start()
             extra += ["--bind", str(self._relay.folder), launch.INSIDE_SOCKET_DIR]
         await self._spawn(policy, extra)
@@ -313,12 +319,16 @@ class _Agent:
                 policy,
                 prepared.workspace,
                 launch.inside_argv(prepared, theirs.fileno()),
+                root_fd=prepared.root_fd,
+                workspace=prepared.top,
                 binds=[(prepared.home, prepared.home)],
                 extra=extra,
             )
             assert network is None  # no network: nothing to relay but the endpoint
             if seccomp is not None:
                 fds.append(seccomp)
+            root = prepared.root_fd
+            bound = root is not None and sandbox.binds_fd(policy)
             # bwrap's own environment: nothing of the server's but PATH and LANG.
             argv = [argv[0], "--clearenv", "--args", str(variables), *argv[1:]]
             shell.become_subreaper()
@@ -327,10 +337,12 @@ class _Agent:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                cwd=prepared.workspace,
+                # The folder opened, not its path (as the shell's commands: shell._start).
+                cwd=prepared.workspace if root is None else f"/proc/self/fd/{root}",
                 env={"PATH": launch.AGENT_PATH, "LANG": "C.UTF-8"},
                 start_new_session=True,
-                pass_fds=(*fds, theirs.fileno()),
+                # bwrap closes the root's descriptor once bound (sandbox.command).
+                pass_fds=(*fds, theirs.fileno(), *((root,) if bound else ())),
                 limit=MAX_LINE_BYTES,
             )
         except ValueError as exc:
@@ -348,6 +360,8 @@ class _Agent:
             for fd in fds:
                 os.close(fd)
             theirs.close()
+            # bwrap has its own copy (or never will run).
+            prepared.release()
         self._control = ours
         with contextlib.suppress(OSError):
             self._pidfd = os.pidfd_open(self._proc.pid)

@@ -9,9 +9,10 @@ socket; the agent speaks plain HTTP to it, and this side speaks to the endpoint 
 is (TLS for https, with its host name).
 
 Each connection carries one request: its head is rewritten (the target under the base
-URL's path, `Host` the endpoint's, `Connection: close` both ways, so a client never
-sends a second request down a connection that this side has closed), then the bytes
-are relayed as they come, the streamed answer included.
+URL's path, `Host` the endpoint's, the agent's credentials, a placeholder, replaced by
+the provider's key, `Connection: close` both ways, so a client never sends a second
+request down a connection that this side has closed), then the bytes are relayed as
+they come, the streamed answer included.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ SOCKET_NAME = "endpoint.sock"
 HOP_HEADERS = frozenset(
     {b"host", b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"te"}
 )
+# Credentials: the agent holds only a placeholder key (the real one never enters its
+# sandbox), so whatever it sends is dropped and the relay's own `auth` set instead.
+CREDENTIAL_HEADERS = frozenset({b"x-api-key", b"authorization", b"api-key"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +74,18 @@ class Endpoint:
 class Relay:
     """A listening Unix socket in a private folder of its own; `close()` always."""
 
-    def __init__(self, endpoint: Endpoint, *, context: ssl.SSLContext | None = None) -> None:
-        """`context`: for an https endpoint, the TLS settings (the system's trusted
-        certificates unless given)."""
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        auth: tuple[tuple[bytes, bytes], ...] = (),
+        context: ssl.SSLContext | None = None,
+    ) -> None:
+        """`auth`: the headers carrying the provider's key, put on every request in
+        place of the agent's credentials. `context`: for an https endpoint, the TLS
+        settings (the system's trusted certificates unless given)."""
         self.endpoint = endpoint
+        self._auth = auth
         self.folder = Path(tempfile.mkdtemp(prefix="dispatch-acp-"))
         self.path = self.folder / SOCKET_NAME
         self._server: asyncio.Server | None = None
@@ -112,7 +124,12 @@ class Relay:
                 raise ValueError("a request target that is not a path")
             end = self.endpoint
             line = b" ".join((method, end.path.encode() + target, version))
-            headers = [(b"Host", end.authority), *headers, (b"Connection", b"close")]
+            headers = [
+                (b"Host", end.authority),
+                *((n, v) for n, v in headers if n.lower() not in CREDENTIAL_HEADERS),
+                *self._auth,
+                (b"Connection", b"close"),
+            ]
             up_reader, up_writer = await asyncio.open_connection(
                 end.host,
                 end.port,
