@@ -74,8 +74,10 @@ class FakeAgent:
         restored: bool = False,
         images: bool = False,
         cancel_hangs: bool = False,
+        close_takes: float = 0.0,
     ):
         self.cancel_hangs = cancel_hangs
+        self.close_takes = close_takes
         self.session_id = "s-1"
         self.supports_load = True
         self.restored = restored
@@ -117,6 +119,7 @@ class FakeAgent:
         return ""
 
     async def close(self) -> None:
+        await asyncio.sleep(self.close_takes)
         self.closed = True
 
 
@@ -542,6 +545,22 @@ async def test_an_idle_session_is_closed_and_a_busy_one_kept(agent):
     assert pool.take(b, "fake") is busy
     await pool.close_all()
     assert busy.closed
+
+
+async def test_closing_all_sessions_finishes_an_idle_close_under_way(agent):
+    """A worker stopping cancels the sweep, never the close it was awaiting: that close
+    is finished (the agent's sandbox not left running)."""
+    pool = acp.Sessions()
+    slow = FakeAgent(close_takes=0.3)
+    pool.keep(uuid.uuid4(), "fake", slow)
+    pool.release(next(iter(pool.entries)))
+    later = asyncio.get_running_loop().time() + acp.ACP_IDLE_SECONDS + 1
+    if pool.sweeper is not None:
+        pool.sweeper.cancel()
+    pool.sweeper = asyncio.create_task(pool.close_idle(later))
+    await asyncio.sleep(0.05)
+    await pool.close_all()
+    assert slow.closed
 
 
 async def test_a_regenerated_branch_starts_a_fresh_agent_on_the_question_again(agent):
