@@ -418,6 +418,13 @@ class AcpDriver:
         except TurnCancelled:
             await self._cancel(session)
             raise
+        except BaseException as exc:
+            # Abandoned unanswered (the lease lost, the outbox failing, the worker
+            # stopping): the agent is told to stop as at a Stop, not left running a turn
+            # nobody logs, and its session is not reused before it answered.
+            if not done and not isinstance(exc, AgentError):
+                await self._cancel(session)
+            raise
         finally:
             if handler is not None:
                 handler.cancel_asks()
