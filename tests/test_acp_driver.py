@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,13 @@ from acp.schema import (
     ToolCallUpdate,
 )
 from channels.db import database_sync_to_async
+from django.utils import timezone
 
 from chat import turns
 from chat.acp import config as acp_config
 from chat.acp.seam import AgentConfig, AgentError
 from chat.models import RunningTurn, Setting, Tab, UsageRecord
-from chat.turn import acp
+from chat.turn import acp, lease
 from tests.engine import Watcher, chunks, kinds, make_tab, owner_workspace, running_worker, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -74,8 +76,10 @@ class FakeAgent:
         restored: bool = False,
         images: bool = False,
         cancel_hangs: bool = False,
+        close_takes: float = 0.0,
     ):
         self.cancel_hangs = cancel_hangs
+        self.close_takes = close_takes
         self.session_id = "s-1"
         self.supports_load = True
         self.restored = restored
@@ -117,6 +121,7 @@ class FakeAgent:
         return ""
 
     async def close(self) -> None:
+        await asyncio.sleep(self.close_takes)
         self.closed = True
 
 
@@ -542,6 +547,47 @@ async def test_an_idle_session_is_closed_and_a_busy_one_kept(agent):
     assert pool.take(b, "fake") is busy
     await pool.close_all()
     assert busy.closed
+
+
+def _lease_lost(tab_id: uuid.UUID) -> list[uuid.UUID]:
+    """The turn's worker taken for dead and its turn recovered (tests/test_lease_fence)."""
+    RunningTurn.objects.filter(tab_id=tab_id).update(
+        worker="elsewhere:1:gone", heartbeat_at=timezone.now() - timedelta(minutes=5)
+    )
+    return lease.recover_stale()
+
+
+async def test_a_prompt_abandoned_by_its_turn_is_cancelled(agent, monkeypatch):
+    """The turn's lease lost mid-prompt (its next write fails): the agent is told to stop,
+    as at a Stop, not left running a turn nobody logs."""
+    monkeypatch.setattr(lease, "HEARTBEAT_SECONDS", 3600)
+    later = asyncio.Event()
+    fake = FakeAgent([say("one"), later, *bash("t", "sleep 100"), HANG])
+    agent(fake)
+    async with running_worker():
+        tab = await agent_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "go")
+            await watcher.until(lambda m: m["op"] == "open")
+        assert await database_sync_to_async(_lease_lost)(tab.pk) == [tab.pk]
+        later.set()
+        await asyncio.wait_for(fake.cancelled.wait(), 5.0)
+
+
+async def test_closing_all_sessions_finishes_an_idle_close_under_way(agent):
+    """A worker stopping cancels the sweep, never the close it was awaiting: that close
+    is finished (the agent's sandbox not left running)."""
+    pool = acp.Sessions()
+    slow = FakeAgent(close_takes=0.3)
+    pool.keep(uuid.uuid4(), "fake", slow)
+    pool.release(next(iter(pool.entries)))
+    later = asyncio.get_running_loop().time() + acp.ACP_IDLE_SECONDS + 1
+    if pool.sweeper is not None:
+        pool.sweeper.cancel()
+    pool.sweeper = asyncio.create_task(pool.close_idle(later))
+    await asyncio.sleep(0.05)
+    await pool.close_all()
+    assert slow.closed
 
 
 async def test_a_regenerated_branch_starts_a_fresh_agent_on_the_question_again(agent):

@@ -769,3 +769,65 @@ def test_agents_are_the_presets_found_then_the_variable(monkeypatch, tmp_path: P
     assert agents["mine"].provider == ""
     (tmp_path / "codex-acp").unlink()
     assert "codex" not in acp_config.agents({}, saved=False)
+
+
+# --- a stopped prompt, a close cut short ------------------------------------------------
+
+
+async def _stopped(agent: AgentSession, handler: Recorder) -> None:
+    """What the driver does on Stop: the prompt's caller cancelled, then cancel()."""
+    turn = asyncio.create_task(_prompt(agent, "go", handler))
+    assert await _until(lambda: handler.text(AgentMessageChunk) == "working", 10.0)
+    turn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+
+
+async def test_the_next_prompt_waits_for_the_stopped_ones_answer(tmp_path: Path) -> None:
+    """cancel() returns once the stopped prompt answered; what it sent until then went to
+    nobody, and the next prompt gets only its own updates."""
+    config = AgentConfig("late", (str(DOUBLES / "late"), "0.5"))
+    agent = await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "h", resume=None)
+    try:
+        first = Recorder()
+        await _stopped(agent, first)
+        await asyncio.wait_for(agent.cancel(), 5.0)
+        second = Recorder()
+        assert await asyncio.wait_for(_prompt(agent, "next", second), 5.0) == "end_turn"
+        assert (first.text(AgentMessageChunk), second.text(AgentMessageChunk)) == (
+            "working",
+            "second",
+        )
+    finally:
+        await agent.close()
+
+
+async def test_no_prompt_while_a_stopped_one_is_unanswered(tmp_path: Path) -> None:
+    """A cancel whose wait was cut short (the driver's bound) leaves a session that
+    refuses a prompt rather than hand it the stopped prompt's updates."""
+    config = AgentConfig("late", (str(DOUBLES / "late"), "30"))
+    agent = await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "h", resume=None)
+    try:
+        await _stopped(agent, Recorder())
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(agent.cancel(), 0.3)
+        with pytest.raises(AgentError, match="late is still answering a prompt"):
+            await _prompt(agent, "next", Recorder())
+    finally:
+        await agent.close()
+
+
+async def test_a_close_cut_short_still_kills_the_sandbox(tmp_path: Path) -> None:
+    """close() cancelled in its grace (a sweep stopping) goes on to the kill, and a
+    later close() awaits it."""
+    mark = f"close-{uuid.uuid4().hex}"
+    config = AgentConfig("minimal", (str(DOUBLES / "minimal"), "forgot", mark))
+    agent = await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "h", resume="x")
+    closing = asyncio.create_task(agent.close())
+    await asyncio.sleep(0.3)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert _pids_with(mark.encode())
+    await asyncio.wait_for(agent.close(), process.CLOSE_GRACE + process.TERM_GRACE + 5.0)
+    assert await _until(lambda: not _pids_with(mark.encode()), 2.0)

@@ -439,6 +439,49 @@ def test_a_plan_is_capped() -> None:
     assert len(event.entries[0]["content"]) == u.PLAN_ENTRY_CHARS
 
 
+def _revisions(count: int, size: int = 1) -> list[object]:
+    """`count` plans, each different (one entry done more), of 100 entries of `size`."""
+    return [
+        plan(*[(f"{n}" * size, "completed" if n < r else "pending") for n in range(100)])
+        for r in range(count)
+    ]
+
+
+def test_a_prompts_plan_revisions_past_the_cap_log_only_the_last_at_its_end() -> None:
+    mapper = Updates()
+    events: list[Event] = []
+    for revision in _revisions(u.PLAN_MAX_REVISIONS + 20):
+        events += mapper.feed(revision)
+    plans = [e for e in events if isinstance(e, PlanEvent)]
+    assert len(plans) == u.PLAN_MAX_REVISIONS
+    notice = SystemEvent(chunks.SystemKind.NOTICE, u.PLAN_NOTICE.format(count=u.PLAN_MAX_REVISIONS))
+    assert events[-1] == notice and events.count(notice) == 1
+    (last,) = mapper.finish()
+    assert isinstance(last, PlanEvent)
+    assert sum(e["status"] == "completed" for e in last.entries) == u.PLAN_MAX_REVISIONS + 19
+    # Back to what was logged last: nothing more to log at the end.
+    again = Updates()
+    revisions = _revisions(u.PLAN_MAX_REVISIONS + 1)
+    for revision in [*revisions, revisions[-2]]:
+        again.feed(revision)
+    assert again.finish() == []
+
+
+def test_plan_revisions_count_against_the_prompts_budget() -> None:
+    """The reviewer's flood: revisions of 100 entries of 1000 characters each."""
+    mapper = Updates()
+    events: list[Event] = []
+    for revision in _revisions(u.PLAN_MAX_REVISIONS, size=1000):
+        events += mapper.feed(revision)
+    events += mapper.feed(text("agent_message_chunk", "and more"))
+    events += mapper.finish()
+    logged = sum(len(x["content"]) for e in events if isinstance(e, PlanEvent) for x in e.entries)
+    assert 0 < logged <= u.PROMPT_BUDGET_CHARS
+    budget = u.BUDGET_NOTICE.format(chars=u.PROMPT_BUDGET_CHARS)
+    assert [e.text for e in events if isinstance(e, SystemEvent)] == [budget]
+    assert not any(isinstance(e, TextDelta) for e in events)
+
+
 # --- any interleaving gives a valid log ----------------------------------------------
 
 

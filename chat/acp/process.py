@@ -275,6 +275,10 @@ class _Agent:
         self._tasks: list[asyncio.Task[None]] = []
         self._pidfd: int | None = None
         self._closing = False
+        # The close under way (close()), once one started.
+        self._ending: asyncio.Task[None] | None = None
+        # The prompt's request until the agent answers it (a stopped one's too).
+        self._answering: asyncio.Task[PromptResponse] | None = None
 
     # --- starting ---
 
@@ -393,17 +397,35 @@ class _Agent:
 
     async def prompt(self, blocks: list[object], handler: Handler) -> PromptResponse:
         conn = self._require_conn()
-        if self.handler is not None:
-            raise AgentError(f"{self.config.name} is already answering a prompt")
+        if self.handler is not None or self._answering is not None:
+            # A stopped prompt the agent has not answered yet: a new one now would get
+            # its late updates (Claude Code would even run both in one query).
+            raise AgentError(f"{self.config.name} is still answering a prompt")
         self.handler = handler
+        # The request is a task of its own: a Stop cancels the caller, and the response
+        # it still awaits tells cancel() that the stopped turn is over.
+        answering = self._answering = asyncio.create_task(
+            conn.prompt(session_id=self.session_id, prompt=blocks)  # type: ignore[arg-type]
+        )
+        answering.add_done_callback(self._answered)
         try:
-            return await conn.prompt(session_id=self.session_id, prompt=blocks)  # type: ignore[arg-type]
+            return await asyncio.shield(answering)
         except Exception as exc:
             raise await self._error("session/prompt", exc) from None
         finally:
+            # Whatever comes after this (a stopped prompt's late updates) goes to nobody.
             self.handler = None
 
+    def _answered(self, task: asyncio.Task[PromptResponse]) -> None:
+        if self._answering is task:
+            self._answering = None
+        if not task.cancelled():
+            task.exception()  # retrieved: a stopped prompt's error is nobody's
+
     async def cancel(self) -> None:
+        """`session/cancel`, what the prompt started ended, and then the prompt's answer
+        awaited (however long: the caller bounds the wait, and a session whose prompt
+        did not answer is not prompted again: prompt() refuses)."""
         conn = self._conn
         if conn is None or not self.session_id:
             return
@@ -412,6 +434,9 @@ class _Agent:
         # The agent stops its turn; what the turn started (a command, in a process
         # group of its own or left running) is ended here.
         await self._tell("others")
+        answering = self._answering
+        if answering is not None:
+            await asyncio.wait({answering})
 
     def stderr_tail(self) -> str:
         """The end of its stderr, its secrets (its key, its configured variables' values)
@@ -423,18 +448,26 @@ class _Agent:
 
     async def close(self) -> None:
         """Its stdin closed and CLOSE_GRACE to exit, SIGTERM and TERM_GRACE, then the
-        whole sandbox killed."""
-        if self._closing:
-            return
-        self._closing = True
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            if self._lines is not None:
-                await self._lines.close()
-            if not await self._exited(CLOSE_GRACE):
-                await self._tell("term")
-                await self._exited(TERM_GRACE)
-        await self.kill()
+        whole sandbox killed. The close runs as a task of its own: a caller cancelled
+        meanwhile (a sweep stopping) does not stop it, and a second close() awaits it."""
+        if self._ending is None:
+            if self._closing:
+                return  # killed already (a start or a connection that failed)
+            self._closing = True
+            self._ending = asyncio.create_task(self._close(), name=f"close {self.config.name}")
+        await asyncio.shield(self._ending)
+
+    async def _close(self) -> None:
+        try:
+            proc = self._proc
+            if proc is not None and proc.returncode is None:
+                if self._lines is not None:
+                    await self._lines.close()
+                if not await self._exited(CLOSE_GRACE):
+                    await self._tell("term")
+                    await self._exited(TERM_GRACE)
+        finally:
+            await self.kill()
 
     # --- ending ---
 
@@ -454,6 +487,8 @@ class _Agent:
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 await self._conn.close()
+        if self._answering is not None:
+            self._answering.cancel()
         if self._relay is not None:
             await self._relay.close()
         if self._control is not None:

@@ -10,7 +10,10 @@
   tab's shell rules judge it and "always allow" offers `shell(<command>)`;
 - tool_call_update -> ShellOutput while it runs (ACP re-sends the whole `content` each
   time: only what extends what was shown goes out), ToolResultEvent on completed/failed;
-- plan -> PlanEvent, when the entries changed (ACP sends the whole plan each time);
+- plan -> PlanEvent, when the entries changed (ACP sends the whole plan each time): each
+  revision is a chunk of its own, so a prompt logs at most PLAN_MAX_REVISIONS (later
+  ones are held, the last logged at the prompt's end) and their text counts against
+  its budget;
 - usage_update -> kept for the driver (`context`, `cost`); the prompt response's usage
   -> `usage()`; anything else (available_commands_update, current_mode_update,
   user_message_chunk: a replay never reaches here) -> nothing, logged at debug.
@@ -21,7 +24,7 @@ PROMPT_BUDGET_CHARS (past it, one notice and nothing more streams), a call's liv
 at most CALL_OUTPUT_MAX_CHARS, its stored input at most INPUT_MAX_CHARS of JSON (a
 `rawInput` re-sent with every update is read once the call is emitted, never again), its
 result at most RESULT_MAX_CHARS (head and tail), a prompt CALLS_MAX calls, a plan
-PLAN_MAX_ENTRIES entries.
+PLAN_MAX_ENTRIES entries of PLAN_ENTRY_CHARS, a prompt PLAN_MAX_REVISIONS + 1 plans.
 """
 
 from __future__ import annotations
@@ -81,6 +84,10 @@ RESULT_MAX_CHARS: Final = 64 * 1024
 CALLS_MAX: Final = 1000
 PLAN_MAX_ENTRIES: Final = 100
 PLAN_ENTRY_CHARS: Final = 1000
+# Revisions of the plan one prompt logs as they come (Claude Code revises its todo list
+# about twice per item: a long task's is a few dozen); past it, one notice and only the
+# last revision, at the prompt's end.
+PLAN_MAX_REVISIONS: Final = 50
 
 SHELL: Final = "shell"
 # A tool name the page and rules can use (rules' own name pattern).
@@ -90,11 +97,15 @@ _SHELLS: Final = frozenset({"bash", "sh", "zsh", "dash"})
 _DONE: Final = frozenset({"completed", "failed"})
 
 BUDGET_NOTICE: Final = (
-    "The agent's output passed {chars} characters in this turn: the rest of its text and "
-    "live output is left out of the log."
+    "The agent's output passed {chars} characters in this turn: the rest of its text, "
+    "live output and plan is left out of the log."
 )
 CALLS_NOTICE: Final = (
     "The agent made more than {count} tool calls in this turn: the rest are left out of the log."
+)
+PLAN_NOTICE: Final = (
+    "The agent revised its plan more than {count} times in this turn: only its last "
+    "revision is logged, at the turn's end."
 )
 NO_RESULT: Final = "The agent reported no result for this call."
 EMPTY_RESULT: Final = "(no output)"
@@ -124,7 +135,12 @@ class Updates:
     _spent: int = 0
     _over_budget: bool = False
     _calls_over: bool = False
+    # The last plan revision seen, the last logged, the revisions logged, and one held
+    # past PLAN_MAX_REVISIONS (logged at the end).
     _plan: tuple[tuple[tuple[tuple[str, str], ...], ...], int] | None = None
+    _plan_logged: PlanEvent | None = None
+    _plans: int = 0
+    _plan_held: PlanEvent | None = None
     # usage_update's: tokens in the agent's context and its window; the cost so far.
     context: tuple[int, int] | None = None
     cost: tuple[float, str] | None = None
@@ -170,9 +186,11 @@ class Updates:
         if len(text) <= room:
             self._spent += len(text)
             return text, []
+        return text[:room], self._spent_all()
+
+    def _spent_all(self) -> list[Event]:
         self._over_budget = True
-        notice = SystemEvent(SystemKind.NOTICE, BUDGET_NOTICE.format(chars=PROMPT_BUDGET_CHARS))
-        return text[:room], [notice]
+        return [SystemEvent(SystemKind.NOTICE, BUDGET_NOTICE.format(chars=PROMPT_BUDGET_CHARS))]
 
     # --- tool calls -----------------------------------------------------------------
 
@@ -306,7 +324,27 @@ class Updates:
         if (kept, omitted) == self._plan:
             return []  # re-sent as it was: no revision
         self._plan = (kept, omitted)
-        return [PlanEvent(tuple(dict(entry) for entry in kept), omitted)]
+        event = PlanEvent(tuple(dict(entry) for entry in kept), omitted)
+        if self._plans < PLAN_MAX_REVISIONS:
+            return self._log_plan(event)
+        first = self._plan_held is None
+        self._plan_held = event
+        if first and not self._over_budget:
+            return [SystemEvent(SystemKind.NOTICE, PLAN_NOTICE.format(count=PLAN_MAX_REVISIONS))]
+        return []
+
+    def _log_plan(self, event: PlanEvent) -> list[Event]:
+        """The revision logged if its text fits the prompt's budget (each is a chunk of
+        its own, whole: a plan is not cut), else the budget's notice."""
+        if self._over_budget:
+            return []
+        size = sum(len(entry["content"]) for entry in event.entries)
+        if size > PROMPT_BUDGET_CHARS - self._spent:
+            return self._spent_all()
+        self._spent += size
+        self._plans += 1
+        self._plan_logged = event
+        return [event]
 
     # --- the end --------------------------------------------------------------------
 
@@ -314,6 +352,9 @@ class Updates:
         """The prompt answered: every call seen gets its place and a result (a call the
         agent never finished is answered so; its chunk holds what was known of it)."""
         events: list[Event] = []
+        held, self._plan_held = self._plan_held, None
+        if held is not None and held != self._plan_logged:
+            events += self._log_plan(held)
         for call in self._calls.values():
             if not call.emitted:
                 events += self._emit(call)

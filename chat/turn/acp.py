@@ -113,7 +113,8 @@ class Sessions:
     def __init__(self) -> None:
         self.entries: dict[uuid.UUID, _Entry] = {}
         self.sweeper: asyncio.Task[None] | None = None
-        # Sessions closing in the background (a Stop the agent did not confirm).
+        # Sessions closing in the background (a Stop the agent did not confirm, an idle
+        # one), awaited by close_all.
         self.closing: set[asyncio.Task[None]] = set()
 
     def take(self, tab_id: uuid.UUID, agent: str) -> AgentSession | None:
@@ -144,21 +145,30 @@ class Sessions:
         if wait:
             await _close(entry.session)
             return
-        closing = asyncio.get_running_loop().create_task(_close(entry.session))
-        self.closing.add(closing)
-        closing.add_done_callback(self.closing.discard)
+        self._close_later(entry.session)
 
     async def close_idle(self, now: float) -> None:
+        closes = []
         for tab_id, entry in list(self.entries.items()):
             if not entry.busy and now - entry.last_used >= ACP_IDLE_SECONDS:
                 del self.entries[tab_id]
-                await _close(entry.session)
+                closes.append(self._close_later(entry.session))
+        if closes:
+            # Awaited, not owned: close_all cancels this sweep, never a close under way
+            # (it awaits `closing`; a close cut short would leak the sandbox).
+            await asyncio.wait(closes)
 
     async def close_all(self) -> None:
         entries, self.entries = list(self.entries.values()), {}
         if self.sweeper is not None:
             self.sweeper.cancel()
         await asyncio.gather(*(_close(e.session) for e in entries), *self.closing)
+
+    def _close_later(self, session: AgentSession) -> asyncio.Task[None]:
+        closing = asyncio.get_running_loop().create_task(_close(session))
+        self.closing.add(closing)
+        closing.add_done_callback(self.closing.discard)
+        return closing
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
@@ -408,6 +418,13 @@ class AcpDriver:
         except TurnCancelled:
             await self._cancel(session)
             raise
+        except BaseException as exc:
+            # Abandoned unanswered (the lease lost, the outbox failing, the worker
+            # stopping): the agent is told to stop as at a Stop, not left running a turn
+            # nobody logs, and its session is not reused before it answered.
+            if not done and not isinstance(exc, AgentError):
+                await self._cancel(session)
+            raise
         finally:
             if handler is not None:
                 handler.cancel_asks()
@@ -430,7 +447,9 @@ class AcpDriver:
                 await self.outbox.apply(self.state.reducer.feed(cast(Event, item)))
 
     async def _cancel(self, session: AgentSession) -> None:
-        """Stop: `session/cancel` (the agent and what it started stop), within a second."""
+        """Stop: `session/cancel` (the agent and what it started stop), within a second.
+        The session is kept only once the stopped prompt answered (session.cancel()
+        returned): the agent's late updates for it then never reach the next turn."""
         try:
             await asyncio.wait_for(session.cancel(), CANCEL_WAIT_SECONDS)
         except Exception:
