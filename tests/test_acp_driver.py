@@ -141,7 +141,7 @@ def agent(monkeypatch, tmp_path, settings) -> Callable[[FakeAgent], list[Started
     starts: list[Started] = []
     agents: list[FakeAgent] = []
 
-    async def start(config, *, workspace, home, resume):
+    async def start(config, *, workspace, cwd, home, resume):
         starts.append(Started(config, workspace, home, resume))
         return agents.pop(0)
 

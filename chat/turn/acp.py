@@ -35,7 +35,6 @@ from chat.chunks import Kind, Role, SystemKind, UserText
 from chat.models import Chunk, Tab
 from chat.providers.base import Event, upload_path
 from chat.tools import files, gitrepo, workdir
-from chat.tools.base import ToolError
 from chat.turn import lease
 from chat.turn.calls import Approvals, Gate, Repeats, gate, read_rules
 from chat.turn.ending import NOT_RUN_ERROR, End, Ending, end_ops
@@ -86,14 +85,16 @@ def agent_name(model: str) -> str:
 
 
 async def start_agent(
-    config: AgentConfig, *, workspace: Path, home: Path, resume: str | None
+    config: AgentConfig, *, workspace: Path, cwd: str, home: Path, resume: str | None
 ) -> AgentSession:
-    """Start `config`'s agent confined to `workspace` (tests replace this function)."""
+    """Start `config`'s agent in the folder `cwd` of the owner's `workspace`, confined to
+    it: the folder is bound by a descriptor opened without following links, never by its
+    path (tests replace this function)."""
     # Imported here for the startup cost: the ACP SDK's schema is half a second of
     # pydantic models, paid by the processes that run an agent only.
     from chat.acp import process
 
-    return await process.start(config, workspace=workspace, home=home, resume=resume)
+    return await process.start(config, workspace=workspace, cwd=cwd, home=home, resume=resume)
 
 
 # --- the sessions of this loop's tabs ---------------------------------------------------
@@ -338,15 +339,15 @@ class AcpDriver:
         await pool.drop(state.tab_id)  # another agent's, since the model changed
         kept = tab.acp_session if isinstance(tab.acp_session, dict) else {}
         resume = kept.get("session_id") if kept.get("agent") == config.name else None
-        try:
-            root = await asyncio.to_thread(workdir.ensure, state.workspace, state.cwd)
-        except ToolError as exc:
-            raise AgentError(f"The agent cannot start in this tab's folder: {exc}") from exc
         home = acp_config.home_of(config.name, state.owner_id)
         started: list[AgentSession] = []
 
         async def produce(queue: asyncio.Queue[Any]) -> None:
-            started.append(await start_agent(config, workspace=root, home=home, resume=resume))
+            started.append(
+                await start_agent(
+                    config, workspace=state.workspace, cwd=state.cwd, home=home, resume=resume
+                )
+            )
 
         async with aclosing(self.stepper.produced(produce)) as items:
             async for _ in items:
