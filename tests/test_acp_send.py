@@ -237,6 +237,53 @@ async def test_stop_ends_a_real_agents_command_and_a_restart_continues_its_sessi
     assert "remember banana" in json.dumps(last.json["messages"])
 
 
+@_needs("codex-acp")
+@pytest.mark.asyncio
+async def test_stop_ends_a_real_codex_command_and_the_next_message_gets_its_answer(
+    monkeypatch, settings, tmp_path
+):
+    """Codex leaves a running command alive on session/cancel: Stop ends it all the same
+    (the process gone), the turn ends cancelled within a second or so, and a message
+    sent right after is answered by the same agent."""
+    m = marker()
+    first = True
+
+    def respond(request: Recorded) -> Reply:
+        nonlocal first
+        if first:
+            first = False
+            command = {"cmd": f"exec -a {m} sleep 300"}
+            return Reply(events=ResponsesStream().call("call_1", "exec_command", command).events())
+        return Reply(events=ResponsesStream().text("Here again.").events())
+
+    fake = FakeProviderServer(respond=respond).start()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{fake.url}/v1")
+    monkeypatch.setenv("PATH", f"{AGENTS_BIN}{os.pathsep}{os.environ['PATH']}")
+    await database_sync_to_async(owner_workspace)(settings, tmp_path / "ws")
+    try:
+        async with running_worker():
+            tab = await make_tab("acp/codex")
+            async with Watcher(tab.pk) as watcher:
+                await submit(tab, "wait")
+                await watcher.until(lambda op: op["op"] == "seal" and _is_call(op), 60)
+                await _until(lambda: host_processes_with(m), "the command to run")
+                stopped_at = time.monotonic()
+                await database_sync_to_async(turns.cancel)(tab.pk)
+                await watcher.until_idle()
+                took = time.monotonic() - stopped_at
+                await _until(lambda: not host_processes_with(m), "the command to end", 5.0)
+                await submit(tab, "still there?")
+                await watcher.until_idle(timeout=60)
+    finally:
+        fake.stop()
+    assert took < 2.0
+    rows = await chunks(tab.pk)
+    assert kinds(rows)[-2:] == ["user/text", "assistant/text"]
+    assert rows[-1].data["text"] == "Here again."
+    assert "system/system" in kinds(rows)
+
+
 def _is_call(op: dict[str, Any]) -> bool:
     return op["block"]["type"] == "tool_call"
 
