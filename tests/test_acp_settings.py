@@ -4,7 +4,10 @@ input a message on the form."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
@@ -13,7 +16,7 @@ from chat.acp import config as acp_config
 from chat.acp.seam import AgentConfig
 from chat.envcheck import acp_agents
 from chat.forms import SECRET_MASK
-from chat.models import AcpAgent
+from chat.models import AcpAgent, Tab
 
 TOKEN = "sk-agent-s3cret-value"
 
@@ -152,3 +155,19 @@ def test_an_agent_whose_variables_cannot_be_read_is_left_out(root, monkeypatch):
     AcpAgent.objects.filter(name="mine").update(env_encrypted="not-a-token")
     monkeypatch.setenv("PATH", "/nonexistent")
     assert acp_config.agents({}) == {}
+
+
+def test_an_agent_tabs_page_offers_no_compaction_and_no_context_meter(root):
+    """An external agent keeps its own context: the page of its tab has no "/compact"
+    hint and (by the agent-tab class, for page and live answers alike) no "Summarise up to
+    here" nor context meter; a native tab keeps them."""
+    user = User.objects.get(username="root")
+    agent = Tab.objects.create(owner=user, title="agent", model="acp/claude-code")
+    native = Tab.objects.create(owner=user, title="native", model="offline/demo")
+    page = root.get(reverse("tab", args=[agent.pk])).content.decode()
+    assert re.search(r'<body[^>]*class="app agent-tab"', page)
+    assert 'placeholder="Message the agent…"' in page and "/compact [focus]" not in page
+    page = root.get(reverse("tab", args=[native.pk])).content.decode()
+    assert re.search(r'<body[^>]*class="app"', page) and "/compact [focus]" in page
+    css = (settings.BASE_DIR / "static" / "chat" / "app.css").read_text()
+    assert ".agent-tab .act-compact, .agent-tab #context-meter { display: none" in css
