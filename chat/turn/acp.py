@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 import uuid
 from contextlib import aclosing
@@ -34,9 +35,17 @@ from chat.acp.seam import AgentConfig, AgentError, AgentSession
 from chat.chunks import Kind, Role, SystemKind, UserText
 from chat.models import Chunk, Tab
 from chat.providers.base import Event, upload_path
-from chat.tools import files, gitrepo, workdir
 from chat.turn import lease
-from chat.turn.calls import Approvals, Gate, Repeats, gate, read_rules
+from chat.turn.calls import (
+    Approvals,
+    Gate,
+    Repeats,
+    audit,
+    gate,
+    git_repository,
+    load_rules,
+    resolve_in_tab,
+)
 from chat.turn.ending import NOT_RUN_ERROR, End, Ending, end_ops
 from chat.turn.messages import Messages
 from chat.turn.outbox import Outbox
@@ -505,18 +514,18 @@ class AcpDriver:
         state = self.state
         config = state.turn_config
         if self._rules is None:
-            await self._load_rules()
+            self._rules = await load_rules(self.state, self.outbox)
         repeated = self.repeats.see(ask.name, ask.arguments)
         decision = await asyncio.to_thread(
             rules.decide,
             self._rules or [],
             ask.name,
             ask.arguments,
-            resolve=self._resolve,
-            repository=self._git_repository,
+            resolve=functools.partial(resolve_in_tab, self.state),
+            repository=functools.partial(git_repository, self.state),
         )
         if decision is not None:
-            await self._audit(ask.call_id, decision)
+            await audit(self.outbox, ask.call_id, decision)
         verdict = gate(
             decision,
             ask.name,
@@ -547,31 +556,7 @@ class AcpDriver:
             await self.outbox.system(
                 SystemKind.RULE, added["text"], call_id=ask.call_id, **added["rule"]
             )
-            await self._load_rules()
+            self._rules = await load_rules(self.state, self.outbox)
         if not approved:
             await self.outbox.system(SystemKind.NOTICE, "Denied by the user.", call_id=ask.call_id)
         return approved
-
-    async def _load_rules(self) -> None:
-        self._rules, problems = await database_sync_to_async(read_rules)(self.state.tab_id)
-        for problem in problems:
-            logger.warning("tab %s: %s", self.state.tab_id, problem)
-            await self.outbox.system(SystemKind.RULE, problem)
-
-    async def _audit(self, call_id: str, decision: rules.Decision) -> None:
-        rule = decision.rule
-        await self.outbox.system(
-            SystemKind.RULE,
-            decision.text,
-            call_id=call_id,
-            action=decision.action,
-            pattern=rule.pattern,
-            source=rule.source,
-        )
-
-    def _resolve(self, path: str) -> str:
-        return files.resolve(workdir.ensure(self.state.workspace, self.state.cwd), path)
-
-    def _git_repository(self, folder: str) -> rules.GitRepository:
-        root = workdir.ensure(self.state.workspace, self.state.cwd)
-        return rules.GitRepository(*gitrepo.read(self.state.workspace, root, folder))

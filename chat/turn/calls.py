@@ -10,6 +10,7 @@ doing what it says.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from contextlib import aclosing
@@ -101,6 +102,40 @@ class Repeats:
         self.count = self.count + 1 if key == self.last else 1
         self.last = key
         return self.count >= REPEATS_TO_ASK
+
+
+async def load_rules(state: TurnState, outbox: Outbox) -> list[rules.Rule]:
+    """The tab's rules (read_rules); each problem with them logged and said in the tab."""
+    found: list[rules.Rule]
+    found, problems = await database_sync_to_async(read_rules)(state.tab_id)
+    for problem in problems:
+        logger.warning("tab %s: %s", state.tab_id, problem)
+        await outbox.system(SystemKind.RULE, problem)
+    return found
+
+
+async def audit(outbox: Outbox, call_id: str, decision: rules.Decision) -> None:
+    """A rule decided a call: the log says which (the audit trail)."""
+    rule = decision.rule
+    await outbox.system(
+        SystemKind.RULE,
+        decision.text,
+        call_id=call_id,
+        action=decision.action,
+        pattern=rule.pattern,
+        source=rule.source,
+    )
+
+
+def resolve_in_tab(state: TurnState, path: str) -> str:
+    """Where `path` leads, links followed as the tools follow them: rules judge both."""
+    return files.resolve(workdir.ensure(state.workspace, state.cwd), path)
+
+
+def git_repository(state: TurnState, folder: str) -> rules.GitRepository:
+    """What git run in `folder` reads that may name a command: rules judge it."""
+    root = workdir.ensure(state.workspace, state.cwd)
+    return rules.GitRepository(*gitrepo.read(state.workspace, root, folder))
 
 
 def read_rules(tab_id: Any) -> tuple[list[rules.Rule], list[str]]:
@@ -205,7 +240,7 @@ class Calls:
         in order; their results go into the log once those are done (no block is open
         then)."""
         if self._rules is None:
-            await self._load_rules()
+            self._rules = await load_rules(self.state, self.outbox)
         await self.agents.with_agents(lambda agents: self._run_calls(config, agents))
 
     async def _run_calls(self, config: TurnConfig, agents: Tasks) -> None:
@@ -253,11 +288,11 @@ class Calls:
             self._rules or [],
             name,
             call,
-            resolve=self._resolve,
-            repository=self._git_repository,
+            resolve=functools.partial(resolve_in_tab, self.state),
+            repository=functools.partial(git_repository, self.state),
         )
         if decision is not None:
-            await self._audit(call_id, decision)
+            await audit(self.outbox, call_id, decision)
         verdict = gate(
             decision,
             name,
@@ -300,7 +335,7 @@ class Calls:
                 await self.outbox.system(
                     SystemKind.RULE, added["text"], call_id=call_id, **added["rule"]
                 )
-                await self._load_rules()
+                self._rules = await load_rules(self.state, self.outbox)
             if not approved:
                 await self._answer(
                     call_id, name, REPEAT_DENIED if repeated else "Denied by the user."
@@ -323,38 +358,6 @@ class Calls:
         await self._answer(call_id, name, why)
 
     # --- rules ----------------------------------------------------------------------
-
-    def _resolve(self, path: str) -> str:
-        """Where `path` leads, links followed as the tools follow them: rules judge both."""
-        return files.resolve(workdir.ensure(self.state.workspace, self.state.cwd), path)
-
-    def _git_repository(self, folder: str) -> rules.GitRepository:
-        """What git run in `folder` reads that may name a command: rules judge it."""
-        root = workdir.ensure(self.state.workspace, self.state.cwd)
-        return rules.GitRepository(*gitrepo.read(self.state.workspace, root, folder))
-
-    async def _load_rules(self) -> None:
-        self._rules, problems = await database_sync_to_async(self._read_rules)()
-        for problem in problems:
-            logger.warning("tab %s: %s", self.state.tab_id, problem)
-            await self.outbox.system(SystemKind.RULE, problem)
-
-    def _read_rules(self) -> tuple[list[rules.Rule], list[str]]:
-        return read_rules(self.state.tab_id)
-
-    async def _audit(self, call_id: str, decision: rules.Decision) -> None:
-        """A rule decided a call: the log says which (the audit trail)."""
-        rule = decision.rule
-        await self.outbox.system(
-            SystemKind.RULE,
-            decision.text,
-            call_id=call_id,
-            action=decision.action,
-            pattern=rule.pattern,
-            source=rule.source,
-        )
-
-    # --- running one tool -----------------------------------------------------------
 
     async def _run_tool(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
         state = self.state
