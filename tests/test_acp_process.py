@@ -831,3 +831,17 @@ async def test_a_close_cut_short_still_kills_the_sandbox(tmp_path: Path) -> None
     assert _pids_with(mark.encode())
     await asyncio.wait_for(agent.close(), process.CLOSE_GRACE + process.TERM_GRACE + 5.0)
     assert await _until(lambda: not _pids_with(mark.encode()), 2.0)
+
+
+async def test_the_endpoints_folder_is_read_only_to_the_agent(
+    tmp_path: Path, monkeypatch, fake_server
+) -> None:
+    """The relay's socket is reached through a read-only bind: the agent can neither fill
+    the host's folder nor leave a file that keeps it from being removed."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-fake")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake_server.url)
+    config = AgentConfig(
+        "writer", (str(DOUBLES / "writes_its_endpoint_folder"),), provider="anthropic"
+    )
+    with pytest.raises(AgentError, match="endpoint folder: refused"):
+        await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "home", resume=None)

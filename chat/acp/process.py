@@ -289,7 +289,9 @@ class _Agent:
         if prepared.endpoint is not None:
             self._relay = Relay(prepared.endpoint, auth=prepared.auth)
             await self._relay.start()
-            extra += ["--bind", str(self._relay.folder), launch.INSIDE_SOCKET_DIR]
+            # Read-only: connecting to the socket needs no write to its folder, and the
+            # agent can neither fill the host's folder nor leave files that keep it.
+            extra += ["--ro-bind", str(self._relay.folder), launch.INSIDE_SOCKET_DIR]
         await self._spawn(policy, extra)
         self._lines = _Lines(self._require_proc(), self.room)
         # _Client has the methods of acp.interfaces.Client these agents call.
