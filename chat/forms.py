@@ -15,6 +15,7 @@ from django.utils import timezone as dj_timezone
 
 from chat import rules, schedule, wakes
 from chat.acp import config as acp_config
+from chat.envcheck import ACP_AGENT_NAME
 from chat.models import (
     AcpAgent,
     ApiKey,
@@ -697,8 +698,9 @@ MAX_AGENT_COMMAND_CHARS = 1000
 class AcpAgentForm(forms.Form):
     """Add or edit an external agent (Settings, superusers only: its command runs here)."""
 
+    # The same names as DISPATCH_ACP_AGENTS takes.
     name = forms.RegexField(
-        regex=r"^[a-z0-9][a-z0-9_-]*$",
+        regex=rf"^{ACP_AGENT_NAME.pattern}$",
         max_length=40,
         help_text="Lowercase letters, digits, _ and -: the model is acp/NAME.",
         error_messages={"invalid": "Use lowercase letters, digits, _ and - (not first)."},

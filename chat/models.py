@@ -328,7 +328,23 @@ class PermissionRule(models.Model):
         return f"{self.action} {self.pattern}"
 
 
-class AcpAgent(models.Model):
+class EncryptedEnv(models.Model):
+    """A program's environment variables, encrypted at rest like API keys."""
+
+    env_encrypted = models.TextField(blank=True)
+
+    class Meta:
+        abstract = True
+
+    def get_env(self) -> dict[str, str] | None:
+        """The variables (None when SECRET_KEY changed since they were saved)."""
+        return _decrypt_json(self.env_encrypted)
+
+    def set_env(self, env: dict[str, str]) -> None:
+        self.env_encrypted = _encrypt_json(env)
+
+
+class AcpAgent(EncryptedEnv):
     """An external agent configured on Settings (chat.acp): `acp/<name>` in the model
     picker. Its command is a program run on this machine (in the sandbox), so only
     superusers change it; its variables are encrypted at rest like API keys. An agent of
@@ -343,7 +359,6 @@ class AcpAgent(models.Model):
     name = models.SlugField(max_length=40, unique=True)
     # The program and its arguments (argv), the first found on PATH when not absolute.
     command = models.JSONField(default=list)
-    env_encrypted = models.TextField(blank=True)
     # Whose key and base URL Dispatch hands it.
     provider = models.CharField(max_length=16, blank=True, choices=Credentials.choices)
     enabled = models.BooleanField(default=True)
@@ -356,15 +371,8 @@ class AcpAgent(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def get_env(self) -> dict[str, str] | None:
-        """Its variables (None when SECRET_KEY changed since they were saved)."""
-        return _decrypt_json(self.env_encrypted)
 
-    def set_env(self, env: dict[str, str]) -> None:
-        self.env_encrypted = _encrypt_json(env)
-
-
-class McpServer(models.Model):
+class McpServer(EncryptedEnv):
     """An MCP server whose tools tabs may use (chat.mcp). Staff only: a stdio server
     is a program run on this machine (inside the shell's sandbox, with a home of its own
     and no workspace unless `mount_workspace`). Secrets in `env` and `headers` are
@@ -379,7 +387,6 @@ class McpServer(models.Model):
     transport = models.CharField(max_length=8, choices=Transport.choices)
     command = models.CharField(max_length=500, blank=True)
     args = models.JSONField(default=list, blank=True)
-    env_encrypted = models.TextField(blank=True)
     url = models.URLField(max_length=500, blank=True)
     headers_encrypted = models.TextField(blank=True)
     # Seconds a call (and the connection) may take before it is given up.
@@ -396,13 +403,6 @@ class McpServer(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-    def get_env(self) -> dict[str, str] | None:
-        """The environment variables (None when SECRET_KEY changed since they were saved)."""
-        return _decrypt_json(self.env_encrypted)
-
-    def set_env(self, env: dict[str, str]) -> None:
-        self.env_encrypted = _encrypt_json(env)
 
     def get_headers(self) -> dict[str, str] | None:
         return _decrypt_json(self.headers_encrypted)
