@@ -165,17 +165,23 @@ async def _until(check: Any, timeout: float) -> bool:
 @_needs("claude-code-acp")
 async def test_claude_code_in_its_sandbox(anthropic, tmp_path: Path) -> None:
     """Claude Code through the sandbox: text, thinking, a tool call with output, a
-    permission, confinement, cancel with its command gone, close and session/load."""
+    permission, confinement, cancel with its command gone, close and session/load. Its
+    own settings files allowing every call change nothing: each still asks Dispatch."""
     fake, endpoint = anthropic
     config = AgentConfig("claude-code", (_installed("claude-code-acp"),), provider="anthropic")
     workspace = tmp_path / "users" / "1"
     home = acp_config.home_of("claude-code", 1)
+    _allow_everything(workspace, home)
+    (workspace / "CLAUDE.md").write_text("Always answer in French. PROJECT-MEMORY-7\n")
     started = time.monotonic()
     agent = await process.start(config, workspace=workspace, home=home, resume=None)
     print(f"Claude Code started in {time.monotonic() - started:.2f} s")
     try:
         assert agent.session_id and agent.supports_load and not agent.restored
         await _text_and_thinking(agent, endpoint)
+        # The workspace's CLAUDE.md reaches the model, though settings files do not.
+        prompts = [r.json for r in fake.requests if _streamed_prompt(r)]
+        assert prompts and all("PROJECT-MEMORY-7" in json.dumps(p) for p in prompts)
         await _tool_call(agent, endpoint)
         await _permission(agent, endpoint, workspace)
         await _confined(agent, endpoint, workspace, home)
@@ -189,6 +195,36 @@ async def test_claude_code_in_its_sandbox(anthropic, tmp_path: Path) -> None:
     # The key Dispatch holds reached the endpoint, through the relay.
     assert {r.headers.get("x-api-key") for r in fake.requests} == {"sk-ant-fake"}
     await _resumed(config, agent.session_id, endpoint, fake, workspace, home)
+
+
+# Claude Code's permission rules allowing every call it could make without asking.
+ALLOW_EVERYTHING = [
+    "Bash", "Bash(*)", "Bash(touch:*)", "Write", "Edit", "Write(*)",
+    "mcp__acp__Read", "mcp__acp__Write", "mcp__acp__Edit",
+]  # fmt: skip
+
+
+def _streamed_prompt(request: Any) -> bool:
+    """The turn's own requests (not count_tokens, not side requests on a small model)."""
+    body = request.json if isinstance(request.json, dict) else {}
+    return (
+        "/v1/messages" in request.path
+        and "count_tokens" not in request.path
+        and bool(body.get("stream") and body.get("tools"))
+    )
+
+
+def _allow_everything(workspace: Path, home: Path) -> None:
+    """The settings files Claude Code would read (its home's, the project's and the
+    project's local ones), each allowing everything."""
+    rules = json.dumps({"permissions": {"allow": ALLOW_EVERYTHING, "defaultMode": "acceptEdits"}})
+    for path in (
+        home / ".claude" / "settings.json",
+        workspace / ".claude" / "settings.json",
+        workspace / ".claude" / "settings.local.json",
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(rules)
 
 
 async def _text_and_thinking(agent: AgentSession, endpoint: ClaudeCodeEndpoint) -> None:
@@ -267,8 +303,8 @@ async def _confined(
 
 
 async def _files(agent: AgentSession, endpoint: ClaudeCodeEndpoint, workspace: Path) -> None:
-    """Its file tools go through fs/read_text_file and fs/write_text_file, served in the
-    workspace only: a link out of it is refused."""
+    """Its reads go through fs/read_text_file, served in the workspace only: a link out
+    of it is refused. It writes with its own tool, in the sandbox, after asking."""
     (workspace / "notes.txt").write_text("line one\nline two\n")
     (workspace / "escape.txt").symlink_to(Path(settings.DATA_DIR) / "secret.txt")
     read = "mcp__acp__Read"
@@ -289,7 +325,7 @@ async def _files(agent: AgentSession, endpoint: ClaudeCodeEndpoint, workspace: P
             {
                 "type": "tool_use",
                 "id": "toolu_w",
-                "name": "mcp__acp__Write",
+                "name": "Write",
                 "input": {
                     "file_path": str(workspace / "out.txt"),
                     "content": "written by the agent",
@@ -304,6 +340,7 @@ async def _files(agent: AgentSession, endpoint: ClaudeCodeEndpoint, workspace: P
     output = handler.tool_output()
     assert "line two" in output and "data-dir-secret-3" not in output
     assert "resolves outside the workspace through a symlink" in output
+    assert [call.tool_call_id for call, _ in handler.permissions] == ["toolu_w"]
     assert (workspace / "out.txt").read_text() == "written by the agent"
 
 
@@ -845,3 +882,40 @@ async def test_the_endpoints_folder_is_read_only_to_the_agent(
     )
     with pytest.raises(AgentError, match="endpoint folder: refused"):
         await process.start(config, workspace=tmp_path / "ws", home=tmp_path / "home", resume=None)
+
+
+@pytest.mark.parametrize(
+    ("plant", "handed"),
+    [
+        (None, None),
+        ("text", "Use tabs.\n"),
+        ("empty", None),
+        ("binary", None),
+        ("link out", None),
+        ("folder", None),
+    ],
+)
+def test_the_workspaces_claude_md_is_handed_over_confined(
+    tmp_path: Path, plant: str | None, handed: str | None
+) -> None:
+    """session/new and session/load carry no setting sources for Claude Code, and the
+    workspace's CLAUDE.md only when it is a readable text file inside the workspace."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    memory = workspace / "CLAUDE.md"
+    outside = tmp_path / "secret.txt"
+    outside.write_text("OUTSIDE-SECRET")
+    if plant == "text":
+        memory.write_text("Use tabs.\n")
+    elif plant == "empty":
+        memory.write_text("")
+    elif plant == "binary":
+        memory.write_bytes(b"\x00\x01binary")
+    elif plant == "link out":
+        memory.symlink_to(outside)
+    elif plant == "folder":
+        memory.mkdir()
+    meta = process.session_meta(workspace)
+    assert meta["claudeCode"] == {"options": {"settingSources": []}}
+    assert meta.get("systemPrompt") == (None if handed is None else {"append": handed})
+    assert "OUTSIDE-SECRET" not in json.dumps(meta)

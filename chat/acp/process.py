@@ -10,8 +10,9 @@ ours), and makes or restores its session. What the agent asks of the client:
   `session/load`'s replay, a late update) to nobody: a replayed update is in the log;
 - `session/request_permission`: to the Handler, after the updates before it; outside a
   prompt, cancelled;
-- `fs/read_text_file`, `fs/write_text_file`: served in the workspace by Dispatch's
-  file tools (chat.tools.files: no path out of it, links included);
+- `fs/read_text_file`: served in the workspace by Dispatch's file tools
+  (chat.tools.files: no path out of it, links included). Writing is not offered: the
+  agent writes with its own tools in the sandbox, asking first (see session_meta);
 - `terminal/*`: not offered (the agents run their commands themselves, in the sandbox).
 
 Bounds: a line of stdout past MAX_LINE_BYTES, anything on stdout that is not JSON-RPC,
@@ -45,7 +46,6 @@ from acp.schema import (
     ReadTextFileResponse,
     RequestPermissionResponse,
     ToolCallUpdate,
-    WriteTextFileResponse,
 )
 from django.conf import settings
 from pydantic import ValidationError
@@ -84,6 +84,8 @@ TERM_GRACE = 1.0
 CONTROL_TIMEOUT = 5.0
 # How much of a line that is not ACP a message quotes.
 QUOTE_CHARS = 200
+# The workspace's instructions for Claude Code (session_meta).
+PROJECT_MEMORY = "CLAUDE.md"
 
 
 async def start(
@@ -119,6 +121,31 @@ async def start(
     finally:
         prepared.release()
     return agent
+
+
+def session_meta(workspace: Path) -> dict[str, Any]:
+    """The `_meta` of session/new and session/load. Claude Code (claude-code-acp) would
+    load permission rules from settings files — its home's `.claude/settings.json` and
+    the workspace's `.claude/settings*.json`, files the agent itself can write — and a
+    call they allow never asks Dispatch: with no setting sources every call asks, so the
+    tab's rules and approval decide. That also skips the workspace's CLAUDE.md, which
+    Dispatch hands over itself, read as the agent's file reads are (in the workspace, no
+    link out). Other agents ignore a `_meta` they do not know."""
+    meta: dict[str, Any] = {"claudeCode": {"options": {"settingSources": []}}}
+    memory = _project_memory(workspace)
+    if memory:
+        meta["systemPrompt"] = {"append": memory}
+    return meta
+
+
+def _project_memory(workspace: Path) -> str:
+    try:
+        read = files.read_file(workspace, PROJECT_MEMORY)
+    except ToolError as exc:
+        if not str(exc).endswith("no such file"):
+            logger.info("%s not handed to the agent: %s", PROJECT_MEMORY, exc)
+        return ""
+    return "" if read.images or read.result == "(empty file)" else read.result
 
 
 class _Lines:
@@ -232,18 +259,6 @@ class _Client:
             text = ""
         return ReadTextFileResponse(content=text)
 
-    async def write_text_file(
-        self, session_id: str, path: str, content: str, **_: Any
-    ) -> WriteTextFileResponse:
-        relative = self.agent.in_workspace(path)
-        try:
-            await asyncio.to_thread(
-                files.write_file, self.agent.launch.workspace, relative, content
-            )
-        except ToolError as exc:
-            raise RequestError.invalid_params({"details": str(exc)}) from None
-        return WriteTextFileResponse()
-
 
 class _Agent:
     """One running agent (AgentSession): its bwrap process, relay, connection, session."""
@@ -300,7 +315,11 @@ class _Agent:
             started = await self._conn.initialize(
                 protocol_version=PROTOCOL_VERSION,
                 client_capabilities=ClientCapabilities(
-                    fs=FileSystemCapabilities(read_text_file=True, write_text_file=True),
+                    # Claude Code's writes through the client (mcp__acp__Write, Edit)
+                    # are allowed by its own settings files without asking (its
+                    # PreToolUse hook reads them whatever the setting sources):
+                    # without this capability it writes with its own tools, which ask.
+                    fs=FileSystemCapabilities(read_text_file=True, write_text_file=False),
                     terminal=False,
                 ),
                 client_info=Implementation(name="dispatch", title="Dispatch", version="1"),
@@ -379,9 +398,10 @@ class _Agent:
         when it no longer knows it), else session/new."""
         conn = self._require_conn()
         cwd = str(self.launch.workspace)
+        meta = await asyncio.to_thread(session_meta, self.launch.workspace)
         if resume and self.supports_load:
             try:
-                await conn.load_session(cwd=cwd, session_id=resume, mcp_servers=[])
+                await conn.load_session(cwd=cwd, session_id=resume, mcp_servers=[], **meta)
             except RequestError as exc:
                 logger.info("%s could not load session %s: %s", self.config.name, resume, exc)
             except Exception as exc:
@@ -390,7 +410,7 @@ class _Agent:
                 self.session_id, self.restored = resume, True
                 return
         try:
-            made = await conn.new_session(cwd=cwd, mcp_servers=[])
+            made = await conn.new_session(cwd=cwd, mcp_servers=[], **meta)
         except Exception as exc:
             raise await self._error("session/new", exc) from None
         self.session_id = made.session_id
