@@ -42,6 +42,8 @@ pytestmark = [
 
 AXE = ROOT / ".npm-packages" / "node_modules" / "axe-core" / "axe.min.js"
 THEMES = ("light", "dark")
+WIDE = {"width": 1280, "height": 900}
+PHONE = {"width": 375, "height": 760}
 # What fails the test; "moderate" and "minor" are printed as well, for whoever reads.
 BLOCKING = ("serious", "critical")
 
@@ -90,7 +92,7 @@ async def themed_page(browser: Any, theme: str) -> Any:
     """A page whose system theme is `theme` (theme.js follows it: no choice is stored),
     without motion, so a sliding sidebar is checked where it ends."""
     context = await browser.new_context(
-        viewport={"width": 1280, "height": 900},
+        viewport=WIDE,
         color_scheme=theme,
         reduced_motion="reduce",
         bypass_csp=True,  # for the injected axe.min.js, which the pages' CSP refuses
@@ -160,6 +162,14 @@ async def test_every_page_has_no_serious_violation_in_light_and_dark(browser, se
         found += await check(page, source, "tab (finished turn, error card, approval)", theme)
         await page.click("summary[title='Tab menu']")
         found += await check(page, source, "tab menu (open)", theme)
+        # On a phone: the tab list folded away (inert), then open over the page.
+        await page.set_viewport_size(PHONE)
+        await page.wait_for_function("document.getElementById('sidebar').inert")
+        found += await check(page, source, "tab on a phone", theme)
+        await page.click(".main .nav-open")
+        await page.wait_for_function("!document.getElementById('sidebar').inert")
+        found += await check(page, source, "tab on a phone, tab list open", theme)
+        await page.set_viewport_size(WIDE)
 
         for path, name, status in (
             ("/t/new/", "new tab", 200),
