@@ -31,7 +31,8 @@ FOCUS = """
 () => {
   const el = document.activeElement;
   if (!el || el === document.body) return {name: 'body', region: 'none'};
-  const label = el.getAttribute('aria-label') || el.id || (el.textContent || '').trim().slice(0, 30);
+  const label = el.getAttribute('aria-label') || el.id
+    || (el.textContent || '').trim().slice(0, 30);
   const region = el.closest('#sidebar') ? 'sidebar' : el.closest('.main') ? 'main' : 'other';
   return {name: el.tagName.toLowerCase() + ' ' + label, region,
           menu: el.matches('.main [data-nav="open"]'), search: el.id === 'search-q'};
