@@ -14,11 +14,14 @@ two colours and the ratio).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.utils import timezone
 
+from chat.models import ApiToken, PermissionRule, Tab, Wake
 from harness.login import browser_cookie, session_for
 from harness.servers import ROOT
 from tests.live import (
@@ -49,8 +52,8 @@ BLOCKING = ("serious", "critical")
 
 # axe's violations, each node with its selector and axe's summary of what is wrong.
 RUN_AXE = """
-async () => {
-  const result = await axe.run(document, {resultTypes: ['violations']});
+async (within) => {
+  const result = await axe.run(within || document, {resultTypes: ['violations']});
   return result.violations.map((v) => ({
     id: v.id, impact: v.impact, help: v.help,
     nodes: v.nodes.map((n) => ({target: n.target.join(' '), summary: n.failureSummary || '',
@@ -103,13 +106,16 @@ async def themed_page(browser: Any, theme: str) -> Any:
     return page
 
 
-async def check(page: Any, source: str, name: str, theme: str) -> list[Violation]:
-    """The page as it stands, through axe; its theme checked first (a page without
-    theme.js would be checked in the wrong colours)."""
+async def check(
+    page: Any, source: str, name: str, theme: str, within: str | None = None
+) -> list[Violation]:
+    """The page as it stands (or only what the selector `within` matches: what changed
+    since the last check), through axe; its theme checked first (a page without theme.js
+    would be checked in the wrong colours)."""
     shown = await page.evaluate("() => document.documentElement.getAttribute('data-theme')")
     assert shown == theme, f"{name}: the page shows the {shown} theme, the system says {theme}"
     await page.add_script_tag(content=source)
-    found = await page.evaluate(RUN_AXE)
+    found = await page.evaluate(RUN_AXE, within)
     return [Violation(name, theme, **v) for v in found]
 
 
@@ -127,6 +133,55 @@ async def finished_then_waiting(page: Any, tab_id: Any) -> None:
     await sync_to_async(set_setting)("approve_tools", True)
     await send_message(page, "please run `echo hi` again")
     await page.wait_for_selector("#status[data-state=waiting]")
+
+
+def furnish(user: Any, tab: Tab) -> None:
+    """Something in every list: the tab's chunk of every type, a rule, a wake, a token."""
+    seed_every_type(tab.id)
+    PermissionRule.objects.create(user=user, action="ask", pattern="shell(git push *)")
+    Wake.objects.create(
+        owner=user,
+        name="Morning report",
+        tab=tab,
+        prompt="Summarise what changed",
+        kind="interval",
+        interval_seconds=3600,
+        next_run_at=timezone.now() + timedelta(hours=1),
+    )
+    ApiToken.issue(user, name="laptop")
+
+
+async def tab_states(
+    page: Any, source: str, theme: str, server: Any, tab_id: Any
+) -> list[Violation]:
+    """The tab page: as it loads, its menu open, search hits, and on a phone with its tab
+    list folded away (inert), then open over the page."""
+    found: list[Violation] = []
+    await visit(page, f"{server.url}/t/{tab_id}/", "tab")
+    await synced(page)
+    if theme == THEMES[0]:
+        await finished_then_waiting(page, tab_id)
+        await shots_resized(page, "a11y-tab")
+    await page.wait_for_selector("#approval:not([hidden])")
+    found += await check(page, source, "tab (finished turn, error card, approval)", theme)
+    await page.click("summary[title='Tab menu']")
+    found += await check(page, source, "tab menu (open)", theme, within="details.menu")
+    await page.keyboard.press("Escape")
+
+    await page.keyboard.press("Control+k")
+    await page.keyboard.type("echo")
+    await page.wait_for_selector(".hit-link")
+    found += await check(page, source, "search hits", theme)
+    await page.keyboard.press("Escape")
+
+    await page.set_viewport_size(PHONE)
+    await page.wait_for_function("document.getElementById('sidebar').inert")
+    found += await check(page, source, "tab on a phone", theme)
+    await page.click(".main .nav-open")
+    await page.wait_for_function("!document.getElementById('sidebar').inert")
+    found += await check(page, source, "tab on a phone, tab list open", theme, "#sidebar")
+    await page.set_viewport_size(WIDE)
+    return found
 
 
 async def test_every_page_has_no_serious_violation_in_light_and_dark(browser, serve):
@@ -151,26 +206,9 @@ async def test_every_page_has_no_serious_violation_in_light_and_dark(browser, se
         found += await check(page, source, "home", theme)
 
     tab = await sync_to_async(make_tab)(user, title="Files in the workspace")
-    await sync_to_async(seed_every_type)(tab.id)
+    await sync_to_async(furnish)(user, tab)
     for theme, page in pages.items():
-        await visit(page, f"{server.url}/t/{tab.id}/", "tab")
-        await synced(page)
-        if theme == THEMES[0]:
-            await finished_then_waiting(page, tab.id)
-            await shots_resized(page, "a11y-tab")
-        await page.wait_for_selector("#approval:not([hidden])")
-        found += await check(page, source, "tab (finished turn, error card, approval)", theme)
-        await page.click("summary[title='Tab menu']")
-        found += await check(page, source, "tab menu (open)", theme)
-        # On a phone: the tab list folded away (inert), then open over the page.
-        await page.set_viewport_size(PHONE)
-        await page.wait_for_function("document.getElementById('sidebar').inert")
-        found += await check(page, source, "tab on a phone", theme)
-        await page.click(".main .nav-open")
-        await page.wait_for_function("!document.getElementById('sidebar').inert")
-        found += await check(page, source, "tab on a phone, tab list open", theme)
-        await page.set_viewport_size(WIDE)
-
+        found += await tab_states(page, source, theme, server, tab.id)
         for path, name, status in (
             ("/t/new/", "new tab", 200),
             ("/settings/", "settings", 200),

@@ -339,7 +339,7 @@
   function openSearch() {
     var box = $('search-q');
     if (!box) return false;
-    setNav(true, false);  // on a narrow screen the box is in the folded list
+    if (narrow.matches) setNav(true, false);  // the box is in the folded list
     box.focus();
     box.select();
     return true;
@@ -353,7 +353,12 @@
   document.addEventListener('change', function (e) {
     if (e.target && e.target.id === 'nav-toggle') setNav(e.target.checked, true);
   });
-  narrow.addEventListener('change', syncNav);
+  // A list opened on a narrow screen is not left open for the next time it narrows.
+  narrow.addEventListener('change', function () {
+    var toggle = $('nav-toggle');
+    if (toggle && !narrow.matches) toggle.checked = false;
+    syncNav();
+  });
   syncNav();
 
   // --- The composer -------------------------------------------------------------------
