@@ -50,15 +50,43 @@ PHONE = {"width": 375, "height": 760}
 # What fails the test; "moderate" and "minor" are printed as well, for whoever reads.
 BLOCKING = ("serious", "critical")
 
-# axe's violations, each node with its selector and axe's summary of what is wrong.
+# axe's violations, each node with its selector and axe's summary of what is wrong; and
+# two checks axe leaves out or only marks "incomplete": an id given to two elements, and
+# an id reference (aria-describedby, aria-labelledby, aria-controls, label for) to none.
 RUN_AXE = """
 async (within) => {
   const result = await axe.run(within || document, {resultTypes: ['violations']});
-  return result.violations.map((v) => ({
+  const found = result.violations.map((v) => ({
     id: v.id, impact: v.impact, help: v.help,
     nodes: v.nodes.map((n) => ({target: n.target.join(' '), summary: n.failureSummary || '',
                                 html: n.html})),
   }));
+  const root = within ? document.querySelector(within) : document;
+  const node = (el, summary) => ({target: el.id ? '#' + el.id : el.tagName.toLowerCase(),
+                                  summary, html: el.outerHTML.slice(0, 300)});
+  const seen = new Map();
+  root.querySelectorAll('[id]').forEach((el) => {
+    seen.set(el.id, (seen.get(el.id) || 0) + 1);
+  });
+  const twice = [...seen].filter(([, n]) => n > 1).map(([id, n]) => node(
+    root.querySelector('[id="' + CSS.escape(id) + '"]'), n + ' elements have the id ' + id));
+  if (twice.length) found.push({id: 'duplicate-id (test)', impact: 'serious',
+                                help: 'An id is given to one element only', nodes: twice});
+  const dangling = [];
+  const attrs = ['aria-describedby', 'aria-labelledby', 'aria-controls', 'for'];
+  root.querySelectorAll(attrs.map((a) => '[' + a + ']').join(',')).forEach((el) => {
+    attrs.forEach((a) => {
+      if (a === 'for' && el.tagName !== 'LABEL') return;
+      (el.getAttribute(a) || '').split(/\\s+/).filter(Boolean).forEach((ref) => {
+        if (document.getElementById(ref)) return;
+        dangling.push(node(el, a + ' names ' + ref + ', which is not on the page'));
+      });
+    });
+  });
+  if (dangling.length) found.push({id: 'idref-missing (test)', impact: 'serious',
+                                   help: 'An id reference names an element on the page',
+                                   nodes: dangling});
+  return found;
 }
 """
 
