@@ -29,13 +29,20 @@ TAB_PRESSES = 40
 # Where the focus is: a short name for the assertion messages, and which region holds it.
 FOCUS = """
 () => {
+  const inView = (el) => {
+    const r = el.getBoundingClientRect();
+    return r.width > 0 && r.height > 0 && r.left >= 0 && r.right <= window.innerWidth
+      && r.top >= 0 && r.bottom <= window.innerHeight;
+  };
   const el = document.activeElement;
   if (!el || el === document.body) return {name: 'body', region: 'none'};
   const label = el.getAttribute('aria-label') || el.id
     || (el.textContent || '').trim().slice(0, 30);
   const region = el.closest('#sidebar') ? 'sidebar' : el.closest('.main') ? 'main' : 'other';
   return {name: el.tagName.toLowerCase() + ' ' + label, region,
-          menu: el.matches('.main [data-nav="open"]'), search: el.id === 'search-q'};
+          menu: el.matches('.main [data-nav="open"]'),
+          search: el.matches('input[type="search"], [role="searchbox"]'),
+          value: el.value === undefined ? null : el.value, visible: inView(el)};
 }
 """
 
@@ -123,8 +130,11 @@ async def the_menu_button_by_keyboard(page: Any) -> None:
 
 
 async def the_search_keys(page: Any, *, narrow: bool) -> None:
+    """Each shortcut lands in a visible, empty search box (whatever shows it: the sidebar's
+    box, or a dialog), which then takes "/" as a character. The page is loaded again after
+    each: what closes the search is the search's own business."""
     where = "narrow" if narrow else "wide"
-    # "/" is a character in a text field: the composer, and the search box itself.
+    # "/" is a character in a text field (the composer, autofocused).
     await page.focus("#composer-text")
     await page.keyboard.press("/")
     assert await page.input_value("#composer-text") == "/", where
@@ -142,16 +152,12 @@ async def the_search_keys(page: Any, *, narrow: bool) -> None:
         await page.keyboard.press(keys)
         now = await focus(page)
         assert now["search"], f"{where}: {keys} from {start} left the focus on {now['name']}"
-        assert await page.input_value("#search-q") == "", f"{where}: {keys} typed into the box"
-        if narrow:
-            await assert_open(page)
+        assert now["visible"], f"{where}: {keys} focused a search box out of sight"
+        assert now["value"] == "", f"{where}: {keys} typed {now['value']!r} into the box"
         await page.keyboard.press("/")
-        assert await page.input_value("#search-q") == "/", f"{where}: '/' in the box"
-        await page.keyboard.press("Escape")  # clears the box
-        assert await page.input_value("#search-q") == ""
-        if narrow:
-            await page.keyboard.press("Escape")  # closes the list
-            await assert_folded(page)
+        assert (await focus(page))["value"] == "/", f"{where}: '/' in the box is a character"
+        await page.reload()
+        await synced(page)
 
 
 async def test_the_menu_and_search_by_keyboard_on_a_phone_and_a_wide_screen(browser, serve):

@@ -359,6 +359,8 @@
     if (toggle && !narrow.matches) toggle.checked = false;
     syncNav();
   });
+  // Folded at first, whatever the browser restored into the checkbox on a reload.
+  if ($('nav-toggle')) $('nav-toggle').checked = false;
   syncNav();
 
   // --- The composer -------------------------------------------------------------------
