@@ -119,9 +119,10 @@ def axe_source() -> str:
     return AXE.read_text()
 
 
-async def themed_page(browser: Any, theme: str) -> Any:
+async def themed_page(browser: Any, theme: str, errors: list[str]) -> Any:
     """A page whose system theme is `theme` (theme.js follows it: no choice is stored),
-    without motion, so a sliding sidebar is checked where it ends."""
+    without motion, so a sliding sidebar is checked where it ends; its script errors go
+    to `errors`."""
     context = await browser.new_context(
         viewport=WIDE,
         color_scheme=theme,
@@ -131,6 +132,7 @@ async def themed_page(browser: Any, theme: str) -> Any:
     await context.add_init_script(RECORDER)
     page = await context.new_page()
     page.set_default_timeout(WAIT_SECONDS * 1000)
+    page.on("pageerror", lambda exc: errors.append(f"{theme}, {page.url}: {exc}"))
     return page
 
 
@@ -215,7 +217,8 @@ async def tab_states(
 async def test_every_page_has_no_serious_violation_in_light_and_dark(browser, serve):
     source = axe_source()
     server = await serve()
-    pages = {theme: await themed_page(browser, theme) for theme in THEMES}
+    errors: list[str] = []
+    pages = {theme: await themed_page(browser, theme, errors) for theme in THEMES}
     found: list[Violation] = []
 
     # First run: no account yet, so the setup page is the one page there is.
@@ -265,3 +268,4 @@ async def test_every_page_has_no_serious_violation_in_light_and_dark(browser, se
         f"{sum(counts.values())} serious or critical axe-core violations (elements) "
         f"by page and theme: {counts}\n" + "\n".join(v.describe() for v in blocking)
     )
+    assert errors == [], f"script errors: {errors}"
