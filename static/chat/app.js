@@ -377,8 +377,9 @@
     var t = e.target;
     // Search: "/" where it would type nothing, Ctrl+K (Cmd+K) anywhere; Esc clears it.
     var typing = t && (/^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName) || t.isContentEditable);
+    // (Chrome's autofill sends keydowns without a key.)
     if (((e.key === '/' && !typing && !e.ctrlKey && !e.metaKey && !e.altKey) ||
-         (e.key.toLowerCase() === 'k' && (e.ctrlKey || e.metaKey) && !e.altKey)) && openSearch()) {
+         ((e.key || '').toLowerCase() === 'k' && (e.ctrlKey || e.metaKey) && !e.altKey)) && openSearch()) {
       e.preventDefault();
       return;
     }
