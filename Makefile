@@ -11,7 +11,7 @@ FIND_PYTHON = for c in python3.13 python3.12 $$HOME/.pyenv/versions/3.13*/bin/py
 	  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; \
 	  then echo $$c; exit 0; fi; done; exit 1
 
-.PHONY: run test lint bench chromium bubblewrap agents clean
+.PHONY: run test lint bench chromium bubblewrap npm-packages clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@if [ ! -x $(PY) ]; then \
@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 
 run: $(VENV)/.installed bubblewrap
 	$(PY) manage.py migrate --noinput -v 0
-	PATH=$(AGENTS_BIN):$$PATH $(PY) manage.py serve --host $(HOST) --port $(PORT)
+	PATH=$(NPM_BIN):$$PATH $(PY) manage.py serve --host $(HOST) --port $(PORT)
 
 # Browser tests drive Debian's Chromium; install it when it is missing (CI runs as root).
 chromium:
@@ -43,25 +43,28 @@ bubblewrap:
 	    "install them (sudo apt-get install bubblewrap slirp4netns); see the README's Security" \
 	    "section." >&2; fi; }
 
-# External agents (chat/acp/), for the tests and, once installed, `make run`: from npm,
-# pinned, into an ignored folder, installed again only when the pins change. About 15 s
-# and 350 MB (codex-acp is a static binary in a per-platform package). Without npm the
-# tests that run them skip, saying so. The tests find them in AGENTS_BIN themselves: on
-# the suite's PATH, the presets would show in every test's model list.
-AGENTS_DIR := .npm-agents
-AGENTS_BIN := $(CURDIR)/$(AGENTS_DIR)/node_modules/.bin
-AGENT_PINS := @zed-industries/claude-code-acp@0.16.2 @zed-industries/codex-acp@0.16.0
+# What the tests and `make run` take from npm, pinned, into an ignored folder, in one
+# install, again only when the pins change: the external agents (chat/acp/; once
+# installed `make run` offers them) and axe-core, which the accessibility tests inject
+# into each page (tests/test_a11y.py). About 15 s and 350 MB (codex-acp is a static binary
+# in a per-platform package). Without npm the tests of the agents skip and those of
+# accessibility fail, saying so. The tests find the agents in NPM_BIN themselves: on the
+# suite's PATH, the presets would show in every test's model list.
+NPM_DIR := .npm-packages
+NPM_BIN := $(CURDIR)/$(NPM_DIR)/node_modules/.bin
+NPM_PINS := @zed-industries/claude-code-acp@0.16.2 @zed-industries/codex-acp@0.16.0 axe-core@4.14.1
 
-agents:
-	@if [ "$$(cat $(AGENTS_DIR)/.pins 2>/dev/null)" != "$(AGENT_PINS)" ]; then \
+npm-packages:
+	@if [ "$$(cat $(NPM_DIR)/.pins 2>/dev/null)" != "$(NPM_PINS)" ]; then \
 	  if command -v npm >/dev/null 2>&1; then \
-	    echo "Installing $(AGENT_PINS) into $(AGENTS_DIR)/"; \
-	    rm -rf $(AGENTS_DIR) && mkdir -p $(AGENTS_DIR) && \
-	    CI=true npm install --prefix $(AGENTS_DIR) --no-audit --no-fund --no-save \
-	      --loglevel=error $(AGENT_PINS) </dev/null && \
-	    echo "$(AGENT_PINS)" > $(AGENTS_DIR)/.pins; \
-	  else echo "npm is missing: the external agents are not installed and their tests" \
-	    "skip (install Node.js 20 or later with npm)." >&2; fi; fi
+	    echo "Installing $(NPM_PINS) into $(NPM_DIR)/"; \
+	    rm -rf $(NPM_DIR) && mkdir -p $(NPM_DIR) && \
+	    CI=true npm install --prefix $(NPM_DIR) --no-audit --no-fund --no-save \
+	      --loglevel=error $(NPM_PINS) </dev/null && \
+	    echo "$(NPM_PINS)" > $(NPM_DIR)/.pins; \
+	  else echo "npm is missing: the external agents and axe-core are not installed;" \
+	    "the agents' tests skip and the accessibility tests fail (install Node.js 20 or" \
+	    "later with npm)." >&2; fi; fi
 
 # The suite in parallel (pytest-xdist): much of it waits on servers, browsers and
 # sockets, so four processes on two cores finish sooner than three or two. loadgroup:
@@ -69,7 +72,7 @@ agents:
 # once (the scaled cluster).
 TEST_WORKERS ?= 4
 
-test: $(VENV)/.installed chromium bubblewrap agents
+test: $(VENV)/.installed chromium bubblewrap npm-packages
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # mypy's Django plugin imports dispatch.settings, which makes its data dir and secret
@@ -85,4 +88,4 @@ bench: $(VENV)/.installed chromium bubblewrap
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) $(AGENTS_DIR) .pytest_cache .ruff_cache .hypothesis .mypy_cache
+	rm -rf $(VENV) $(NPM_DIR) .pytest_cache .ruff_cache .hypothesis .mypy_cache

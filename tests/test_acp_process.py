@@ -1,7 +1,7 @@
 """External agents' processes (chat/acp/process.py) with the real agents, in the real
 sandbox, against the fake Anthropic endpoint (harness.fakeprovider.ClaudeCodeEndpoint).
 
-The agents come from npm (`make agents`, which `make test` runs): without them the tests
+The agents come from npm (`make npm-packages`, which `make test` runs): without them the tests
 marked `agents` skip, saying so. Claude Code's whole life (start, prompts, a tool call,
 a permission, confinement, cancel, close, session/load) is one test sharing one agent:
 each start costs 2-4 s. Bad agents are small scripts in tests/acp_agents/.
@@ -52,7 +52,7 @@ from harness.fakeprovider import (
 )
 from harness.servers import ROOT
 
-AGENTS_BIN = ROOT / ".npm-agents" / "node_modules" / ".bin"
+AGENTS_BIN = ROOT / ".npm-packages" / "node_modules" / ".bin"
 DOUBLES = Path(__file__).with_name("acp_agents")
 
 
@@ -63,7 +63,7 @@ def _installed(program: str) -> str | None:
 def _needs(program: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         _installed(program) is None,
-        reason=f"{program} is not installed: run `make agents` (make test does)",
+        reason=f"{program} is not installed: run `make npm-packages` (make test does)",
     )
 
 

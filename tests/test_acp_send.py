@@ -1,5 +1,5 @@
 """The real agents end to end, as issue 30 says it is done: `manage.py send --new --model
-acp/claude-code --json "…"` (and `acp/codex`) runs the installed agent (`make agents`)
+acp/claude-code --json "…"` (and `acp/codex`) runs the installed agent (`make npm-packages`)
 in its sandbox against the fake Anthropic (Claude Code) or Responses (Codex) endpoint, and
 streams thinking, text, a plan and a tool call with its output into the log, exiting 0;
 and through the worker, Stop ends a real agent's command and a restarted worker continues

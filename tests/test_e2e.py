@@ -88,7 +88,7 @@ async def test_it_creates_the_owner_on_first_run_then_logs_out_and_in(browser, s
     await page.fill("#id_password2", OWNER_PASSWORD + "x")
     await page.click("button[type=submit]")
     assert page.url == f"{server.url}/setup/"
-    assert "didn’t match" in await page.text_content("#id_password2-error")
+    assert "didn’t match" in await page.text_content("#id_password2_error")
 
     await page.fill("#id_password1", OWNER_PASSWORD)
     await page.fill("#id_password2", OWNER_PASSWORD)

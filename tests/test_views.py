@@ -115,7 +115,8 @@ def test_it_shows_the_owner_setup_page_on_a_fresh_install():
     # The password rules are a list: in a <p> the browser splits it and leaves an empty
     # paragraph (a gap) under them.
     html = page(response)
-    assert '<div class="help"><ul>' in html and '<p class="help"><ul>' not in html
+    assert '<div class="help" id="id_password1_helptext"><ul>' in html
+    assert '<p class="help"><ul>' not in html
 
 
 def test_it_creates_the_owner_and_logs_them_in():

@@ -39,7 +39,7 @@ async def test_a_wake_made_on_the_page_fires_and_its_turn_shows_the_badge(browse
     await page.fill("#id_once_at", due.strftime("%Y-%m-%dT%H:%M:%S"))
     await page.fill("#id_timezone", "Mars/Olympus")
     await page.click("button:has-text('Add wake')")
-    error = await page.text_content("#id_timezone-error")
+    error = await page.text_content("#id_timezone_error")
     assert error.startswith("Unknown time zone 'Mars/Olympus'")
     await shots_resized(page, "wakes-form-error")
 

@@ -300,6 +300,69 @@
     anchor = null;
   });
 
+  // --- The tab list on a narrow screen -------------------------------------------------
+
+  // app.css's breakpoint: below it the sidebar is folded away behind the ☰ button.
+  var narrow = window.matchMedia('(max-width: 760px)');
+
+  function navShown() { var t = $('nav-toggle'); return !!t && t.checked; }
+
+  // The folded list is out of the Tab order and of the accessibility tree (inert); the
+  // open one is a drawer over the page, which is inert behind it. The buttons say which.
+  function syncNav() {
+    var sidebar = $('sidebar');
+    if (!sidebar) return;
+    var open = navShown();
+    sidebar.inert = narrow.matches && !open;
+    var main = document.querySelector('.main');
+    if (main) main.inert = narrow.matches && open;
+    all(document, '[data-nav="open"]').forEach(function (b) { b.setAttribute('aria-expanded', String(open)); });
+  }
+
+  // `focus`: into the list when it opens (its current tab, else "New tab"), back to the
+  // ☰ button when it closes (from the list, or the scrim, which holds no focus).
+  function setNav(open, focus) {
+    var toggle = $('nav-toggle');
+    var sidebar = $('sidebar');
+    if (!toggle || !sidebar) return;
+    toggle.checked = open;
+    syncNav();
+    if (!focus || !narrow.matches) return;
+    var target = open
+      ? sidebar.querySelector('.tab-link.current') || sidebar.querySelector('.new-tab button')
+      : document.querySelector('.main [data-nav="open"]');
+    if (target) target.focus();
+  }
+
+  // Search, from its shortcuts: the one way in, whatever the search looks like. Returns
+  // whether there is one on the page.
+  function openSearch() {
+    var box = $('search-q');
+    if (!box) return false;
+    if (narrow.matches) setNav(true, false);  // the box is in the folded list
+    box.focus();
+    box.select();
+    return true;
+  }
+
+  document.addEventListener('click', function (e) {
+    var button = e.target.closest && e.target.closest('[data-nav]');
+    if (button) setNav(button.getAttribute('data-nav') === 'open', true);
+  });
+  // The scrim is the checkbox's label: a tap beside the open list closes it.
+  document.addEventListener('change', function (e) {
+    if (e.target && e.target.id === 'nav-toggle') setNav(e.target.checked, true);
+  });
+  // A list opened on a narrow screen is not left open for the next time it narrows.
+  narrow.addEventListener('change', function () {
+    var toggle = $('nav-toggle');
+    if (toggle && !narrow.matches) toggle.checked = false;
+    syncNav();
+  });
+  // Folded at first, whatever the browser restored into the checkbox on a reload.
+  if ($('nav-toggle')) $('nav-toggle').checked = false;
+  syncNav();
+
   // --- The composer -------------------------------------------------------------------
 
   var touch = window.matchMedia && window.matchMedia('(pointer: coarse)').matches;
@@ -314,14 +377,10 @@
     var t = e.target;
     // Search: "/" where it would type nothing, Ctrl+K (Cmd+K) anywhere; Esc clears it.
     var typing = t && (/^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName) || t.isContentEditable);
-    var box = $('search-q');
-    if (box && ((e.key === '/' && !typing && !e.ctrlKey && !e.metaKey && !e.altKey) ||
-                (e.key.toLowerCase() === 'k' && (e.ctrlKey || e.metaKey) && !e.altKey))) {
+    // (Chrome's autofill sends keydowns without a key.)
+    if (((e.key === '/' && !typing && !e.ctrlKey && !e.metaKey && !e.altKey) ||
+         ((e.key || '').toLowerCase() === 'k' && (e.ctrlKey || e.metaKey) && !e.altKey)) && openSearch()) {
       e.preventDefault();
-      var nav = $('nav-toggle');
-      if (nav) nav.checked = true;
-      box.focus();
-      box.select();
       return;
     }
     if (t && t.id === 'search-q' && e.key === 'Escape') {
@@ -335,6 +394,11 @@
     if (t && t.id === 'composer-text' && e.key === 'Enter' && !e.shiftKey && !e.isComposing && !touch) {
       e.preventDefault();
       t.form.requestSubmit();
+      return;
+    }
+    if (e.key === 'Escape' && narrow.matches && navShown()) {
+      e.preventDefault();
+      setNav(false, true);
       return;
     }
     if (e.key === 'Escape') {
