@@ -12,7 +12,7 @@ from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from chat import blobs, log, preferences, turns
+from chat import blobs, log, preferences, sidebar, turns
 from chat.chunks import SystemKind
 from chat.forms import NewTabForm, RenameForm, TabModelForm, TabSystemPromptForm
 from chat.tools.workdir import BadWorkdir
@@ -33,9 +33,21 @@ def home(request: AuthenticatedHttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def tab_new(request: AuthenticatedHttpRequest) -> HttpResponse:
     """A new tab: the sidebar's button posts nothing (the Settings page's defaults);
-    GET is the form with a profile and a working directory."""
+    GET is the form with a profile and a working directory.
+
+    A tab never sent to has no sidebar entry (chat.sidebar.kept): a new tab asked for
+    while one with the same profile and folder waits unsent is that one, its draft
+    and model kept, so empty tabs never pile up."""
     form = NewTabForm(request.POST if request.method == "POST" else None)
     if form.is_valid():
+        waiting = (
+            sidebar.unsent(request.user)
+            .filter(profile=form.cleaned_data["profile"])
+            .filter(workdir=form.cleaned_data["workdir"])
+            .first()
+        )
+        if waiting is not None:
+            return redirect("tab", tab_id=waiting.id)
         try:
             tab = preferences.new_tab(
                 request.user,
