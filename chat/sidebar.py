@@ -192,8 +192,10 @@ def catch_up(owner: Any, report: dict[str, str], current: uuid.UUID | str | None
     An entry is held by the tab it links to: a conversation whose latest tab changed
     (a new version) is sent again."""
     frames = []
-    shown = Tab.objects.filter(pk=current, owner=owner).values_list("conversation", flat=True)
-    conversation = shown.first() if current else None
+    conversation = None
+    if current is not None:
+        shown = Tab.objects.filter(pk=current, owner=owner).values_list("conversation", flat=True)
+        conversation = shown.first()
     # Oldest first: each insert goes on top, so the newest ends up there.
     for tab in reversed(tabs(owner)):
         if report.get(str(tab.pk)) != state(tab):

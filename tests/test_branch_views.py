@@ -403,7 +403,9 @@ def test_the_parent_shows_its_branches_where_they_diverge(client, tab):
     # branch, which alone is marked a branch.
     entries = tree.find_all(lambda n: "tab-link" in n.classes)
     assert {n.get("data-tab") for n in entries} == {str(first.id), str(plain.id)}
-    marked = [n.get("data-tab") for n in entries if n.find_all(lambda m: "branch-mark" in m.classes)]
+    marked = [
+        n.get("data-tab") for n in entries if n.find_all(lambda m: "branch-mark" in m.classes)
+    ]
     assert marked == [str(plain.id)]
 
     # An older page (the chunks before seq 7) carries the controls within it too.

@@ -30,9 +30,7 @@ LINEAGES = [
     pytest.param(
         [[str(R), 3]], A, 3, [[str(R), 3]], id="regenerated again: the same point, not A's"
     ),
-    pytest.param(
-        [[str(R), 3]], A, 1, [[str(R), 1]], id="a cut inside what A copied is R's point"
-    ),
+    pytest.param([[str(R), 3]], A, 1, [[str(R), 1]], id="a cut inside what A copied is R's point"),
     pytest.param(
         [[str(R), 3]], A, 7, [[str(R), 3], [str(A), 7]], id="a cut in A's own answer is A's"
     ),

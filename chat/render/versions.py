@@ -118,8 +118,9 @@ def points(tab: Versioned, rows: Iterable[Versioned]) -> list[Point]:
     found: list[Point] = []
     for n, tab_id in enumerate(path):
         # Where this tab's page stands in for path[n]: the points of path[n]'s own log.
+        held = reach[n]
         for (base, seq), versions in members.items():
-            if base != tab_id or (reach[n] is not None and seq >= reach[n]):
+            if base != tab_id or (held is not None and seq >= held):
                 continue
             found.append(_point(seq, base, versions, alive, uuid.UUID(base)))
         if n < len(entries):
