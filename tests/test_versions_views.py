@@ -257,6 +257,14 @@ def test_a_new_tab_never_sent_to_has_no_entry_and_is_reused(client, alice):
     assert fresh.url != made.url and Tab.objects.filter(owner=alice).count() == 2
 
 
+def test_home_opens_the_unsent_tab_only_when_there_is_no_conversation(client, alice):
+    assert client.get(reverse("home")).status_code == 200
+    unsent = client.post(reverse("tab_new")).url
+    assert client.get(reverse("home")).url == unsent
+    kept = Tab.objects.create(owner=alice, title="Plans")
+    assert client.get(reverse("home")).url == url(kept)
+
+
 def test_a_new_tab_with_other_options_is_another_tab(client, alice):
     made = client.post(reverse("tab_new"))
     other = client.post(reverse("tab_new"), {"workdir": "site"})

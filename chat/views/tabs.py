@@ -23,9 +23,12 @@ from chat.views.common import AuthenticatedHttpRequest
 @login_required
 @require_GET
 def home(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """The most recently active conversation; with none, the new tab waiting unsent (it
+    has no sidebar entry), else the page that offers one."""
     tabs = common.sidebar_tabs(request)
-    if tabs:
-        return redirect("tab", tab_id=tabs[0].id)
+    waiting = tabs[0] if tabs else sidebar.unsent(request.user).first()
+    if waiting is not None:
+        return redirect("tab", tab_id=waiting.id)
     return render(request, "chat/home.html", {"tabs": tabs})
 
 
