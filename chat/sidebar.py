@@ -132,10 +132,11 @@ def stated(tab_id: uuid.UUID | str) -> Tab | None:
 
 
 def with_entries(change: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
-    """The change as its owner's group carries it, and the owner: with the tab's entry
-    rendered for a page that shows another tab ("other") and for the tab's own page
-    ("current"). None when the tab is gone (deleted meanwhile) or owned by no one (an
-    import not finished yet, shown to no one): nothing to show."""
+    """The change as its owner's group carries it, and the owner: with its conversation's
+    entry rendered for a page that shows another conversation ("other") and for a page
+    of one of the conversation's tabs, `versions` ("current"). None when the tab is gone
+    (deleted meanwhile) or owned by no one (an import not finished yet, shown to no one):
+    nothing to show."""
     tab = stated(change["tab_id"])
     if tab is None or tab.owner_id is None:
         return None
@@ -144,7 +145,10 @@ def with_entries(change: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         "other": entry(tab, approval=approval),
         "current": entry(tab, current=tab.pk, approval=approval),
     }
-    return tab.owner_id, {**change, "entries": entries}
+    # The pages of any of these show the conversation: its entry is current there.
+    same = Tab.objects.filter(conversation=tab.conversation, owner_id=tab.owner_id)
+    versions = [str(pk) for pk in same.values_list("pk", flat=True)]
+    return tab.owner_id, {**change, "entries": entries, "versions": versions}
 
 
 def announce(tab_id: uuid.UUID | str, state: str) -> None:

@@ -166,6 +166,8 @@ async def test_a_tab_that_waits_for_approval_tells_its_owners_group_once_per_cha
             "tab_id": str(tab.pk),
             "state": "waiting",
             "approval": {"call_id": "c1", "name": "shell"},
+            # The tabs of its conversation (issue 31): their pages mark the entry current.
+            "versions": [str(tab.pk)],
         }
         # Rendered once here for every page: the tab's own page marks it current.
         assert 'data-state="waiting"' in entries["other"]

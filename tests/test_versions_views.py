@@ -293,6 +293,8 @@ def test_a_versions_change_of_state_is_its_conversations_entry(client, tab):
     doc = parse(sent["entries"]["other"])
     [link] = doc.find_all(lambda n: "tab-link" in n.classes)
     assert (link.get("id"), link.get("data-tab")) == (f"tablink-{tab.id}", str(first.id))
+    # Current on the pages of any of its versions (the socket picks by this list).
+    assert sorted(sent["versions"]) == sorted([str(tab.id), str(first.id)])
     # A page that holds the root's entry is sent the conversation's newer one.
     [frame] = sidebar.catch_up(tab.owner, {str(tab.id): "idle"}, current=tab.id)
     [link] = parse(frame).find_all(lambda n: "tab-link" in n.classes)
