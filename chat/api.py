@@ -373,6 +373,7 @@ def _tab_summary(tab: Tab, state: str | None) -> JsonDict:
         "state": state or "idle",
         "total": tab.last_seq,
         "parent": _parent(tab),
+        "conversation": str(tab.conversation),
         "created_at": tab.created_at.isoformat(),
         "updated_at": tab.updated_at.isoformat(),
     }

@@ -176,7 +176,9 @@ class UserSocket(AsyncWebsocketConsumer):
     def take(self, message: dict[str, Any]) -> None:
         """A change from the hub, rendered once by the worker that announced it
         (chat.sidebar.with_entries): no query here, however many pages are open."""
-        mine = self.current is not None and str(self.current) == message["tab_id"]
+        # Any version of the page's conversation (chat.sidebar.with_entries).
+        shown = message.get("versions") or [message["tab_id"]]
+        mine = self.current is not None and str(self.current) in shown
         if self.batch is None:
             self.batch = {}
         # Moved to the end: an entry new to the page goes on top after the older ones.

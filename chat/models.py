@@ -46,6 +46,16 @@ class Tab(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="branches"
     )
     fork_seq = models.BigIntegerField(null=True, blank=True)
+    # The conversation the tab is a version of: the sidebar shows one entry per
+    # conversation. A root's is its own id (`save`); Edit, Regenerate and Retry keep the
+    # parent's (a plain Branch starts a new one). Stored, not followed through `parent`,
+    # so a deleted tab in the middle does not split a conversation.
+    conversation = models.UUIDField(db_index=True)
+    # Where the tab's log came from, oldest first: [[tab id, seq], ...], each entry the
+    # tab whose chunks 1..seq a version copied (chat.render.versions). The same version
+    # point (tab, seq) groups siblings for the page's "‹ 2 / 3 ›", whatever was deleted
+    # since. [] for a conversation's root.
+    lineage = models.JSONField(default=list, blank=True)
     # Text waiting in the composer: the old message of an edit, until it is sent.
     draft = models.TextField(blank=True)
     # How full the model's context window is: the provider's usage of the tab's last
@@ -93,6 +103,11 @@ class Tab(models.Model):
 
     def __str__(self) -> str:
         return self.title or UNTITLED
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.conversation is None:
+            self.conversation = self.id
+        super().save(*args, **kwargs)
 
 
 def _choices(values: Iterable[str]) -> list[tuple[str, str]]:

@@ -11,6 +11,12 @@ change cost a query per open page, and a user with a hundred open tabs a hundred
 times a hundred. A tab the page's list lacks (a wake's new tab, a sub-agent's child)
 is inserted at the top. A frame per change of state, never per token: the worker
 compares each status it publishes with the last state it announced.
+
+One entry per conversation (`Tab.conversation`: a tab and the versions Edit,
+Regenerate and Retry made of it), linking to its most recently active tab, with the
+state of any of them; its element's id is the conversation's, so a change of any of
+its tabs replaces it in place. A tab never sent to (a "+ New tab" left empty) has no
+entry: it shows once its first message is queued.
 """
 
 from __future__ import annotations
@@ -18,11 +24,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.template.loader import render_to_string
 
 from chat import bus
-from chat.models import RunningTurn, Tab
+from chat.models import QueuedMessage, RunningTurn, Tab
 
 # The sidebar lists the most recently active tabs; an old tab is still reachable by URL.
 SIDEBAR_TABS = 100
@@ -43,17 +49,59 @@ def state_of(status: dict[str, Any]) -> str:
 
 
 def _with_state(tabs: QuerySet[Tab]) -> QuerySet[Tab]:
-    # A finishing turn has sent its idle status already: the tab is idle.
-    turn = RunningTurn.objects.filter(tab=OuterRef("pk"))
+    # A finishing turn has sent its idle status already: the tab is idle. Any tab of the
+    # conversation counts: its one entry stands for all of them.
+    turn = RunningTurn.objects.filter(
+        tab__conversation=OuterRef("conversation"), tab__owner_id=OuterRef("owner_id")
+    )
     return tabs.annotate(
         running=Exists(turn.exclude(status=RunningTurn.Status.FINISHING)),
         waiting=Exists(turn.filter(status=RunningTurn.Status.WAITING)),
     )
 
 
+def kept(tabs: QuerySet[Tab]) -> QuerySet[Tab]:
+    """Tabs worth an entry: ever sent to (a log, or a message queued for the first turn),
+    or given a title. A "+ New tab" left empty is not one (chat.views.tabs reuses it)."""
+    queued = QueuedMessage.objects.filter(tab=OuterRef("pk"))
+    return tabs.filter(Q(last_seq__gt=0) | ~Q(title="") | Exists(queued))
+
+
+def unsent(owner: Any) -> QuerySet[Tab]:
+    """The owner's plain tabs that `kept` leaves out (never sent to, no title), newest
+    first: not branches, not sub-agents."""
+    queued = QueuedMessage.objects.filter(tab=OuterRef("pk"))
+    return (
+        Tab.objects.filter(owner=owner, last_seq=0, title="", fork_seq=None, parent_call_id="")
+        .exclude(Exists(queued))
+        .order_by("-updated_at", "-pk")
+    )
+
+
+def _latest(tabs: QuerySet[Tab]) -> QuerySet[Tab]:
+    """Each conversation's most recently active tab among `tabs`."""
+    newer = tabs.filter(conversation=OuterRef("conversation")).filter(
+        Q(updated_at__gt=OuterRef("updated_at"))
+        | Q(updated_at=OuterRef("updated_at"), pk__gt=OuterRef("pk"))
+    )
+    return tabs.exclude(Exists(newer))
+
+
 def tabs(owner: Any) -> list[Tab]:
-    """The owner's sidebar: most recently active first, each with `running` and `waiting`."""
-    return list(_with_state(Tab.objects.filter(owner=owner)).order_by("-updated_at")[:SIDEBAR_TABS])
+    """The owner's sidebar: one tab per conversation, its most recently active, most
+    recently active first, each with `running` and `waiting`."""
+    entries = _latest(kept(Tab.objects.filter(owner=owner)))
+    return list(_with_state(entries).order_by("-updated_at", "-pk")[:SIDEBAR_TABS])
+
+
+def conversation(tab: Tab) -> list[Tab]:
+    """The tabs of `tab`'s conversation that its owner has (chat.render.versions groups
+    them): another user's tab is never a version here, whatever its lineage says."""
+    return list(
+        Tab.objects.filter(conversation=tab.conversation, owner_id=tab.owner_id).only(
+            "id", "lineage", "created_at"
+        )
+    )
 
 
 def state(tab: Tab) -> str:
@@ -72,16 +120,23 @@ def message(tab_id: uuid.UUID | str, state: str, approval: dict[str, Any] | None
 
 
 def stated(tab_id: uuid.UUID | str) -> Tab | None:
-    """The tab with its sidebar state, whoever owns it (the announcer learns the owner
-    from it); None when it is gone."""
-    return _with_state(Tab.objects.filter(pk=tab_id)).first()
+    """The sidebar entry of the tab's conversation with its state, whoever owns it (the
+    announcer learns the owner from it); None when the tab is gone."""
+    tab = Tab.objects.filter(pk=tab_id).values("conversation", "owner_id").first()
+    if tab is None:
+        return None
+    same = Tab.objects.filter(conversation=tab["conversation"], owner_id=tab["owner_id"])
+    entry = _with_state(_latest(kept(same))).order_by("-updated_at", "-pk").first()
+    # A tab never sent to has no entry, but a change of its state is still news.
+    return entry or _with_state(same.filter(pk=tab_id)).first()
 
 
 def with_entries(change: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
-    """The change as its owner's group carries it, and the owner: with the tab's entry
-    rendered for a page that shows another tab ("other") and for the tab's own page
-    ("current"). None when the tab is gone (deleted meanwhile) or owned by no one (an
-    import not finished yet, shown to no one): nothing to show."""
+    """The change as its owner's group carries it, and the owner: with its conversation's
+    entry rendered for a page that shows another conversation ("other") and for a page
+    of one of the conversation's tabs, `versions` ("current"). None when the tab is gone
+    (deleted meanwhile) or owned by no one (an import not finished yet, shown to no one):
+    nothing to show."""
     tab = stated(change["tab_id"])
     if tab is None or tab.owner_id is None:
         return None
@@ -90,7 +145,10 @@ def with_entries(change: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         "other": entry(tab, approval=approval),
         "current": entry(tab, current=tab.pk, approval=approval),
     }
-    return tab.owner_id, {**change, "entries": entries}
+    # The pages of any of these show the conversation: its entry is current there.
+    same = Tab.objects.filter(conversation=tab.conversation, owner_id=tab.owner_id)
+    versions = [str(pk) for pk in same.values_list("pk", flat=True)]
+    return tab.owner_id, {**change, "entries": entries, "versions": versions}
 
 
 def announce(tab_id: uuid.UUID | str, state: str) -> None:
@@ -110,9 +168,9 @@ def entry(
     """The tab's sidebar entry as an insert at the top of the list; the page's script
     turns it into a replace in place when the entry is there already."""
     ask = approval if approval and state(tab) == WAITING else None
+    shown = {"conversation": tab.conversation} if current else None
     return render_to_string(
-        "chat/app.html#tablink_insert",
-        {"t": tab, "current_tab": {"id": uuid.UUID(str(current))} if current else None, "ask": ask},
+        "chat/app.html#tablink_insert", {"t": tab, "current_tab": shown, "ask": ask}
     )
 
 
@@ -134,10 +192,17 @@ def held(report: Any) -> dict[str, str]:
 
 def catch_up(owner: Any, report: dict[str, str], current: uuid.UUID | str | None) -> list[str]:
     """The entries a page's list lacks or shows in another state (changes while its
-    socket was not connected: between the page's render and the connect, or a drop)."""
+    socket was not connected: between the page's render and the connect, or a drop).
+    An entry is held by the tab it links to: a conversation whose latest tab changed
+    (a new version) is sent again."""
     frames = []
+    conversation = None
+    if current is not None:
+        shown = Tab.objects.filter(pk=current, owner=owner).values_list("conversation", flat=True)
+        conversation = shown.first()
     # Oldest first: each insert goes on top, so the newest ends up there.
     for tab in reversed(tabs(owner)):
         if report.get(str(tab.pk)) != state(tab):
-            frames.append(entry(tab, current=current))
+            mine = tab.conversation == conversation
+            frames.append(entry(tab, current=tab.pk if mine else None))
     return frames

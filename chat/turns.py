@@ -27,6 +27,7 @@ from django.utils import timezone
 from chat import blobs, bus, cuts, log, resume
 from chat.cuts import CutError
 from chat.models import Chunk, QueuedMessage, RunningTurn, Tab
+from chat.render import versions
 from chat.stream import Block, Kind, Role
 from chat.turn import agents, lease
 
@@ -251,6 +252,10 @@ def branch(
     (and its prompt cache). `run` starts a turn that answers the copy as it
     stands; `draft` goes into its composer. Raises CutError for a cut that
     cannot be made. Nothing in `tab` changes.
+
+    Edit, Regenerate and Retry make a version: the branch stays in `tab`'s
+    conversation (one sidebar entry) with its place among the versions in its
+    lineage (chat.render.versions). A plain Branch starts a conversation of its own.
     """
     with transaction.atomic():
         Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
@@ -260,7 +265,17 @@ def branch(
         repeat = _recent_branch(tab, at_seq, action, run)
         if repeat is not None:
             return Branched(repeat, created=False)
+        version = action != Action.BRANCH
+        family = (
+            {
+                "conversation": tab.conversation,
+                "lineage": versions.lineage_for(tab.lineage, tab.pk, _content_until(tab, at_seq)),
+            }
+            if version
+            else {}
+        )
         child = Tab.objects.create(
+            **family,
             owner_id=tab.owner_id,
             title=tab.title,
             model=tab.model,
@@ -402,6 +417,19 @@ def _check_answerable(tab_id: uuid.UUID, at_seq: int) -> None:
     )
     if last not in ((Role.USER, Kind.TEXT), (Role.TOOL, Kind.TOOL_RESULT)):
         raise CutError(NOTHING_TO_ANSWER)
+
+
+def _content_until(tab: Tab, at_seq: int) -> int:
+    """The last chunk at or before `at_seq` that is not a system notice (0 for none):
+    versions cut after the same content are siblings, whatever notices follow it."""
+    last = (
+        Chunk.objects.filter(tab_id=tab.pk, seq__lte=at_seq)
+        .exclude(type=Kind.SYSTEM)
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+    return last or 0
 
 
 def _chunk(tab_id: uuid.UUID, seq: int) -> Chunk:

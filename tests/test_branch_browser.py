@@ -1,7 +1,8 @@
 """Branches in Chromium against a live `manage.py serve` (issue 14): an error retried in
 one click, the answer regenerated from the keyboard, a message edited in a new branch's
 composer, and a turn cut by a server kill continued on the next server; the parent then
-shows where its branches start, and copy works with and without navigator.clipboard.
+shows its versions ("‹ 1 / 3 ›", issue 31), and copy works with and without
+navigator.clipboard.
 
 The model is the real Anthropic adapter talking to the fake provider server
 (harness/fakeprovider.py), one scripted reply per request. Screenshots of each state,
@@ -152,10 +153,11 @@ async def test_retry_regenerate_edit_and_continue_after_a_server_kill(
     assert not await page.is_visible("#log .t-error"), "the error is not copied"
 
     # Regenerate from the keyboard: the last answer's button, focused, Enter.
-    regenerate = "#log > .chunk:last-child .act-regenerate"
-    await page.wait_for_selector(regenerate, state="visible")
+    # (The last chunk: the version switcher may follow it, issue 31.)
+    regenerate = page.locator("#log > .chunk").last.locator(".act-regenerate")
+    await regenerate.wait_for(state="visible")
     assert await page.locator(".act-regenerate:visible").count() == 1
-    await page.focus(regenerate)
+    await regenerate.focus()
     regenerated = await new_tab_after(page, lambda: page.keyboard.press("Enter"))
     await page.wait_for_selector("#log .t-text.a:has-text('Answer two, regenerated.')")
     await idle(page, regenerated)
@@ -221,27 +223,33 @@ async def test_retry_regenerate_edit_and_continue_after_a_server_kill(
     assert log_rows[-1].data["text"] == "Continued where it stopped."
     assert not await sync_to_async(QueuedMessage.objects.exists)()
 
-    # The parent shows where its branch starts; the branch links back.
+    # Retry, Regenerate and Edit made versions of one conversation (issue 31): the parent
+    # shows "‹ 1 / 2 ›" under its first message (the edit) and "‹ 1 / 3 ›" under the
+    # failed answer (the retry, and the retry regenerated); the sidebar has one entry.
     await page.goto(f"{server.url}/t/{parent.id}/")
     await synced(page)
-    control = page.locator("#log > .forks")
-    assert (await control.locator("summary").text_content()).strip() == "1 branch"
+    counts = page.locator("#log > .versions .ver-count > [aria-hidden]")
+    assert [c.strip() for c in await counts.all_text_contents()] == ["1 / 2", "1 / 3"]
+    assert await page.locator("#tab-list > .tab-link").count() == 1
     assert await page.evaluate(
-        "document.querySelector('#log > .forks').previousElementSibling.dataset.seq"
-    ) == str(branch.fork_seq)
-    await control.locator("summary").click()
-    await looks(
-        page, "parent", phone_path=f"/t/{parent.id}/", phone_click="#log > .forks > summary"
+        "document.querySelector('#log > .versions:last-child').previousElementSibling"
+        ".classList.contains('t-error')"
     )
-    await control.locator("a").click()
+    await looks(page, "parent", phone_path=f"/t/{parent.id}/")
+    await page.locator("#log > .versions:last-child a[rel=next]").click()
     await page.wait_for_url(f"**/t/{retried}/")
-    # The branch's menu names its parent and its own branch (the regenerated one).
+    await synced(page)
+    # Its answer is "2 / 3"; its first message, the parent's, "1 / 2" (the edit is next).
+    nexts = page.locator("#log > .versions a[rel=next]")
+    assert [await a.get_attribute("href") for a in await nexts.all()] == [
+        f"/t/{edited}/",
+        f"/t/{regenerated}/",
+    ]
+    # The branch's menu names its parent; versions are not listed there as branches.
     await page.click(".tab-head details.menu > summary")
     menu = page.locator(".tab-head .menu-panel")
     assert await menu.locator(f"a[href='/t/{parent.id}/?seq={branch.fork_seq}']").is_visible()
-    assert await menu.locator(f".fork-list a[href='/t/{regenerated}/']").text_content() == (
-        "Answered again"
-    )
+    assert await menu.locator(".fork-list").count() == 0
     await looks(
         page,
         "menu",

@@ -356,59 +356,66 @@ def test_a_branch_before_the_first_message_links_to_that_message(client, tab):
 
 
 def test_the_parent_shows_its_branches_where_they_diverge(client, tab):
-    """A "⑂ N branches" control right after the chunk each branch copied last (on the
-    page and on an older page), the branches in the tab menu, and a mark in the sidebar."""
+    """Versions (Edit, Regenerate) get a "‹ 1 / 2 ›" under the message where they diverge
+    (chat.render.versions, tests/test_versions*.py); a plain branch keeps its "⑂ 1
+    branch" control right after the chunk it copied last (on the page and on an older
+    page), is listed in the tab menu, and has a sidebar entry of its own, marked."""
     post(client, "tab_edit", tab, 6)  # fork_seq 5
     post(client, "tab_regenerate", tab, 7)  # fork_seq 6
-    post(client, "tab_branch", tab, 6)  # fork_seq 6, a second one there
+    post(client, "tab_branch", tab, 6)  # fork_seq 6, a plain branch there
     post(client, "tab_edit", tab, 1)  # fork_seq 0: before the first chunk
     edit, regen, plain, first = branches_of(tab)
     tree = tab_page(client, tab)
     log_node = tree.by_id("log")
-    order = [
-        ("forks", [a.get("href") for a in n.find_all(lambda a: a.tag == "a")])
-        if "forks" in n.classes
-        else ("chunk", n.get("data-seq"))
-        for n in log_node.children
-    ]
+
+    def shown(n):
+        if "forks" in n.classes:
+            return ("forks", [a.get("href") for a in n.find_all(lambda a: a.tag == "a")])
+        if "versions" in n.classes:
+            return ("versions", [a.get("href") for a in n.find_all(lambda a: a.tag == "a")])
+        return ("chunk", n.get("data-seq"))
+
+    order = [shown(n) for n in log_node.children]
     url = lambda t: reverse("tab", args=[t.id])  # noqa: E731
     assert order == [
-        ("forks", [url(first)]),
         ("chunk", "1"),
+        ("versions", [url(first)]),
         ("chunk", "2"),
         ("chunk", "3"),
         ("chunk", "5"),
-        ("forks", [url(edit)]),
         ("chunk", "6"),
-        ("forks", [url(regen), url(plain)]),
+        ("versions", [url(edit)]),
+        ("forks", [url(plain)]),
         ("chunk", "7"),
         ("chunk", "8"),
+        ("versions", [url(regen)]),
     ]
     controls = log_node.find_all(lambda n: "forks" in n.classes)
     summaries = [c.children[0] for c in controls]
-    assert [s.text.strip() for s in summaries] == ["1 branch", "1 branch", "2 branches"]
+    assert [s.text.strip() for s in summaries] == ["1 branch"]
     assert all(s.find_all(lambda n: n.tag == "svg") for s in summaries)
-    labels = [a.text for a in controls[2].find_all(lambda n: n.tag == "a")]
-    assert labels == ["Answered again", "Branch"]
     [head] = tree.find_all(lambda n: "tab-head" in n.classes)
     [listed] = head.find_all(lambda n: "fork-list" in n.classes)
     links = listed.find_all(lambda n: n.tag == "a")
-    assert [a.get("href") for a in links] == [url(edit), url(regen), url(plain), url(first)]
+    assert [a.get("href") for a in links] == [url(plain)]
     assert "at #6" in listed.text
-    # The sidebar marks branches (not the parent).
-    marked = {
-        n.get("id").removeprefix("tablink-")
-        for n in tree.find_all(lambda n: "tab-link" in n.classes)
-        if n.find_all(lambda m: "branch-mark" in m.classes)
-    }
-    assert marked == {str(t.id) for t in (edit, regen, plain, first)}
+    # The sidebar: one entry for the conversation (its latest version), one for the plain
+    # branch, which alone is marked a branch.
+    entries = tree.find_all(lambda n: "tab-link" in n.classes)
+    assert {n.get("data-tab") for n in entries} == {str(first.id), str(plain.id)}
+    marked = [
+        n.get("data-tab") for n in entries if n.find_all(lambda m: "branch-mark" in m.classes)
+    ]
+    assert marked == [str(plain.id)]
 
     # An older page (the chunks before seq 7) carries the controls within it too.
     response = client.get(reverse("tab_older", args=[tab.id]), {"before": 7})
     older = parse(response.content.decode())
     assert [
-        n.get("data-seq") or "forks" for n in older.children if n.tag in ("div", "details")
-    ] == ["forks", "1", "2", "3", "5", "forks", "6", "forks"]
+        n.get("data-seq") or ("versions" if "versions" in n.classes else "forks")
+        for n in older.children
+        if n.tag in ("div", "details", "nav")
+    ] == ["1", "versions", "2", "3", "5", "6", "versions", "forks"]
 
 
 def test_a_tab_without_branches_shows_no_control(client, tab):

@@ -286,6 +286,8 @@ async def test_the_page_shows_the_state_the_fragments_carry(browser, live_server
     message and stays gone; a turn's live chunks form one bubble under the user's message
     and the next turn starts its own; the current tab's dot follows the status line."""
     tab, turn, blocks, session = await sync_to_async(_make_tab)(0)
+    # Titled: an untitled tab never sent to has no sidebar entry (issue 31), so no dot.
+    await sync_to_async(Tab.objects.filter(pk=tab.pk).update)(title="Empty")
     page, socket, errors = await open_tab(browser, live_server, session, tab)
     await socket.hello()
     assert await page.is_visible("#empty-hint")

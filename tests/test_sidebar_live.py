@@ -166,6 +166,8 @@ async def test_a_tab_that_waits_for_approval_tells_its_owners_group_once_per_cha
             "tab_id": str(tab.pk),
             "state": "waiting",
             "approval": {"call_id": "c1", "name": "shell"},
+            # The tabs of its conversation (issue 31): their pages mark the entry current.
+            "versions": [str(tab.pk)],
         }
         # Rendered once here for every page: the tab's own page marks it current.
         assert 'data-state="waiting"' in entries["other"]
@@ -357,9 +359,18 @@ def waiting_row(tab) -> None:
     )
 
 
-async def test_a_page_load_shows_the_waiting_mark(client: Client):
+async def kept_tab():
+    """A tab with a sidebar entry: a tab never sent to and untitled has none
+    (chat.sidebar.kept; tests/test_versions_views.py)."""
     tab = await make_tab()
-    idle = await make_tab()
+    tab.title = f"tab {tab.pk}"
+    await tab.asave(update_fields=["title"])
+    return tab
+
+
+async def test_a_page_load_shows_the_waiting_mark(client: Client):
+    tab = await kept_tab()
+    idle = await kept_tab()
     await waiting_row(tab)
     owner = await owner_of(tab)
     await database_sync_to_async(client.force_login)(owner)
@@ -374,7 +385,7 @@ async def test_a_page_load_shows_the_waiting_mark(client: Client):
 
 
 async def test_a_reconnecting_page_is_sent_what_changed_and_bad_reports_lose_nothing():
-    waiting, idle, unseen = await make_tab(), await make_tab(), await make_tab()
+    waiting, idle, unseen = await kept_tab(), await kept_tab(), await kept_tab()
     await waiting_row(waiting)
     owner = await owner_of(waiting)
     page = await socket(owner)

@@ -247,9 +247,10 @@ def test_it_lists_the_users_tabs_newest_first_with_a_running_indicator(client_al
 
 
 def test_it_redirects_home_to_the_latest_tab(client_alice, alice):
-    """Home opens the most recently active tab, or offers a new one when there is none."""
+    """Home opens the most recently active tab, or offers a new one when there is none (a
+    tab never sent to and untitled is none: tests/test_versions_views.py)."""
     assert "No tabs yet" in page(client_alice.get(reverse("home")))
-    tab = Tab.objects.create(owner=alice)
+    tab = Tab.objects.create(owner=alice, title="Plans")
     assert client_alice.get(reverse("home")).url == reverse("tab", args=[tab.id])
 
 

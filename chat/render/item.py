@@ -83,6 +83,8 @@ class Item:
     # card), and, on the first chunk, those that start before it (at seq 0).
     forks: list[Fork] = field(default_factory=list)
     forks_before: list[Fork] = field(default_factory=list)
+    # The "‹ n / total ›" controls under this chunk (chat.render.versions.mark).
+    versions: list[Any] = field(default_factory=list)
     # A `forked` notice on a page render: whether the tab it names still exists.
     origin_gone: bool = False
     # When the log took it (a Chunk row's); None for a stream Block, sealed just now.

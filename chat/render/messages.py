@@ -18,6 +18,7 @@ from chat.chunks import OriginKind, Role, SystemKind
 from chat.render.figures import count, tokens
 from chat.render.item import Attachment, Item
 from chat.render.markup import code_spans, markdown
+from chat.render.versions import VERSION_ACTIONS
 
 SYSTEM_LABELS = {
     SystemKind.NOTICE: "Notice",
@@ -222,6 +223,12 @@ class Notice(Item):
     @property
     def forked(self) -> bool:
         return self.kind == SystemKind.FORKED
+
+    @property
+    def css_states(self) -> list[str]:
+        # A version's origin says nothing the page's "‹ n / total ›" does not (app.css).
+        action = self.fields.get("action")
+        return ["version-fork"] if self.forked and action in VERSION_ACTIONS else []
 
     @property
     def from_tab(self) -> str:

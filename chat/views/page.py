@@ -14,11 +14,12 @@ from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from chat import cuts, log, preferences, resume, usage
+from chat import cuts, log, preferences, resume, sidebar, usage
 from chat import render as chat_render
 from chat.chunks import Kind, Role, SystemKind, SystemNotice
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, OFFLINE_MODEL, model_choices
 from chat.models import Chunk, Tab
+from chat.render import versions
 from chat.turn import lease
 from chat.views import common
 from chat.views.common import AuthenticatedHttpRequest
@@ -56,6 +57,7 @@ def tab(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
     items, status = chat_render.page_items(chunks, lease.status(tab.id), continues=continues)
     branches = _branches(tab)
     _mark_page(tab, chunks, items, at_end=not detached, branches=branches)
+    versions.mark(items, versions.points(tab, sidebar.conversation(tab)), at_end=not detached)
     if hit is not None:
         chat_render.mark_hit(items, hit)
     return render(
@@ -98,6 +100,8 @@ def _branches(tab: Tab) -> list[chat_render.Fork]:
             seq=F("tab__fork_seq") + 1,
             type=Kind.SYSTEM,
         )
+        # Versions (Edit, Regenerate, Retry) are the page's "‹ n / total ›" instead.
+        .exclude(tab__conversation=tab.conversation)
         .select_related("tab")
         .order_by("-tab__created_at")[:MAX_BRANCHES_LISTED]
     )
@@ -254,6 +258,7 @@ def tab_older(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpRespo
     if moved:
         items = chat_render.group([*chunks, *moved], continues=continues)
     _mark_page(tab, chunks, items, at_end=False, branches=_branches(tab))
+    versions.mark(items, versions.points(tab, sidebar.conversation(tab)), at_end=False)
     return render(
         request,
         "chat/tab.html#older_page",

@@ -12,7 +12,7 @@ from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from chat import blobs, log, preferences, turns
+from chat import blobs, log, preferences, sidebar, turns
 from chat.chunks import SystemKind
 from chat.forms import NewTabForm, RenameForm, TabModelForm, TabSystemPromptForm
 from chat.tools.workdir import BadWorkdir
@@ -23,9 +23,12 @@ from chat.views.common import AuthenticatedHttpRequest
 @login_required
 @require_GET
 def home(request: AuthenticatedHttpRequest) -> HttpResponse:
+    """The most recently active conversation; with none, the new tab waiting unsent (it
+    has no sidebar entry), else the page that offers one."""
     tabs = common.sidebar_tabs(request)
-    if tabs:
-        return redirect("tab", tab_id=tabs[0].id)
+    waiting = tabs[0] if tabs else sidebar.unsent(request.user).first()
+    if waiting is not None:
+        return redirect("tab", tab_id=waiting.id)
     return render(request, "chat/home.html", {"tabs": tabs})
 
 
@@ -33,9 +36,21 @@ def home(request: AuthenticatedHttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def tab_new(request: AuthenticatedHttpRequest) -> HttpResponse:
     """A new tab: the sidebar's button posts nothing (the Settings page's defaults);
-    GET is the form with a profile and a working directory."""
+    GET is the form with a profile and a working directory.
+
+    A tab never sent to has no sidebar entry (chat.sidebar.kept): a new tab asked for
+    while one with the same profile and folder waits unsent is that one, its draft
+    and model kept, so empty tabs never pile up."""
     form = NewTabForm(request.POST if request.method == "POST" else None)
     if form.is_valid():
+        waiting = (
+            sidebar.unsent(request.user)
+            .filter(profile=form.cleaned_data["profile"])
+            .filter(workdir=form.cleaned_data["workdir"])
+            .first()
+        )
+        if waiting is not None:
+            return redirect("tab", tab_id=waiting.id)
         try:
             tab = preferences.new_tab(
                 request.user,

@@ -228,7 +228,10 @@
       count -= 1 + el.querySelectorAll('.chunk').length;
       // A "branches" control goes with the chunk it follows.
       var after = el.nextElementSibling;
-      if (after && after.classList.contains('forks')) after.remove();
+      while (after && (after.classList.contains('forks') || after.classList.contains('versions'))) {
+        after.remove();
+        after = el.nextElementSibling;
+      }
       el.remove();
       removed = true;
     }
@@ -1026,7 +1029,7 @@
     var m = live && /\/ws\/tabs\/([^/]+)\//.exec(live.getAttribute('ws-connect') || '');
     if (m) return m[1];
     var current = document.querySelector('#tab-list > .tab-link[aria-current]');
-    return current ? current.id.slice('tablink-'.length) : '';
+    return current ? tabOf(current) : '';
   }
   // One notification per tab, whichever page made it: a newer one replaces it.
   function notifyTag(tabId) { return 'dispatch-tab-' + (tabId || 'none'); }
@@ -1088,7 +1091,8 @@
   // Every page's socket carries the user channel (chat.sidebar): a tab of the user's that
   // changes state or appears comes as its sidebar entry. On each (re)connect the page says
   // what its list holds, and the server sends the entries that changed meanwhile.
-  function tabOf(link) { return link.id.slice('tablink-'.length); }
+  // An entry is a conversation's (its id); the tab it opens is its data-tab.
+  function tabOf(link) { return link.getAttribute('data-tab') || link.id.slice('tablink-'.length); }
   document.addEventListener('htmx:wsOpen', function (evt) {
     var held = {};
     all(document, '#tab-list > .tab-link').forEach(function (a) {
