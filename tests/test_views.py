@@ -27,6 +27,7 @@ from chat.models import (
     Tab,
     set_setting,
 )
+from chat.forms import SETTINGS_SECTIONS
 from chat.preferences import DEFAULT_SYSTEM_PROMPT
 from chat.providers import default_model
 from chat.providers.base import Finish, TextDelta
@@ -288,8 +289,9 @@ def test_it_stops_a_running_turn_before_deleting_its_tab(client_alice, tab):
     assert message == {"type": "turn.cancel", "tab_id": str(tab.id)}
 
 
-def test_it_changes_the_tabs_model_to_a_listed_one_only(client_alice, tab):
+def test_it_changes_the_tabs_model_to_a_listed_one_only(client_alice, tab, monkeypatch):
     """The model picker accepts the models the server offers and refuses others."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-for-tests-1234")
     response = client_alice.post(
         reverse("tab_model", args=[tab.id]), {"model": "anthropic/claude-sonnet-4-5"}
     )
@@ -304,8 +306,9 @@ def test_it_changes_the_tabs_model_to_a_listed_one_only(client_alice, tab):
     assert "is not a model this server offers" in page(response)
 
 
-def test_changing_the_model_of_an_idle_tab_leaves_a_system_chunk(client_alice, tab):
+def test_changing_the_model_of_an_idle_tab_leaves_a_system_chunk(client_alice, tab, monkeypatch):
     """With no turn running, the change is a role=system chunk in the log at once."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-for-tests-1234")
     previous = tab.model
     client_alice.post(reverse("tab_model", args=[tab.id]), {"model": "anthropic/claude-sonnet-4-5"})
     [chunk] = log.tail(tab.id)
@@ -679,8 +682,9 @@ def test_it_refuses_an_unclear_approval(client_alice, tab, data):
 
 
 def settings_post(client, **data):
+    """Post each Settings section whose fields `data` names, as its form does (unnamed
+    fields at their defaults); the first refusal, else the last response."""
     base = {
-        "action": "settings",
         "default_model": "",
         "fallback_model": "",
         "system_prompt": "",
@@ -688,7 +692,18 @@ def settings_post(client, **data):
         "page_size": "200",
         "dom_window": "600",
     }
-    return client.post(reverse("settings"), {**base, **data})
+    response = None
+    for section, names in SETTINGS_SECTIONS.items():
+        if not set(names) & set(data):
+            continue
+        fields = {name: data.get(name, base.get(name, "")) for name in names}
+        response = client.post(
+            reverse("settings_section", args=[section]),
+            {"action": "settings", "section": section, **fields},
+        )
+        if response.status_code != 302:
+            return response
+    return response
 
 
 def test_it_keeps_settings_from_non_staff(bob):
@@ -833,11 +848,13 @@ def test_it_says_where_each_providers_key_comes_from(client_alice, monkeypatch):
     row.set_key("sk-stored-123456", endpoint="https://api.anthropic.com")
     row.save()
     tree = parse(page(client_alice.get(reverse("settings"))))
-    [providers] = tree.find_all(lambda n: "providers" in n.classes)
-    lines = {li.children[0].text: " ".join(li.text.split()) for li in providers.children}
-    assert "stored key" in lines["Anthropic"]
-    assert "key from OPENAI_API_KEY" in lines["OpenAI-compatible"]
-    assert "no key" in lines["DeepSeek"]
+    lines = {
+        name: " ".join(tree.by_id(f"provider-{name}").text.split())
+        for name in ("anthropic", "openai", "deepseek")
+    }
+    assert "ready" in lines["anthropic"] and "Key …3456" in lines["anthropic"]
+    assert "ready" in lines["openai"] and "Key from OPENAI_API_KEY" in lines["openai"]
+    assert "no key" in lines["deepseek"] and "Key none" in lines["deepseek"]
     assert "sk-from-env-123456" not in page(client_alice.get(reverse("settings")))
 
 
