@@ -248,7 +248,7 @@ async def test_a_moved_endpoint_gets_the_key_only_once_it_is_entered_again(
         await run_one(tab)
     assert kinds(await chunks(tab.pk))[-1] == "assistant/text"
     assert new.last.headers["authorization"] == f"Bearer {KEY}"
-    assert old.requests == []
+    assert [(r.method, r.path) for r in old.requests] == [("GET", "/v1/models")]
 
 
 # --- The migration ------------------------------------------------------------------------
