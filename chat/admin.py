@@ -58,6 +58,11 @@ from chat.providers.registry import endpoint_now
 from chat.tools import mcp
 from chat.turn.lease import is_stale, turn_usage
 
+# Dispatch's name on every admin page, where Django would say "Django administration".
+admin.site.site_header = "Dispatch admin"
+admin.site.site_title = "Dispatch admin"
+admin.site.index_title = "Stored rows"
+
 # A list row is one line: long enough to recognise a chunk, short enough not
 # to wrap on a laptop screen next to the other columns.
 PREVIEW_CHARS = 120

@@ -421,7 +421,7 @@ class ApiKeyForm(forms.Form):
         if not endpoint_now(provider):
             raise forms.ValidationError(
                 f"{spec.label} has no endpoint yet, and a stored key is bound to the endpoint "
-                f"it is saved for: a superuser sets one under Provider endpoints (or "
+                f"it is saved for: a superuser sets its base URL under Connections (or "
                 f"{spec.url_env}) first."
             )
         return provider
@@ -448,10 +448,10 @@ class EndpointForm(forms.Form):
         error_messages={"required": "Enter the base URL, e.g. https://api.example.com/v1."},
     )
     key = _key_field(
-        label="API key",
+        label="API key for this base URL",
         required=False,
-        help_text="A stored key is sent only to the endpoint it was saved for: to use it "
-        "at a new URL, enter it again here.",
+        help_text="Optional. A stored key is sent only to the endpoint it was saved for: to "
+        "use it at a new URL, enter it again here.",
     )
     api_style = forms.ChoiceField(
         label="API",

@@ -46,11 +46,10 @@ CARD = "#log .t-error .card.error"
 async def save_key(page: Any, server_url: str, key: str) -> None:
     """Save the Anthropic key on the Settings page, as a staff user does."""
     await page.goto(f"{server_url}/settings/")
-    form = page.locator("form:has(input[name=action][value=key])")
-    await form.locator("select[name=provider]").select_option("anthropic")
+    form = page.locator("#provider-anthropic form.key-form")
     await form.locator("input[name=key]").fill(key)
     async with page.expect_navigation():
-        await form.locator("button[type=submit]").click()
+        await form.locator("button:text('Save key')").click()
     assert await page.locator(f"text=Saved the anthropic key (…{key[-4:]})").count() == 1
 
 

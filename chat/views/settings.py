@@ -319,7 +319,7 @@ def _connections(request: AuthenticatedHttpRequest, period: str, forms: dict[str
                             "api_style": urls[name].api_style if name in urls else "",
                         }
                     ),
-                    name,
+                    f"{name}_url",
                 ),
                 "endpoint_posted": url_posted,
                 "test": result if tested == name else None,
@@ -331,9 +331,9 @@ def _connections(request: AuthenticatedHttpRequest, period: str, forms: dict[str
     return {"providers": rows, "default_now": prefs.new_tab_model, "key_form": key_form}
 
 
-def _ids(form: Any, provider: str) -> Any:
-    """`form` with element ids of its provider's own: one page holds a form per provider."""
-    form.auto_id = f"id_{provider}_%s"
+def _ids(form: Any, prefix: str) -> Any:
+    """`form` with element ids of its own: one page holds two forms per provider."""
+    form.auto_id = f"id_{prefix}_%s"
     return form
 
 
