@@ -42,10 +42,12 @@ class KeyCheck:
 
 
 def check_key(
-    provider: str, key: str, base_url: str | None, *, timeout: float = KEY_TEST_TIMEOUT
+    provider: str, key: str, base_url: str | None, *, timeout: float | None = None
 ) -> KeyCheck:
     """Ask `provider`'s endpoint (`base_url`, None: the SDK's default) for its models with
-    `key`. ValueError for a provider that takes no key."""
+    `key`, waiting at most `timeout` seconds (KEY_TEST_TIMEOUT). ValueError for a provider
+    that takes no key."""
+    timeout = KEY_TEST_TIMEOUT if timeout is None else timeout
     spec = PROVIDERS[provider]
     if spec.needs_base_url and not base_url:
         return KeyCheck(Outcome.FAILED, f"{spec.label} needs a base URL before a key can be tested.")
