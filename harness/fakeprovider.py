@@ -520,6 +520,8 @@ class FakeProviderServer:
         self.cache = cache
         self.respond = respond
         self.replies: deque[Reply] = deque()
+        # The answers to GET …/models (a key's test), apart from the streams' replies.
+        self.model_lists: deque[Reply] = deque()
         self.requests: list[Recorded] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -564,6 +566,11 @@ class FakeProviderServer:
     def add(self, *replies: Reply) -> None:
         with self._lock:
             self.replies.extend(replies)
+
+    def add_models(self, *replies: Reply) -> None:
+        """Answers to the next GET …/models requests (then one model, unscripted)."""
+        with self._lock:
+            self.model_lists.extend(replies)
 
     def _next_reply(self) -> Reply | None:
         with self._lock:
@@ -651,14 +658,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _models(self) -> None:
-        """A models list (what Settings' key test asks for): the next scripted reply, else
-        one model, in the shape both APIs use (Anthropic's paging fields, OpenAI's object).
-        A scripted reply's `delay` is waited before it is sent."""
+        """A models list (what Settings' key test asks for): the next `add_models` reply,
+        else one model, in the shape both APIs use (Anthropic's paging fields, OpenAI's
+        object). A scripted reply's `delay` is waited before it is sent."""
         record = Recorded(
             "GET", self.path, {k.lower(): v for k, v in self.headers.items()}, b"", None
         )
         self.fake._record(record)
-        reply = self.fake._next_reply() or Reply(
+        with self.fake._lock:
+            scripted = self.fake.model_lists.popleft() if self.fake.model_lists else None
+        reply = scripted or Reply(
             body={
                 "object": "list",
                 "data": [

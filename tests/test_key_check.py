@@ -55,7 +55,7 @@ CASES = [
 def test_each_refusal_is_said_once_without_retries(
     fake_server, provider, url_attr, header, reply, outcome, words
 ):
-    fake_server.add(reply)
+    fake_server.add_models(reply)
     base = getattr(fake_server, url_attr)
     result = check_key(provider, "sk-some-key-1234", base)
     assert (result.outcome, result.ok) == (outcome, False)
@@ -66,7 +66,7 @@ def test_each_refusal_is_said_once_without_retries(
 
 @pytest.mark.parametrize(("provider", "url_attr", "header"), ADAPTERS)
 def test_a_silent_endpoint_times_out_once(fake_server, provider, url_attr, header):
-    fake_server.add(Reply(body={"data": []}, delay=5.0))
+    fake_server.add_models(Reply(body={"data": []}, delay=5.0))
     base = getattr(fake_server, url_attr)
     result = check_key(provider, "sk-some-key-1234", base, timeout=0.2)
     assert result.outcome == Outcome.TIMEOUT

@@ -90,7 +90,7 @@ async def test_the_test_button_says_what_happened_and_saves_nothing(
     live = await open_page(browser, server, "/settings/", session=session, width=1280)
     page = live.page
     card = page.locator("#provider-anthropic")
-    fake.add(Reply.error(401, "authentication_error", "invalid x-api-key"))
+    fake.add_models(Reply.error(401, "authentication_error", "invalid x-api-key"))
     await card.locator("form.key-form input[name=key]").fill("sk-ant-wrong-0001")
     await card.locator("button:text('Test')").click()
     result = page.locator("#key-test-anthropic")

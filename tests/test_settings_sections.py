@@ -146,7 +146,7 @@ def test_the_test_button_reports_each_outcome_and_saves_nothing(
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake_server.url)
     monkeypatch.setattr(check, "KEY_TEST_TIMEOUT", 0.3)
     if reply is not None:
-        fake_server.add(reply)
+        fake_server.add_models(reply)
     response = root.post(
         url("connections"), {"action": "test_key", "provider": "anthropic", "key": "sk-typed-0001"}
     )
@@ -192,7 +192,7 @@ def test_a_saved_key_is_tested_and_a_failing_one_kept_with_the_reason(
     root, monkeypatch, fake_server
 ):
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake_server.url)
-    fake_server.add(Reply.error(401, "authentication_error", "invalid x-api-key"))
+    fake_server.add_models(Reply.error(401, "authentication_error", "invalid x-api-key"))
     response = root.post(
         url("connections"), {"action": "key", "provider": "anthropic", "key": "sk-bad-00001"},
         follow=True,
