@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, cast
@@ -365,22 +367,29 @@ def _pasted_key(key: str) -> str:
 
 
 def store_key(provider: str, key: str) -> tuple[ApiKey, str]:
-    """Save `provider`'s key, bound to the endpoint a request goes to now; and the model
-    new tabs and wakes were given, written down when the key would have changed it ("" if
-    it would not).
-
-    An automatic default follows the keys (the first provider with one): without this a
-    saved key would silently move every new tab and every wake without a model of its
-    own to another provider. Settings offers the change as a button instead."""
-    with transaction.atomic():
-        before = default_model() if not _stored_default() else ""
+    """Save `provider`'s key, bound to the endpoint a request goes to now; and the default
+    model `default_model_kept` wrote down ("" for none)."""
+    with default_model_kept() as kept:
         row = ApiKey.objects.filter(provider=provider).first() or ApiKey(provider=provider)
         row.set_key(key, endpoint=endpoint_now(provider))
         row.save()
-        kept = before if before and default_model() != before else ""
-        if kept:
-            set_setting("default_model", kept)
-    return row, kept
+    return row, "".join(kept)
+
+
+@contextlib.contextmanager
+def default_model_kept() -> Iterator[list[str]]:
+    """Around the saving of a key: an automatic default model follows the keys (the first
+    provider with one), so a saved key would silently move every new tab and every wake
+    without a model of its own to another provider. When it would, the model of before is
+    written down as the default (and put in the list yielded); Settings offers the change
+    as a button instead."""
+    kept: list[str] = []
+    with transaction.atomic():
+        before = default_model() if not _stored_default() else ""
+        yield kept
+        if before and default_model() != before:
+            set_setting("default_model", before)
+            kept.append(before)
 
 
 def _stored_default() -> str:

@@ -317,3 +317,13 @@ def test_the_admin_is_dispatch_admin_and_settings_link_it(root):
     assert "<title>Stored rows | Dispatch admin</title>" in page
     assert ">Dispatch admin<" in page
     assert '<a href="/admin/">Dispatch admin</a>' in html(root.get(url("advanced")))
+
+
+def test_a_key_saved_in_the_admin_changes_no_default_model(root):
+    response = root.post(
+        reverse("admin:chat_apikey_add"), {"provider": "openai", "key": "sk-admin-key-0000000001"},
+        follow=True,
+    )
+    assert ApiKey.objects.get().get_key() == "sk-admin-key-0000000001"
+    assert "New tabs and wakes still use offline/demo" in html(response)
+    assert preferences.load().new_tab_model == "offline/demo"
