@@ -394,8 +394,7 @@ def default_model_kept() -> Iterator[list[str]]:
 
 def _stored_default() -> str:
     return str(
-        Setting.objects.filter(key="default_model").values_list("value", flat=True).first()
-        or ""
+        Setting.objects.filter(key="default_model").values_list("value", flat=True).first() or ""
     )
 
 

@@ -60,7 +60,9 @@ def test_a_superuser_adds_an_agent_whose_variables_are_encrypted_and_masked(root
 def test_editing_keeps_a_masked_variable_and_changes_the_rest(root):
     add(root, name="mine", command="mine-acp", env=f"AGENT_TOKEN={TOKEN}")
     row = AcpAgent.objects.get(name="mine")
-    form = root.get(reverse("settings_section", args=["models"]) + f"?agent={row.pk}").content.decode()
+    form = root.get(
+        reverse("settings_section", args=["models"]) + f"?agent={row.pk}"
+    ).content.decode()
     assert f"AGENT_TOKEN={SECRET_MASK}" in form and TOKEN not in form
     response = add(
         root,

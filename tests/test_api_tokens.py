@@ -212,7 +212,9 @@ def test_creating_and_revoking_need_the_csrf_token(carol):
 
 
 def test_settings_links_the_page_instead_of_its_own_token_form(alice):
-    page = parse(logged_in(alice).get(reverse("settings_section", args=["advanced"])).content.decode())
+    page = parse(
+        logged_in(alice).get(reverse("settings_section", args=["advanced"])).content.decode()
+    )
     section = page.by_id("api-tokens")
     assert section is not None
     links = [a.get("href") for a in section.find_all(lambda n: n.tag == "a")]

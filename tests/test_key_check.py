@@ -38,15 +38,27 @@ def test_a_working_key_is_ok_after_one_models_request(fake_server, provider, url
 
 CASES = [
     # scripted reply, outcome, words the message must hold
-    (Reply.error(401, "authentication_error", "invalid x-api-key"), Outcome.REJECTED,
-     "rejected the key: invalid x-api-key"),
-    (Reply.error(403, "permission_error", "key disabled"), Outcome.REJECTED,
-     "refused the key (no permission): key disabled"),
-    (Reply.error(404, "not_found_error", "no such path"), Outcome.FAILED,
-     "has no models list (HTTP 404): is the base URL right?"),
+    (
+        Reply.error(401, "authentication_error", "invalid x-api-key"),
+        Outcome.REJECTED,
+        "rejected the key: invalid x-api-key",
+    ),
+    (
+        Reply.error(403, "permission_error", "key disabled"),
+        Outcome.REJECTED,
+        "refused the key (no permission): key disabled",
+    ),
+    (
+        Reply.error(404, "not_found_error", "no such path"),
+        Outcome.FAILED,
+        "has no models list (HTTP 404): is the base URL right?",
+    ),
     (Reply.error(500, "api_error", "boom"), Outcome.FAILED, "answered HTTP 500: boom"),
-    (Reply.error(529, "overloaded_error", "Overloaded"), Outcome.FAILED,
-     "answered HTTP 529: Overloaded"),
+    (
+        Reply.error(529, "overloaded_error", "Overloaded"),
+        Outcome.FAILED,
+        "answered HTTP 529: Overloaded",
+    ),
 ]
 
 

@@ -123,7 +123,9 @@ def test_a_server_mounts_the_workspace_only_when_told_to_and_the_list_says_so(ro
     rows = dict(McpServer.objects.values_list("name", "mount_workspace"))
     assert rows == {"plain": False, "files": True}
     files = McpServer.objects.get(name="files")
-    edit = root.get(reverse("settings_section", args=["tools"]) + f"?mcp={files.pk}").content.decode()
+    edit = root.get(
+        reverse("settings_section", args=["tools"]) + f"?mcp={files.pk}"
+    ).content.decode()
     assert re.search(r"<input[^>]*name=\"mount_workspace\"[^>]*checked", edit)
     page = root.get(reverse("settings_section", args=["tools"])).content.decode()
     assert page.count("mounts the workspace</span>") == 1
@@ -311,7 +313,10 @@ def test_only_superusers_add_change_or_remove_servers_on_settings(staff, root):
     assert staff.post(reverse("mcp_delete", args=[row.pk])).status_code == 403
     row.refresh_from_db()
     assert (McpServer.objects.count(), row.transport) == (1, "http")
-    assert 'name="action" value="mcp"' in root.get(reverse("settings_section", args=["tools"])).content.decode()
+    assert (
+        'name="action" value="mcp"'
+        in root.get(reverse("settings_section", args=["tools"])).content.decode()
+    )
     assert add(root, name="local", command="sh").status_code == 302
 
 

@@ -210,7 +210,9 @@ async def test_a_confirmation_is_asked_in_the_page(browser, serve):
     dialog = page.locator("dialog#confirm-dialog")
     await delete.click()
     await dialog.locator("#confirm-ok").wait_for()
-    assert await dialog.locator("#confirm-text").text_content() == "Delete the OpenAI-compatible key?"
+    assert (
+        await dialog.locator("#confirm-text").text_content() == "Delete the OpenAI-compatible key?"
+    )
     assert await dialog.locator("#confirm-ok").text_content() == "Delete the key"
     await shots_resized(page, "settings-confirm")
     await page.keyboard.press("Escape")

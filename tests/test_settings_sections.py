@@ -41,8 +41,10 @@ def html(response) -> str:
 
 
 def url(section: str) -> str:
-    return reverse("settings") if section == "connections" else reverse(
-        "settings_section", args=[section]
+    return (
+        reverse("settings")
+        if section == "connections"
+        else reverse("settings_section", args=[section])
     )
 
 
@@ -69,12 +71,15 @@ def test_each_section_has_its_page_and_the_nav_marks_it(root, section, mark):
         assert f'href="{url(other)}"' in page
 
 
-@pytest.mark.parametrize(("section", "absent"), [
-    ("connections", 'name="page_size"'),
-    ("models", 'id="provider-anthropic"'),
-    ("appearance", 'name="approve_tools"'),
-    ("advanced", 'name="default_model"'),
-])
+@pytest.mark.parametrize(
+    ("section", "absent"),
+    [
+        ("connections", 'name="page_size"'),
+        ("models", 'id="provider-anthropic"'),
+        ("appearance", 'name="approve_tools"'),
+        ("advanced", 'name="default_model"'),
+    ],
+)
 def test_a_section_shows_only_its_own_forms(root, section, absent):
     assert absent not in html(root.get(url(section)))
 
@@ -87,16 +92,23 @@ def test_an_unknown_section_is_a_404_and_settings_stay_staff_only(root, db):
     assert client.get(url("models")).status_code == 403
 
 
-@pytest.mark.parametrize(("section", "data", "stored"), [
-    ("appearance", {"expand_thinking": "on"}, {"expand_thinking": True}),
-    ("tools", {}, {"approve_tools": False}),
-    ("advanced", {"page_size": "50", "dom_window": "300"}, {"page_size": 50, "dom_window": 300}),
-    (
-        "models",
-        {"default_model": "offline/demo", "fallback_model": "", "system_prompt": "Terse."},
-        {"default_model": "offline/demo", "fallback_model": "", "system_prompt": "Terse."},
-    ),
-])
+@pytest.mark.parametrize(
+    ("section", "data", "stored"),
+    [
+        ("appearance", {"expand_thinking": "on"}, {"expand_thinking": True}),
+        ("tools", {}, {"approve_tools": False}),
+        (
+            "advanced",
+            {"page_size": "50", "dom_window": "300"},
+            {"page_size": 50, "dom_window": 300},
+        ),
+        (
+            "models",
+            {"default_model": "offline/demo", "fallback_model": "", "system_prompt": "Terse."},
+            {"default_model": "offline/demo", "fallback_model": "", "system_prompt": "Terse."},
+        ),
+    ],
+)
 def test_saving_a_section_writes_its_fields_only(root, section, data, stored):
     """An unticked box elsewhere is not read as "off": other sections keep their values."""
     if section != "tools":
@@ -118,9 +130,10 @@ def test_a_section_without_preferences_refuses_a_settings_post(root):
 
 
 def test_an_error_is_shown_in_its_own_section(root):
-    response = root.post(url("advanced"), {
-        "action": "settings", "section": "advanced", "page_size": "200", "dom_window": "100"
-    })
+    response = root.post(
+        url("advanced"),
+        {"action": "settings", "section": "advanced", "page_size": "200", "dom_window": "100"},
+    )
     assert response.status_code == 422
     page = html(response)
     assert "must hold at least one page (200 chunks)" in page
@@ -133,8 +146,11 @@ def test_an_error_is_shown_in_its_own_section(root):
 TEST_CASES = [
     # reply (None: the fake server's model list), the badge, words of the message
     (None, "ok", "The key works at"),
-    (Reply.error(401, "authentication_error", "invalid x-api-key"), "rejected",
-     "rejected the key: invalid x-api-key"),
+    (
+        Reply.error(401, "authentication_error", "invalid x-api-key"),
+        "rejected",
+        "rejected the key: invalid x-api-key",
+    ),
     (Reply(body={"data": []}, delay=3.0), "timeout", "did not answer within 0.3 seconds"),
 ]
 
@@ -194,7 +210,8 @@ def test_a_saved_key_is_tested_and_a_failing_one_kept_with_the_reason(
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake_server.url)
     fake_server.add_models(Reply.error(401, "authentication_error", "invalid x-api-key"))
     response = root.post(
-        url("connections"), {"action": "key", "provider": "anthropic", "key": "sk-bad-00001"},
+        url("connections"),
+        {"action": "key", "provider": "anthropic", "key": "sk-bad-00001"},
         follow=True,
     )
     page = html(response)
@@ -212,7 +229,8 @@ def test_saving_a_key_changes_no_default_model(root, monkeypatch, fake_server, a
     monkeypatch.setenv("ANTHROPIC_BASE_URL", fake_server.url)
     assert preferences.load().new_tab_model == "offline/demo"
     response = root.post(
-        url("connections"), {"action": "key", "provider": "anthropic", "key": "sk-good-0001"},
+        url("connections"),
+        {"action": "key", "provider": "anthropic", "key": "sk-good-0001"},
         follow=True,
     )
     page = html(response)
@@ -226,10 +244,13 @@ def test_saving_a_key_changes_no_default_model(root, monkeypatch, fake_server, a
     assert preferences.load().new_tab_model == "anthropic/claude-sonnet-4-5"
     # A second key leaves a chosen default alone and says nothing about it.
     monkeypatch.setenv("OPENAI_BASE_URL", fake_server.openai_url)
-    page = html(root.post(
-        url("connections"), {"action": "key", "provider": "openai", "key": "sk-good-0002"},
-        follow=True,
-    ))
+    page = html(
+        root.post(
+            url("connections"),
+            {"action": "key", "provider": "openai", "key": "sk-good-0002"},
+            follow=True,
+        )
+    )
     assert "still use" not in page
     assert preferences.load().new_tab_model == "anthropic/claude-sonnet-4-5"
 
@@ -240,9 +261,11 @@ def alice_wake(db):
 
 
 def test_use_model_refuses_a_model_without_a_key(root):
-    page = html(root.post(
-        url("connections"), {"action": "use_model", "model": "openai/gpt-4.1"}, follow=True
-    ))
+    page = html(
+        root.post(
+            url("connections"), {"action": "use_model", "model": "openai/gpt-4.1"}, follow=True
+        )
+    )
     assert "openai/gpt-4.1 cannot run: OpenAI-compatible has no API key." in page
     assert not Setting.objects.filter(key="default_model").exists()
 
@@ -270,14 +293,20 @@ def test_a_tabs_unlisted_model_stays_in_the_picker(db):
     assert picker["ready"][-1].id == "openai/gpt-9"
 
 
-@pytest.mark.parametrize(("current", "posted", "error"), [
-    ("offline/demo", "anthropic/claude-sonnet-4-5",
-     "anthropic/claude-sonnet-4-5 cannot run: Anthropic has no API key. Add one in Settings → "
-     "Connections (or set ANTHROPIC_API_KEY), then choose it again."),
-    ("offline/demo", "evil/model", "“evil/model” is not a model this server offers."),
-    ("anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5", None),
-    ("anthropic/claude-sonnet-4-5", "offline/demo", None),
-])
+@pytest.mark.parametrize(
+    ("current", "posted", "error"),
+    [
+        (
+            "offline/demo",
+            "anthropic/claude-sonnet-4-5",
+            "anthropic/claude-sonnet-4-5 cannot run: Anthropic has no API key. Add one in "
+            "Settings → Connections (or set ANTHROPIC_API_KEY), then choose it again.",
+        ),
+        ("offline/demo", "evil/model", "“evil/model” is not a model this server offers."),
+        ("anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5", None),
+        ("anthropic/claude-sonnet-4-5", "offline/demo", None),
+    ],
+)
 def test_a_model_without_a_key_is_refused_with_the_fix(db, current, posted, error):
     form = TabModelForm({"model": posted}, current=current)
     assert form.is_valid() == (error is None)
@@ -321,7 +350,8 @@ def test_the_admin_is_dispatch_admin_and_settings_link_it(root):
 
 def test_a_key_saved_in_the_admin_changes_no_default_model(root):
     response = root.post(
-        reverse("admin:chat_apikey_add"), {"provider": "openai", "key": "sk-admin-key-0000000001"},
+        reverse("admin:chat_apikey_add"),
+        {"provider": "openai", "key": "sk-admin-key-0000000001"},
         follow=True,
     )
     assert ApiKey.objects.get().get_key() == "sk-admin-key-0000000001"

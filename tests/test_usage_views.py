@@ -255,7 +255,11 @@ def test_settings_show_usage_per_user_and_model_over_a_period(client_alice, tab,
     assert [td.get("title") for td in cells[3:8]] == ["1", "1,000", "3,000", "0", "100"]
     current = section.find_all(lambda n: "current" in n.classes)[0]
     assert current.text == "Last 7 days"
-    day = parse(client_alice.get(reverse("settings_section", args=["models"]) + "?usage=24h").content.decode())
+    day = parse(
+        client_alice.get(
+            reverse("settings_section", args=["models"]) + "?usage=24h"
+        ).content.decode()
+    )
     rows = day.by_id("usage").find_all(lambda n: n.tag == "tr")
     assert [tr.children[0].text for tr in rows] == ["User · model", f"alice {SONNET}", "Total"]
 

@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chat import bus, log, turns, worker
+from chat.forms import SETTINGS_SECTIONS
 from chat.models import (
     ApiKey,
     Chunk,
@@ -27,7 +28,6 @@ from chat.models import (
     Tab,
     set_setting,
 )
-from chat.forms import SETTINGS_SECTIONS
 from chat.preferences import DEFAULT_SYSTEM_PROMPT
 from chat.providers import default_model
 from chat.providers.base import Finish, TextDelta

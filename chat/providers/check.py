@@ -50,21 +50,19 @@ def check_key(
     timeout = KEY_TEST_TIMEOUT if timeout is None else timeout
     spec = PROVIDERS[provider]
     if spec.needs_base_url and not base_url:
-        return KeyCheck(Outcome.FAILED, f"{spec.label} needs a base URL before a key can be tested.")
+        return KeyCheck(
+            Outcome.FAILED, f"{spec.label} needs a base URL before a key can be tested."
+        )
     where = base_url or spec.default_url or "the SDK's default endpoint"
     try:
         count = _list_models(spec.adapter, key, base_url, timeout)
     except (anthropic.AuthenticationError, openai.AuthenticationError) as exc:
         return KeyCheck(Outcome.REJECTED, f"{where} rejected the key: {_said(exc)}")
     except (anthropic.PermissionDeniedError, openai.PermissionDeniedError) as exc:
-        return KeyCheck(
-            Outcome.REJECTED, f"{where} refused the key (no permission): {_said(exc)}"
-        )
+        return KeyCheck(Outcome.REJECTED, f"{where} refused the key (no permission): {_said(exc)}")
     # Timeouts are connection errors in both SDKs: caught first.
     except (anthropic.APITimeoutError, openai.APITimeoutError):
-        return KeyCheck(
-            Outcome.TIMEOUT, f"{where} did not answer within {timeout:g} seconds."
-        )
+        return KeyCheck(Outcome.TIMEOUT, f"{where} did not answer within {timeout:g} seconds.")
     except (anthropic.APIConnectionError, openai.APIConnectionError) as exc:
         cause = exc.__cause__ or exc
         return KeyCheck(
@@ -77,9 +75,7 @@ def check_key(
             "OpenAI-compatible one usually ends in /v1.",
         )
     except (anthropic.APIStatusError, openai.APIStatusError) as exc:
-        return KeyCheck(
-            Outcome.FAILED, f"{where} answered HTTP {exc.status_code}: {_said(exc)}"
-        )
+        return KeyCheck(Outcome.FAILED, f"{where} answered HTTP {exc.status_code}: {_said(exc)}")
     except (anthropic.APIError, openai.APIError) as exc:
         return KeyCheck(Outcome.FAILED, f"{where} answered something unexpected: {_said(exc)}")
     models = f"{count} model{'' if count == 1 else 's'} listed" if count else "it answered"

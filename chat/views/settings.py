@@ -82,8 +82,10 @@ ACTION_SECTIONS = {
 
 
 def section_url(section: str, anchor: str = "") -> str:
-    path = reverse("settings") if section == "connections" else reverse(
-        "settings_section", args=[section]
+    path = (
+        reverse("settings")
+        if section == "connections"
+        else reverse("settings_section", args=[section])
     )
     return f"{path}#{anchor}" if anchor else path
 
@@ -187,7 +189,7 @@ def _post_test_key(request: AuthenticatedHttpRequest, section: str) -> PostResul
             else:
                 result = check.check_key(provider, creds.api_key, creds.base_url)
     # The typed key stays in its field, so a key that failed can be fixed and saved.
-    form.fields["key"].widget.render_value = True  # type: ignore[attr-defined]
+    form.fields["key"].widget.render_value = True
     return {"key_form": form, "key_test": (provider, result)}, 200
 
 
