@@ -162,7 +162,7 @@ def _post_key(request: AuthenticatedHttpRequest, section: str) -> PostResult:
             f"New tabs and wakes still use {kept}: saving a key changes no default. "
             "Choose another under Models, or with the button below.",
         )
-    return redirect(section_url("connections", f"provider-{row.provider}"))
+    return redirect(section_url("connections"))
 
 
 def _post_test_key(request: AuthenticatedHttpRequest, section: str) -> PostResult:
@@ -205,7 +205,7 @@ def _post_endpoint(request: AuthenticatedHttpRequest, section: str) -> PostResul
         messages.warning(request, note)
     if form.cleaned_data["key"]:
         _say_test(request, provider, _test(provider, form.cleaned_data["key"]))
-    return redirect(section_url("connections", f"provider-{provider}"))
+    return redirect(section_url("connections"))
 
 
 def _post_use_model(request: AuthenticatedHttpRequest, section: str) -> PostResult:
