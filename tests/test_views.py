@@ -328,10 +328,11 @@ def test_changing_the_model_during_a_turn_is_left_to_the_turn(client_alice, tab)
 
 
 def test_it_labels_the_offline_model_honestly(client_alice, tab):
-    """The picker calls the offline model the offline demo model, and it is selected."""
+    """The picker calls the offline model the offline demo model, and it is the current one."""
     tree = parse(page(client_alice.get(reverse("tab", args=[tab.id]))))
-    [option] = tree.find_all(lambda n: n.tag == "option" and n.get("value") == "offline/demo")
-    assert option.text == "Offline demo model" and "selected" in option.attrs
+    [option] = tree.find_all(lambda n: n.tag == "button" and n.get("value") == "offline/demo")
+    assert " ".join(option.text.split()) == "Offline demo model offline/demo"
+    assert option.get("aria-current") == "true"
 
 
 # --- The chat page -------------------------------------------------------------------------------
