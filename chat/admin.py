@@ -36,6 +36,7 @@ from chat.chunks import Error, Kind, SystemNotice, Thinking, ToolCall, ToolResul
 from chat.forms import (
     McpServerForm,
     ProfileForm,
+    default_model_kept,
     key_elsewhere_note,
     key_providers,
     masked_pairs,
@@ -57,6 +58,11 @@ from chat.models import (
 from chat.providers.registry import endpoint_now
 from chat.tools import mcp
 from chat.turn.lease import is_stale, turn_usage
+
+# Dispatch's name on every admin page, where Django would say "Django administration".
+admin.site.site_header = "Dispatch admin"
+admin.site.site_title = "Dispatch admin"
+admin.site.index_title = "Stored rows"
 
 # A list row is one line: long enough to recognise a chunk, short enough not
 # to wrap on a laptop screen next to the other columns.
@@ -715,6 +721,17 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ["provider", "masked_key", "endpoint", "updated_at"]
     fields = ["provider", "key", "masked_key", "endpoint", "created_at", "updated_at"]
     readonly_fields = ["masked_key", "endpoint", "created_at", "updated_at"]
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        with default_model_kept() as kept:
+            super().save_model(request, obj, form, change)
+        if kept:
+            self.message_user(
+                request,
+                f"New tabs and wakes still use {kept[0]}: saving a key changes no default "
+                "(Settings → Connections offers the change).",
+                messages.INFO,
+            )
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str]:
         readonly = list(super().get_readonly_fields(request, obj))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, cast
 
@@ -23,6 +26,7 @@ from chat.models import (
     PermissionRule,
     Profile,
     ProviderEndpoint,
+    Setting,
     Tab,
     Wake,
     set_setting,
@@ -35,7 +39,13 @@ from chat.preferences import (
     Preferences,
 )
 from chat.providers import default_model, list_models
-from chat.providers.registry import AGENT_PROVIDER, PROVIDERS, agent_models, endpoint_now
+from chat.providers.registry import (
+    AGENT_PROVIDER,
+    PROVIDERS,
+    agent_models,
+    endpoint_now,
+    has_key,
+)
 from chat.tools import TOOLS, workdir
 
 OFFLINE_MODEL = "offline/demo"
@@ -71,6 +81,53 @@ def model_choices(current: str = "") -> list[tuple[str, str]]:
     if current and current not in {value for value, _ in choices}:
         choices.append((current, current))
     return choices
+
+
+@dataclass(frozen=True)
+class PickerEntry:
+    """One model in the model picker (templates/chat/_model_picker.html)."""
+
+    id: str
+    label: str
+    provider: str
+    # Which provider's key it waits for ("" when it can run).
+    needs_key: str = ""
+
+
+def model_picker(current: str = "") -> dict[str, Any]:
+    """The picker's models: those that can run first (in the table's order), then those
+    waiting for a key, grouped by provider, each group with its provider's name."""
+    ready, waiting = [], []
+    for m in known_models():
+        if m.available:
+            ready.append(PickerEntry(m.id, model_label(m), m.provider))
+        else:
+            label = PROVIDERS[m.provider].label
+            waiting.append(PickerEntry(m.id, m.label or m.id, m.provider, needs_key=label))
+    if current and current not in {e.id for e in ready + waiting}:
+        ready.append(PickerEntry(current, current, current.partition("/")[0]))
+    groups: dict[str, list[PickerEntry]] = {}
+    for entry in waiting:
+        groups.setdefault(entry.provider, []).append(entry)
+    return {
+        "current": current,
+        "current_label": next((e.label for e in ready + waiting if e.id == current), current),
+        "ready": ready,
+        "waiting": [(PROVIDERS[p].label, p, entries) for p, entries in groups.items()],
+    }
+
+
+def check_runnable(value: str) -> str:
+    """`value` if its provider has a key (or needs none); a ValidationError naming the
+    fix otherwise. The picker offers no such model: this is for a post made anyway."""
+    provider = value.partition("/")[0]
+    spec = PROVIDERS.get(provider)
+    if spec is None or has_key(provider):
+        return value
+    raise forms.ValidationError(
+        f"{value} cannot run: {spec.label} has no API key. Add one in Settings → "
+        f"Connections (or set {spec.key_env}), then choose it again."
+    )
 
 
 def key_providers() -> list[tuple[str, str]]:
@@ -176,10 +233,24 @@ class TabModelForm(forms.Form):
 
     def __init__(self, *args: Any, current: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.current = current
         cast(forms.ChoiceField, self.fields["model"]).choices = model_choices(current)
+
+    def clean_model(self) -> str:
+        value = self.cleaned_data["model"]
+        # The tab's own model stays choosable: choosing it again changes nothing.
+        return value if value == self.current else check_runnable(value)
 
 
 # --- Settings --------------------------------------------------------------------------
+
+# Which preferences each Settings section shows and saves (chat.views.settings.SECTIONS).
+SETTINGS_SECTIONS = {
+    "models": ("default_model", "fallback_model", "system_prompt"),
+    "tools": ("approve_tools",),
+    "appearance": ("expand_thinking",),
+    "advanced": ("page_size", "dom_window"),
+}
 
 
 class SettingsForm(forms.Form):
@@ -216,10 +287,20 @@ class SettingsForm(forms.Form):
         help_text="Most chunks a page keeps while it follows a long run.",
     )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, section: str = "", **kwargs: Any) -> None:
+        """`section`: only that Settings section's fields (SETTINGS_SECTIONS), so saving
+        one section leaves the others' values (an unticked box is absent from a post,
+        read as "off") as they are; "" for all of them."""
         super().__init__(*args, **kwargs)
-        self.fields["default_model"].widget.attrs["placeholder"] = f"automatic: {default_model()}"
-        self.fields["fallback_model"].widget.attrs["placeholder"] = "none"
+        if section:
+            keep = SETTINGS_SECTIONS[section]
+            for name in [name for name in self.fields if name not in keep]:
+                del self.fields[name]
+        if "default_model" in self.fields:
+            self.fields["default_model"].widget.attrs["placeholder"] = (
+                f"automatic: {default_model()}"
+            )
+            self.fields["fallback_model"].widget.attrs["placeholder"] = "none"
 
     @classmethod
     def initial_from(cls, conf: Preferences) -> dict[str, Any]:
@@ -285,12 +366,36 @@ def _pasted_key(key: str) -> str:
     return key
 
 
-def store_key(provider: str, key: str) -> ApiKey:
-    """Save `provider`'s key, bound to the endpoint a request goes to now."""
-    row = ApiKey.objects.filter(provider=provider).first() or ApiKey(provider=provider)
-    row.set_key(key, endpoint=endpoint_now(provider))
-    row.save()
-    return row
+def store_key(provider: str, key: str) -> tuple[ApiKey, str]:
+    """Save `provider`'s key, bound to the endpoint a request goes to now; and the default
+    model `default_model_kept` wrote down ("" for none)."""
+    with default_model_kept() as kept:
+        row = ApiKey.objects.filter(provider=provider).first() or ApiKey(provider=provider)
+        row.set_key(key, endpoint=endpoint_now(provider))
+        row.save()
+    return row, "".join(kept)
+
+
+@contextlib.contextmanager
+def default_model_kept() -> Iterator[list[str]]:
+    """Around the saving of a key: an automatic default model follows the keys (the first
+    provider with one), so a saved key would silently move every new tab and every wake
+    without a model of its own to another provider. When it would, the model of before is
+    written down as the default (and put in the list yielded); Settings offers the change
+    as a button instead."""
+    kept: list[str] = []
+    with transaction.atomic():
+        before = default_model() if not _stored_default() else ""
+        yield kept
+        if before and default_model() != before:
+            set_setting("default_model", before)
+            kept.append(before)
+
+
+def _stored_default() -> str:
+    return str(
+        Setting.objects.filter(key="default_model").values_list("value", flat=True).first() or ""
+    )
 
 
 def key_elsewhere_note(provider: str) -> str:
@@ -324,12 +429,13 @@ class ApiKeyForm(forms.Form):
         if not endpoint_now(provider):
             raise forms.ValidationError(
                 f"{spec.label} has no endpoint yet, and a stored key is bound to the endpoint "
-                f"it is saved for: a superuser sets one under Provider endpoints (or "
+                f"it is saved for: a superuser sets its base URL under Connections (or "
                 f"{spec.url_env}) first."
             )
         return provider
 
-    def save(self) -> ApiKey:
+    def save(self) -> tuple[ApiKey, str]:
+        """The key's row, and the default model kept (see `store_key`)."""
         return store_key(self.cleaned_data["provider"], self.cleaned_data["key"])
 
 
@@ -350,10 +456,10 @@ class EndpointForm(forms.Form):
         error_messages={"required": "Enter the base URL, e.g. https://api.example.com/v1."},
     )
     key = _key_field(
-        label="API key",
+        label="API key for this base URL",
         required=False,
-        help_text="A stored key is sent only to the endpoint it was saved for: to use it "
-        "at a new URL, enter it again here.",
+        help_text="Optional. A stored key is sent only to the endpoint it was saved for: to "
+        "use it at a new URL, enter it again here.",
     )
     api_style = forms.ChoiceField(
         label="API",

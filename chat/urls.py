@@ -28,6 +28,7 @@ urlpatterns = [
     path("login/", accounts.login_view, name="login"),
     path("logout/", accounts.logout_view, name="logout"),
     path("settings/", settings.settings_view, name="settings"),
+    path("settings/<slug:section>/", settings.settings_view, name="settings_section"),
     path("settings/keys/<str:provider>/delete/", settings.apikey_delete, name="apikey_delete"),
     path("settings/profiles/new/", profiles.profile_edit, name="profile_new"),
     path("settings/profiles/<int:profile_id>/", profiles.profile_edit, name="profile_edit"),

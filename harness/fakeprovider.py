@@ -520,6 +520,8 @@ class FakeProviderServer:
         self.cache = cache
         self.respond = respond
         self.replies: deque[Reply] = deque()
+        # The answers to GET …/models (a key's test), apart from the streams' replies.
+        self.model_lists: deque[Reply] = deque()
         self.requests: list[Recorded] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -565,6 +567,11 @@ class FakeProviderServer:
         with self._lock:
             self.replies.extend(replies)
 
+    def add_models(self, *replies: Reply) -> None:
+        """Answers to the next GET …/models requests (then one model, unscripted)."""
+        with self._lock:
+            self.model_lists.extend(replies)
+
     def _next_reply(self) -> Reply | None:
         with self._lock:
             return self.replies.popleft() if self.replies else None
@@ -587,6 +594,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # the test output is for the tests
 
     def do_GET(self) -> None:
+        if self.path.partition("?")[0].rstrip("/").endswith("/models"):
+            self._models()
+            return
         if self.path != CONTROL_REQUESTS:
             self._answer(404, {"error": f"fake server: nothing at GET {self.path}"})
             return
@@ -646,6 +656,41 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             record.disconnected.set()
             self.close_connection = True
+
+    def _models(self) -> None:
+        """A models list (what Settings' key test asks for): the next `add_models` reply,
+        else one model, in the shape both APIs use (Anthropic's paging fields, OpenAI's
+        object). A scripted reply's `delay` is waited before it is sent."""
+        record = Recorded(
+            "GET", self.path, {k.lower(): v for k, v in self.headers.items()}, b"", None
+        )
+        self.fake._record(record)
+        with self.fake._lock:
+            scripted = self.fake.model_lists.popleft() if self.fake.model_lists else None
+        reply = scripted or Reply(
+            body={
+                "object": "list",
+                "data": [
+                    {
+                        "id": "fake-model",
+                        "object": "model",
+                        "type": "model",
+                        "display_name": "Fake model",
+                        "created": 0,
+                        "created_at": "2025-01-01T00:00:00Z",
+                        "owned_by": "fake",
+                    }
+                ],
+                "has_more": False,
+                "first_id": "fake-model",
+                "last_id": "fake-model",
+            }
+        )
+        if reply.delay and self.fake._stopping.wait(reply.delay):
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self._send_whole(reply)
+        record.completed.set()
 
     def _script(self, body: bytes) -> None:
         """Replies sent by another process: all of them queued, or none and a 400 saying why."""

@@ -39,7 +39,7 @@ def staff(db) -> Client:
 
 def add(client: Client, **fields: str):
     data = {"action": "agent", "provider": "", "enabled": "on", **fields}
-    return client.post(reverse("settings"), data)
+    return client.post(reverse("settings_section", args=["models"]), data)
 
 
 def test_a_superuser_adds_an_agent_whose_variables_are_encrypted_and_masked(root):
@@ -51,7 +51,7 @@ def test_a_superuser_adds_an_agent_whose_variables_are_encrypted_and_masked(root
     assert row.command == ["node", "/opt/my agent/index.js", "--acp"]
     assert row.get_env() == {"AGENT_TOKEN": TOKEN}
     assert TOKEN not in row.env_encrypted
-    page = root.get(reverse("settings")).content.decode()
+    page = root.get(reverse("settings_section", args=["models"])).content.decode()
     assert "acp/mine" in page
     assert "node &#x27;/opt/my agent/index.js&#x27; --acp" in page
     assert f"AGENT_TOKEN={SECRET_MASK}" in page and TOKEN not in page
@@ -60,7 +60,9 @@ def test_a_superuser_adds_an_agent_whose_variables_are_encrypted_and_masked(root
 def test_editing_keeps_a_masked_variable_and_changes_the_rest(root):
     add(root, name="mine", command="mine-acp", env=f"AGENT_TOKEN={TOKEN}")
     row = AcpAgent.objects.get(name="mine")
-    form = root.get(reverse("settings") + f"?agent={row.pk}").content.decode()
+    form = root.get(
+        reverse("settings_section", args=["models"]) + f"?agent={row.pk}"
+    ).content.decode()
     assert f"AGENT_TOKEN={SECRET_MASK}" in form and TOKEN not in form
     response = add(
         root,
@@ -110,7 +112,7 @@ def test_a_second_agent_of_the_same_name_is_refused(root):
 def test_other_staff_see_agents_but_cannot_add_change_or_remove_them(root, staff):
     add(root, name="mine", command="mine-acp")
     row = AcpAgent.objects.get()
-    page = staff.get(reverse("settings")).content.decode()
+    page = staff.get(reverse("settings_section", args=["models"])).content.decode()
     assert "acp/mine" in page and "Only a superuser can add" in page
     assert "mine-acp" not in page  # the command line: an argument may hold a token
     assert "Add agent" not in page
@@ -126,7 +128,7 @@ def test_a_superuser_removes_an_agent(root):
     assert response.status_code == 302
     assert not AcpAgent.objects.exists()
     assert root.post(reverse("agent_delete", args=[row.pk])).status_code == 404
-    assert root.get(reverse("settings") + "?agent=abc").status_code == 404
+    assert root.get(reverse("settings_section", args=["models"]) + "?agent=abc").status_code == 404
 
 
 def test_saved_agents_join_the_presets_and_the_variable_wins_by_name(root, monkeypatch, settings):
@@ -143,7 +145,7 @@ def test_saved_agents_join_the_presets_and_the_variable_wins_by_name(root, monke
         "mine": AgentConfig("mine", ("mine-acp", "--x"), (("AGENT_TOKEN", TOKEN),), ""),
         "theirs": AgentConfig("theirs", ("/opt/theirs",), (), ""),
     }
-    page = root.get(reverse("settings")).content.decode()
+    page = root.get(reverse("settings_section", args=["models"])).content.decode()
     assert "DISPATCH_ACP_AGENTS, replacing the saved one" in page
     assert "/opt/theirs" in page
 

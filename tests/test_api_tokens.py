@@ -212,7 +212,9 @@ def test_creating_and_revoking_need_the_csrf_token(carol):
 
 
 def test_settings_links_the_page_instead_of_its_own_token_form(alice):
-    page = parse(logged_in(alice).get(reverse("settings")).content.decode())
+    page = parse(
+        logged_in(alice).get(reverse("settings_section", args=["advanced"])).content.decode()
+    )
     section = page.by_id("api-tokens")
     assert section is not None
     links = [a.get("href") for a in section.find_all(lambda n: n.tag == "a")]
@@ -320,15 +322,20 @@ async def test_a_non_staff_user_manages_tokens_in_chromium(browser, serve):
     listed = await page.text_content("#token-list")
     assert "editor" in listed and "read-only" in listed and token not in listed
 
-    await page.click("button:text('Revoke')")  # the dialog is dismissed: nothing happens
-    row = await sync_to_async(ApiToken.objects.get)()
-    assert live.dialogs == [
-        f"confirm: Revoke the token {row.prefix}…? Anything using it stops working."
-    ]
-    await page.evaluate("window.confirm = () => true")
+    # The in-page confirmation: Escape cancels and nothing happens; its button revokes.
     await page.click("button:text('Revoke')")
+    row = await sync_to_async(ApiToken.objects.get)()
+    dialog = page.locator("dialog#confirm-dialog[open]")
+    assert await dialog.locator("#confirm-text").text_content() == (
+        f"Revoke the token {row.prefix}…? Anything using it stops working."
+    )
+    await page.keyboard.press("Escape")
+    await page.wait_for_selector("dialog#confirm-dialog:not([open])", state="attached")
+    assert await sync_to_async(ApiToken.objects.count)() == 1
+    await page.click("button:text('Revoke')")
+    await dialog.locator("button:text('Revoke the token')").click()
     await page.wait_for_selector(".messages")
     assert "Revoked the API token" in await page.text_content(".messages")
     assert await page.text_content("#api-tokens p.muted:not(.small)") == "No API tokens."
     assert (await sync_to_async(api.get)("/api/v1/tabs")).status_code == 401
-    assert not live.errors
+    live.assert_clean()

@@ -46,11 +46,10 @@ CARD = "#log .t-error .card.error"
 async def save_key(page: Any, server_url: str, key: str) -> None:
     """Save the Anthropic key on the Settings page, as a staff user does."""
     await page.goto(f"{server_url}/settings/")
-    form = page.locator("form:has(input[name=action][value=key])")
-    await form.locator("select[name=provider]").select_option("anthropic")
+    form = page.locator("#provider-anthropic form.key-form")
     await form.locator("input[name=key]").fill(key)
     async with page.expect_navigation():
-        await form.locator("button[type=submit]").click()
+        await form.locator("button:text('Save key')").click()
     assert await page.locator(f"text=Saved the anthropic key (…{key[-4:]})").count() == 1
 
 
@@ -89,7 +88,9 @@ async def test_a_401_card_says_where_the_key_is_and_retry_works_once_it_is_fixed
     card = page.locator(CARD)
     await card.wait_for()
     await turn_ended(tab.id)
-    assert fake_server.requests[0].headers["authorization"] == f"Bearer {OLD_KEY}"
+    # Each saved key was tested first (GET …/models): the turns' requests are the POSTs.
+    posts = [r for r in fake_server.requests if r.method == "POST"]
+    assert posts[0].headers["authorization"] == f"Bearer {OLD_KEY}"
 
     # What happened, the provider's words, what to do, where it was sent; and Retry.
     assert await card.locator(".err-summary").text_content() == (
@@ -128,8 +129,9 @@ async def test_a_401_card_says_where_the_key_is_and_retry_works_once_it_is_fixed
     await page.wait_for_selector("#log .t-text.a:has-text('Hello, with the new key.')")
     branch = page.url.rstrip("/").rsplit("/", 1)[1]
     await turn_ended(branch)
-    assert len(fake_server.requests) == 2
-    assert fake_server.requests[1].headers["authorization"] == f"Bearer {NEW_KEY}"
+    posts = [r for r in fake_server.requests if r.method == "POST"]
+    assert len(posts) == 2
+    assert posts[1].headers["authorization"] == f"Bearer {NEW_KEY}"
     assert not await page.locator(CARD).count(), "the error is not copied to the branch"
     live.assert_clean()
     phone.assert_clean()

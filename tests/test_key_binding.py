@@ -12,7 +12,7 @@ from django.test import Client
 from django.urls import reverse
 
 from chat.models import ApiKey, ProviderEndpoint
-from chat.providers import get_provider
+from chat.providers import check, get_provider
 from chat.providers.registry import PROVIDERS, KeyBoundElsewhere, endpoint_now, key_endpoint
 from harness.fakeprovider import Reply, recorded
 from tests.engine import Watcher, chunks, kinds, make_tab, running_worker, submit
@@ -163,8 +163,10 @@ def test_staff_who_are_not_superusers_cannot_change_endpoints_in_the_admin(staff
 # --- Saving keys --------------------------------------------------------------------------
 
 
-def test_a_key_cannot_be_stored_before_its_provider_has_an_endpoint(root):
+def test_a_key_cannot_be_stored_before_its_provider_has_an_endpoint(root, monkeypatch):
     """DeepSeek has no default URL: a key saved then would be bound to nothing."""
+    # A saved key is tested at its endpoint: not DeepSeek's real one from a test.
+    monkeypatch.setattr(check, "check_key", lambda *a, **k: check.KeyCheck(check.Outcome.OK, ""))
     response = save_key(root, KEY, provider="deepseek")
     assert response.status_code == 422
     assert "DeepSeek has no endpoint yet" in response.content.decode()
@@ -223,7 +225,9 @@ async def test_a_moved_endpoint_gets_the_key_only_once_it_is_entered_again(
     async with running_worker():
         tab = await make_tab("openai/gpt-4.1")
         await run_one(tab)
-    assert new.requests == [] and old.requests == []  # the key went nowhere
+    # The key went nowhere but to its own endpoint, once, when it was saved (its test).
+    assert new.requests == []
+    assert [(r.method, r.path) for r in old.requests] == [("GET", "/v1/models")]
     rows = await chunks(tab.pk)
     assert kinds(rows)[-1] == "assistant/error"
     data = rows[-1].data
@@ -246,7 +250,7 @@ async def test_a_moved_endpoint_gets_the_key_only_once_it_is_entered_again(
         await run_one(tab)
     assert kinds(await chunks(tab.pk))[-1] == "assistant/text"
     assert new.last.headers["authorization"] == f"Bearer {KEY}"
-    assert old.requests == []
+    assert [(r.method, r.path) for r in old.requests] == [("GET", "/v1/models")]
 
 
 # --- The migration ------------------------------------------------------------------------

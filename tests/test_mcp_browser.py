@@ -66,7 +66,7 @@ async def run(browser, serve, fake_server, url: str) -> None:
     user.is_superuser = True
     await user.asave()
     session = await sync_to_async(session_for)(user)
-    live = await open_page(browser, server, "/settings/#mcp", session=session, width=1280)
+    live = await open_page(browser, server, "/settings/tools/#mcp", session=session, width=1280)
     page = live.page
 
     await page.fill("#id_name", "web")
@@ -130,7 +130,7 @@ async def test_other_staff_see_the_servers_and_no_form(browser, serve):
     server = await serve()
     user = await sync_to_async(make_user)()
     session = await sync_to_async(session_for)(user)
-    live = await open_page(browser, server, "/settings/#mcp", session=session, width=1280)
+    live = await open_page(browser, server, "/settings/tools/#mcp", session=session, width=1280)
     page = live.page
     await page.locator("#mcp").evaluate("section => section.scrollIntoView()")
     section = await page.text_content("#mcp")

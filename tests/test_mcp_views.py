@@ -43,7 +43,7 @@ def member(db) -> Client:
 
 def add(client: Client, **fields) -> object:
     data = {"action": "mcp", "transport": "stdio", "timeout": "30", "enabled": "on", **fields}
-    return client.post(reverse("settings"), data)
+    return client.post(reverse("settings_section", args=["tools"]), data)
 
 
 def test_superusers_add_a_stdio_server_whose_env_is_encrypted_and_masked(root):
@@ -58,10 +58,10 @@ def test_superusers_add_a_stdio_server_whose_env_is_encrypted_and_masked(root):
         {"TOKEN": TOKEN},
     )
     assert TOKEN not in row.env_encrypted
-    page = root.get(reverse("settings")).content.decode()
+    page = root.get(reverse("settings_section", args=["tools"])).content.decode()
     assert f"TOKEN={SECRET_MASK}" in page
     assert TOKEN not in page
-    edit = root.get(reverse("settings") + f"?mcp={row.pk}").content.decode()
+    edit = root.get(reverse("settings_section", args=["tools"]) + f"?mcp={row.pk}").content.decode()
     assert f"TOKEN={SECRET_MASK}" in edit
     assert TOKEN not in edit
 
@@ -123,9 +123,11 @@ def test_a_server_mounts_the_workspace_only_when_told_to_and_the_list_says_so(ro
     rows = dict(McpServer.objects.values_list("name", "mount_workspace"))
     assert rows == {"plain": False, "files": True}
     files = McpServer.objects.get(name="files")
-    edit = root.get(reverse("settings") + f"?mcp={files.pk}").content.decode()
+    edit = root.get(
+        reverse("settings_section", args=["tools"]) + f"?mcp={files.pk}"
+    ).content.decode()
     assert re.search(r"<input[^>]*name=\"mount_workspace\"[^>]*checked", edit)
-    page = root.get(reverse("settings")).content.decode()
+    page = root.get(reverse("settings_section", args=["tools"])).content.decode()
     assert page.count("mounts the workspace</span>") == 1
     add(root, server=str(files.pk), name="files", command="y")
     files.refresh_from_db()
@@ -166,7 +168,7 @@ def test_a_second_server_of_the_same_name_is_refused(root):
 
 def test_non_staff_never_see_or_change_servers(member):
     row = McpServer.objects.create(name="web", transport="http", url="http://127.0.0.1:9/")
-    assert member.get(reverse("settings")).status_code == 403
+    assert member.get(reverse("settings_section", args=["tools"])).status_code == 403
     assert add(member, name="x", command="y").status_code == 403
     for name in ("mcp_delete", "mcp_test"):
         assert member.post(reverse(name, args=[row.pk])).status_code == 403
@@ -297,7 +299,7 @@ def test_only_superusers_add_change_or_remove_servers_on_settings(staff, root):
     """The same on Settings: other staff see the list (secrets masked) and Test a
     server, with no form to add or change one, and a post is refused."""
     row = web_row()
-    page = staff.get(reverse("settings")).content.decode()
+    page = staff.get(reverse("settings_section", args=["tools"])).content.decode()
     assert f"Authorization={SECRET_MASK}" in page and TOKEN not in page
     assert "Only a superuser can add, change or remove MCP servers" in page
     assert 'name="action" value="mcp"' not in page
@@ -311,7 +313,10 @@ def test_only_superusers_add_change_or_remove_servers_on_settings(staff, root):
     assert staff.post(reverse("mcp_delete", args=[row.pk])).status_code == 403
     row.refresh_from_db()
     assert (McpServer.objects.count(), row.transport) == (1, "http")
-    assert 'name="action" value="mcp"' in root.get(reverse("settings")).content.decode()
+    assert (
+        'name="action" value="mcp"'
+        in root.get(reverse("settings_section", args=["tools"])).content.decode()
+    )
     assert add(root, name="local", command="sh").status_code == 302
 
 
@@ -347,17 +352,17 @@ def test_staff_who_are_not_superusers_see_a_servers_url_without_its_secrets(staf
     )
     shown = "https://me:•••@mcp.example/mcp?token=•••"
     pages = [
-        staff.get(reverse("settings")),
+        staff.get(reverse("settings_section", args=["tools"])),
         staff.get(reverse("admin:chat_mcpserver_changelist")),
         staff.get(reverse("admin:chat_mcpserver_change", args=[row.pk])),
-        root.get(reverse("settings")),
+        root.get(reverse("settings_section", args=["tools"])),
     ]
     for response in pages:
         assert response.status_code == 200
         html = response.content.decode()
         assert shown in html
         assert "pw-9876" not in html and "tok-4567" not in html
-    form = root.get(reverse("settings") + f"?mcp={row.pk}").content.decode()
+    form = root.get(reverse("settings_section", args=["tools"]) + f"?mcp={row.pk}").content.decode()
     assert 'value="https://me:pw-9876@mcp.example/mcp?token=tok-4567"' in form
 
 

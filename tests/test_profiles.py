@@ -233,7 +233,7 @@ def test_staff_add_edit_and_delete_a_profile_from_settings(client, owner, worksp
     )
     assert response.status_code == 302
     profile = Profile.objects.get(name="writer")
-    page = client.get(reverse("settings")).content.decode()
+    page = client.get(reverse("settings_section", args=["profiles"])).content.decode()
     assert 'id="profiles"' in page and reverse("profile_edit", args=[profile.id]) in page
     refused = client.post(
         reverse("profile_edit", args=[profile.id]),

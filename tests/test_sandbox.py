@@ -789,7 +789,7 @@ def owner(db) -> Client:
 
 def test_settings_show_the_sandbox(owner, settings):
     settings.DISPATCH_SHELL_NETWORK = False
-    html = tidy_tags(owner.get(reverse("settings")).content.decode())
+    html = tidy_tags(owner.get(reverse("settings_section", args=["tools"])).content.decode())
     assert '<span class="badge ok">sandboxed</span>' in html
     assert "Shell commands run in a bubblewrap sandbox" in html
     assert "without network access" in html
@@ -799,14 +799,14 @@ def test_settings_show_the_sandbox(owner, settings):
 def test_settings_say_why_the_shell_is_unavailable(owner, monkeypatch, tmp_path):
     missing = str(tmp_path / "no-bwrap")
     monkeypatch.setattr(sandbox, "BWRAP", missing)
-    html = tidy_tags(owner.get(reverse("settings")).content.decode())
+    html = tidy_tags(owner.get(reverse("settings_section", args=["tools"])).content.decode())
     assert '<span class="badge warn">unavailable</span>' in html
     assert f"bubblewrap (&#x27;{missing}&#x27;) is not installed" in html
 
 
 def test_settings_show_the_opt_out(owner, settings):
     settings.DISPATCH_SHELL_UNSANDBOXED = True
-    html = tidy_tags(owner.get(reverse("settings")).content.decode())
+    html = tidy_tags(owner.get(reverse("settings_section", args=["tools"])).content.decode())
     assert '<span class="badge warn">unsandboxed</span>' in html
     assert "DISPATCH_SHELL_UNSANDBOXED is set" in html
 
@@ -816,7 +816,7 @@ def test_settings_warn_when_the_server_runs_as_root(owner, monkeypatch, euid, sh
     """As root, commands are host root for every file they reach (a setuid program left in
     the workspace runs as root for other users): Settings say so, and how to avoid it."""
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: euid)
-    html = tidy_tags(owner.get(reverse("settings")).content.decode())
+    html = tidy_tags(owner.get(reverse("settings_section", args=["tools"])).content.decode())
     assert ('<span class="badge warn">root</span> Dispatch runs as root' in html) is shown
     assert sandbox.state(Policy()).as_root == (sandbox.AS_ROOT if shown else "")
 

@@ -129,12 +129,12 @@ async def test_a_turns_tokens_and_cost_show_live_and_survive_a_reload(browser, s
     assert totals_box["y"] >= title_box["y"] + title_box["height"] - 1
 
     # Settings: the usage per user and model.
-    await page.goto(f"{server.url}/settings/#usage")
+    await page.goto(f"{server.url}/settings/models/#usage")
     row = page.locator("#usage tbody tr")
     assert await row.count() == 1
     cells = await row.locator("td").all_text_contents()
     assert cells == [f"owner {MODEL}", "$0.0124", "40%", "2", "280", "960", "1.2k", "460"]
-    await phone.page.goto(f"{server.url}/settings/#usage")
+    await phone.page.goto(f"{server.url}/settings/models/#usage")
     await phone.page.locator("#usage").scroll_into_view_if_needed()
     await page.locator("#usage").scroll_into_view_if_needed()
     await shots(page, phone.page, "usage-settings")

@@ -242,7 +242,7 @@ def test_settings_show_usage_per_user_and_model_over_a_period(client_alice, tab,
     now = timezone.now()
     record(tab, turn, SONNET, now - timedelta(hours=1), Tokens(1_000, 100, 3_000))
     record(tab, turn, DEEPSEEK, now - timedelta(days=3), Tokens(9_000, 900), user=bob)
-    html = client_alice.get(reverse("settings")).content.decode()
+    html = client_alice.get(reverse("settings_section", args=["models"])).content.decode()
     section = parse(html).by_id("usage")
     table = section.find_all(lambda n: n.tag == "table")[0]
     body = [[td.text for td in tr.children] for tr in table.find_all(lambda n: n.tag == "tr")]
@@ -255,26 +255,30 @@ def test_settings_show_usage_per_user_and_model_over_a_period(client_alice, tab,
     assert [td.get("title") for td in cells[3:8]] == ["1", "1,000", "3,000", "0", "100"]
     current = section.find_all(lambda n: "current" in n.classes)[0]
     assert current.text == "Last 7 days"
-    day = parse(client_alice.get(reverse("settings") + "?usage=24h").content.decode())
+    day = parse(
+        client_alice.get(
+            reverse("settings_section", args=["models"]) + "?usage=24h"
+        ).content.decode()
+    )
     rows = day.by_id("usage").find_all(lambda n: n.tag == "tr")
     assert [tr.children[0].text for tr in rows] == ["User · model", f"alice {SONNET}", "Total"]
 
 
 def test_settings_refuse_an_unknown_period(client_alice):
-    response = client_alice.get(reverse("settings") + "?usage=1y")
+    response = client_alice.get(reverse("settings_section", args=["models"]) + "?usage=1y")
     assert response.status_code == 400
     assert "?usage= must be one of 24h, 7d, 30d, not '1y'." in response.content.decode()
 
 
 def test_settings_say_when_there_is_no_usage(client_alice):
-    html = client_alice.get(reverse("settings")).content.decode()
+    html = client_alice.get(reverse("settings_section", args=["models"])).content.decode()
     assert "No requests to a model in this period." in parse(html).by_id("usage").text
 
 
 def test_only_staff_see_usage(bob):
     client = Client()
     client.force_login(bob)
-    assert client.get(reverse("settings")).status_code == 403
+    assert client.get(reverse("settings_section", args=["models"])).status_code == 403
 
 
 def test_the_admin_lists_usage_per_user_and_model_with_each_steps_cost(tab, alice):

@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chat import bus, log, turns, worker
+from chat.forms import SETTINGS_SECTIONS
 from chat.models import (
     ApiKey,
     Chunk,
@@ -28,7 +29,7 @@ from chat.models import (
     set_setting,
 )
 from chat.preferences import DEFAULT_SYSTEM_PROMPT
-from chat.providers import default_model
+from chat.providers import check, default_model
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
 from chat.turn import lease, step
@@ -290,8 +291,9 @@ def test_it_stops_a_running_turn_before_deleting_its_tab(client_alice, tab):
     assert message == {"type": "turn.cancel", "tab_id": str(tab.id)}
 
 
-def test_it_changes_the_tabs_model_to_a_listed_one_only(client_alice, tab):
+def test_it_changes_the_tabs_model_to_a_listed_one_only(client_alice, tab, monkeypatch):
     """The model picker accepts the models the server offers and refuses others."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-for-tests-1234")
     response = client_alice.post(
         reverse("tab_model", args=[tab.id]), {"model": "anthropic/claude-sonnet-4-5"}
     )
@@ -306,8 +308,9 @@ def test_it_changes_the_tabs_model_to_a_listed_one_only(client_alice, tab):
     assert "is not a model this server offers" in page(response)
 
 
-def test_changing_the_model_of_an_idle_tab_leaves_a_system_chunk(client_alice, tab):
+def test_changing_the_model_of_an_idle_tab_leaves_a_system_chunk(client_alice, tab, monkeypatch):
     """With no turn running, the change is a role=system chunk in the log at once."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-for-tests-1234")
     previous = tab.model
     client_alice.post(reverse("tab_model", args=[tab.id]), {"model": "anthropic/claude-sonnet-4-5"})
     [chunk] = log.tail(tab.id)
@@ -327,10 +330,11 @@ def test_changing_the_model_during_a_turn_is_left_to_the_turn(client_alice, tab)
 
 
 def test_it_labels_the_offline_model_honestly(client_alice, tab):
-    """The picker calls the offline model the offline demo model, and it is selected."""
+    """The picker calls the offline model the offline demo model, and it is the current one."""
     tree = parse(page(client_alice.get(reverse("tab", args=[tab.id]))))
-    [option] = tree.find_all(lambda n: n.tag == "option" and n.get("value") == "offline/demo")
-    assert option.text == "Offline demo model" and "selected" in option.attrs
+    [option] = tree.find_all(lambda n: n.tag == "button" and n.get("value") == "offline/demo")
+    assert " ".join(option.text.split()) == "Offline demo model offline/demo"
+    assert option.get("aria-current") == "true"
 
 
 # --- The chat page -------------------------------------------------------------------------------
@@ -681,8 +685,9 @@ def test_it_refuses_an_unclear_approval(client_alice, tab, data):
 
 
 def settings_post(client, **data):
+    """Post each Settings section whose fields `data` names, as its form does (unnamed
+    fields at their defaults); the first refusal, else the last response."""
     base = {
-        "action": "settings",
         "default_model": "",
         "fallback_model": "",
         "system_prompt": "",
@@ -690,7 +695,18 @@ def settings_post(client, **data):
         "page_size": "200",
         "dom_window": "600",
     }
-    return client.post(reverse("settings"), {**base, **data})
+    response = None
+    for section, names in SETTINGS_SECTIONS.items():
+        if not set(names) & set(data):
+            continue
+        fields = {name: data.get(name, base.get(name, "")) for name in names}
+        response = client.post(
+            reverse("settings_section", args=[section]),
+            {"action": "settings", "section": section, **fields},
+        )
+        if response.status_code != 302:
+            return response
+    return response
 
 
 def test_it_keeps_settings_from_non_staff(bob):
@@ -749,8 +765,10 @@ def test_it_accepts_an_unlisted_model_of_a_known_provider(client_alice):
     assert Setting.objects.get(key="default_model").value == "openai/gpt-9"
 
 
-def test_it_stores_an_api_key_and_never_shows_it(client_alice):
+def test_it_stores_an_api_key_and_never_shows_it(client_alice, monkeypatch):
     """A saved key is encrypted and shown masked; the full key is in no page."""
+    # A saved key is tested at its endpoint: not Anthropic's real one from a test.
+    monkeypatch.setattr(check, "check_key", lambda *a, **k: check.KeyCheck(check.Outcome.OK, ""))
     secret = "sk-ant-api03-VERYSECRET-abcd1234"
     response = client_alice.post(
         reverse("settings"), {"action": "key", "provider": "anthropic", "key": secret}, follow=True
@@ -835,11 +853,13 @@ def test_it_says_where_each_providers_key_comes_from(client_alice, monkeypatch):
     row.set_key("sk-stored-123456", endpoint="https://api.anthropic.com")
     row.save()
     tree = parse(page(client_alice.get(reverse("settings"))))
-    [providers] = tree.find_all(lambda n: "providers" in n.classes)
-    lines = {li.children[0].text: " ".join(li.text.split()) for li in providers.children}
-    assert "stored key" in lines["Anthropic"]
-    assert "key from OPENAI_API_KEY" in lines["OpenAI-compatible"]
-    assert "no key" in lines["DeepSeek"]
+    lines = {
+        name: " ".join(tree.by_id(f"provider-{name}").text.split())
+        for name in ("anthropic", "openai", "deepseek")
+    }
+    assert "ready" in lines["anthropic"] and "Key …3456" in lines["anthropic"]
+    assert "ready" in lines["openai"] and "Key from OPENAI_API_KEY" in lines["openai"]
+    assert "no key" in lines["deepseek"] and "Key none" in lines["deepseek"]
     assert "sk-from-env-123456" not in page(client_alice.get(reverse("settings")))
 
 

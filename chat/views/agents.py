@@ -40,4 +40,4 @@ def agent_delete(request: AuthenticatedHttpRequest, agent_id: int) -> HttpRespon
     agent = get_object_or_404(AcpAgent, pk=agent_id)
     agent.delete()
     messages.success(request, f"Removed the agent {agent.name}.")
-    return redirect(reverse("settings") + "#agents")
+    return redirect(reverse("settings_section", args=["models"]) + "#agents")

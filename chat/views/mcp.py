@@ -43,7 +43,7 @@ def mcp_server_delete(request: AuthenticatedHttpRequest, server_id: int) -> Http
     server = get_object_or_404(McpServer, pk=server_id)
     server.delete()
     messages.success(request, f"Removed the MCP server {server.name}.")
-    return redirect(reverse("settings") + "#mcp")
+    return redirect(reverse("settings_section", args=["tools"]) + "#mcp")
 
 
 @login_required
@@ -64,4 +64,4 @@ def mcp_server_test(request: AuthenticatedHttpRequest, server_id: int) -> HttpRe
     elif not problems:
         messages.warning(request, f"Server {server.name} answered, offering no tools.")
     # The page's top, where messages show.
-    return redirect("settings")
+    return redirect("settings_section", section="tools")

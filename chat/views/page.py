@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET
 from chat import cuts, log, preferences, resume, sidebar, usage
 from chat import render as chat_render
 from chat.chunks import Kind, Role, SystemKind, SystemNotice
-from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, OFFLINE_MODEL, model_choices
+from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, OFFLINE_MODEL, model_picker
 from chat.models import Chunk, Tab
 from chat.render import versions
 from chat.turn import lease
@@ -77,7 +77,7 @@ def tab(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
             "live_seq": tab.last_seq,
             "tab_id": tab.id,
             "before": chunks[0].seq if chunks else 0,
-            "model_choices": model_choices(tab.model),
+            "model_picker": model_picker(tab.model),
             "tab_model": tab.model,
             "offline_model": OFFLINE_MODEL,
             "max_message": MAX_MESSAGE_CHARS,

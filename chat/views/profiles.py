@@ -27,7 +27,7 @@ def profile_edit(request: AuthenticatedHttpRequest, profile_id: int | None = Non
     if form.is_valid():
         saved = form.save()
         messages.success(request, f"Saved the profile {saved.name}.")
-        return redirect(reverse("settings") + "#profiles")
+        return redirect(reverse("settings_section", args=["profiles"]))
     context = {
         "tabs": common.sidebar_tabs(request),
         "form": form,
@@ -45,4 +45,4 @@ def profile_delete(request: AuthenticatedHttpRequest, profile_id: int) -> HttpRe
     profile = get_object_or_404(Profile, pk=profile_id)
     profile.delete()
     messages.success(request, f"Deleted the profile {profile.name}; its tabs keep their copy.")
-    return redirect(reverse("settings") + "#profiles")
+    return redirect(reverse("settings_section", args=["profiles"]))

@@ -452,11 +452,6 @@
     if (e.target && e.target.matches('[data-autosubmit]')) e.target.form.requestSubmit();
   });
 
-  document.addEventListener('submit', function (e) {
-    var message = e.target.getAttribute && e.target.getAttribute('data-confirm');
-    if (message && !window.confirm(message)) e.preventDefault();
-  }, true);
-
   // --- Copy ----------------------------------------------------------------------------
 
   // How long a copy button says "Copied".
@@ -1231,6 +1226,138 @@
     });
   }
   setInterval(tickClocks, 1000);
+
+
+  // === Settings helper: confirmations, the model picker, a token's Copy ==================
+  //
+  // Confirmations: a form with data-confirm="question" asks in a modal <dialog> (the browser
+  // keeps the focus inside it and Escape cancels) before it is sent; the confirm button says
+  // the form's data-confirm-action, else its submit button's words. Confirmed, the form is
+  // submitted again (htmx forms too: the first submit never reached them).
+
+  var confirmedForm = null;
+
+  function confirmDialog() {
+    var dialog = $('confirm-dialog');
+    if (dialog) return dialog;
+    dialog = document.createElement('dialog');
+    dialog.id = 'confirm-dialog';
+    dialog.className = 'confirm-dialog';
+    dialog.setAttribute('aria-labelledby', 'confirm-text');
+    var text = document.createElement('p');
+    text.id = 'confirm-text';
+    var row = document.createElement('form');
+    row.method = 'dialog';
+    row.className = 'row';
+    var cancel = document.createElement('button');
+    cancel.className = 'btn';
+    cancel.value = 'cancel';
+    cancel.textContent = 'Cancel';
+    var ok = document.createElement('button');
+    ok.className = 'btn danger';
+    ok.id = 'confirm-ok';
+    ok.value = 'ok';
+    row.append(cancel, ok);
+    dialog.append(text, row);
+    document.body.appendChild(dialog);
+    return dialog;
+  }
+
+  function askConfirm(form, message, submitter) {
+    var dialog = confirmDialog();
+    $('confirm-text').textContent = message;
+    $('confirm-ok').textContent = form.getAttribute('data-confirm-action') ||
+      (submitter && submitter.textContent.trim()) || 'Confirm';
+    dialog.returnValue = '';
+    dialog.onclose = function () {
+      if (dialog.returnValue === 'ok') {
+        confirmedForm = form;
+        form.requestSubmit(submitter && submitter.form === form ? submitter : undefined);
+      } else if (submitter) {
+        submitter.focus();
+      }
+    };
+    dialog.showModal();
+  }
+
+  document.addEventListener('submit', function (e) {
+    var form = e.target;
+    var message = form.getAttribute && form.getAttribute('data-confirm');
+    if (!message) return;
+    if (confirmedForm === form) {
+      confirmedForm = null;
+      return;
+    }
+    e.preventDefault();
+    e.stopImmediatePropagation();
+    askConfirm(form, message, e.submitter);
+  }, true);
+
+  // The model picker (templates/chat/_model_picker.html): opening it shows and focuses its
+  // filter; typing narrows the list to the models whose id or name holds every word; Enter
+  // picks the first model left that can run; Escape or a click elsewhere closes it.
+
+  function pickerFilter(input) {
+    var picker = input.closest('[data-model-picker]');
+    var words = input.value.toLowerCase().split(/\s+/).filter(Boolean);
+    all(picker, '[data-picker-item]').forEach(function (item) {
+      var text = item.getAttribute('data-picker-item').toLowerCase();
+      item.hidden = !words.every(function (w) { return text.indexOf(w) >= 0; });
+    });
+    all(picker, '.picker-panel ul').forEach(function (list) {
+      var shown = !!list.querySelector('[data-picker-item]:not([hidden])') || !words.length;
+      list.hidden = !shown;
+      var label = list.previousElementSibling;
+      if (label && label.classList.contains('picker-group')) label.hidden = !shown;
+    });
+  }
+
+  document.addEventListener('toggle', function (e) {
+    var picker = e.target;
+    if (!picker.matches || !picker.matches('[data-model-picker]') || !picker.open) return;
+    var input = picker.querySelector('[data-picker-filter]');
+    if (!input) return;
+    input.hidden = false;
+    input.focus();
+  }, true);
+
+  document.addEventListener('input', function (e) {
+    if (e.target.matches && e.target.matches('[data-picker-filter]')) pickerFilter(e.target);
+  });
+
+  document.addEventListener('keydown', function (e) {
+    var picker = e.target.closest && e.target.closest('[data-model-picker]');
+    if (!picker) return;
+    if (e.key === 'Escape') {
+      picker.open = false;
+      picker.querySelector('summary').focus();
+    } else if (e.key === 'Enter' && e.target.matches('[data-picker-filter]')) {
+      e.preventDefault();
+      var first = picker.querySelector('[data-picker-item]:not([hidden]) button:not([disabled])');
+      if (first) first.click();
+    }
+  });
+
+  document.addEventListener('click', function (e) {
+    all(document, '[data-model-picker][open]').forEach(function (picker) {
+      if (!picker.contains(e.target)) picker.open = false;
+    });
+  });
+
+  // A token shown once: its Copy button (shown only where scripts run) copies the text of
+  // the element it names.
+  all(document, '[data-copy-from]').forEach(function (btn) { btn.hidden = false; });
+  document.addEventListener('click', function (e) {
+    var btn = e.target.closest && e.target.closest('[data-copy-from]');
+    if (!btn) return;
+    var source = $(btn.getAttribute('data-copy-from'));
+    copyText(source ? source.textContent.trim() : '').then(
+      function () { flash(btn, 'copied', 'Copied'); },
+      function () { flash(btn, 'copy-failed', 'Copy failed'); }
+    );
+  });
+
+  // === end of the Settings helper ========================================================
 
   // The deferred script runs once the page is parsed: start at the newest message, or
   // at the chunk a search result opened the page at.
