@@ -22,6 +22,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from chat.models import ApiToken, PermissionRule, Tab, Wake
+from chat.views.settings import SECTIONS
 from harness.login import browser_cookie, session_for
 from harness.servers import ROOT
 from tests.live import (
@@ -243,6 +244,7 @@ async def test_every_page_has_no_serious_violation_in_light_and_dark(browser, se
         for path, name, status in (
             ("/t/new/", "new tab", 200),
             ("/settings/", "settings", 200),
+            *((f"/settings/{key}/", f"settings: {key}", 200) for key in list(SECTIONS)[1:]),
             ("/account/rules/", "rules", 200),
             ("/wakes/", "wakes", 200),
             ("/account/tokens/", "API tokens", 200),
