@@ -1001,6 +1001,32 @@
     return 'The answer is ready.';
   }
 
+  // The status line's details (model, tokens) stay open across the status frames that
+  // replace it while a turn runs, until closed (by its button, Escape or a click elsewhere).
+  var statusMoreOpen = false;
+  document.addEventListener('toggle', function (e) {
+    var d = e.target;
+    if (d.classList && d.classList.contains('status-more') && d.isConnected) statusMoreOpen = d.open;
+  }, true);
+  document.addEventListener('htmx:wsAfterMessage', function () {
+    var d = document.querySelector('#status .status-more');
+    if (d && statusMoreOpen && !d.open) d.open = true;
+  });
+  function closeStatusMore() {
+    var d = document.querySelector('#status .status-more[open]');
+    statusMoreOpen = false;
+    if (d) d.open = false;
+  }
+  document.addEventListener('click', function (e) {
+    if (statusMoreOpen && !(e.target.closest && e.target.closest('.status-more'))) closeStatusMore();
+  });
+  // Before the page's own Escape (which stops the turn): this Escape only closes the details.
+  window.addEventListener('keydown', function (e) {
+    if (e.key !== 'Escape' || !statusMoreOpen) return;
+    e.stopPropagation();
+    closeStatusMore();
+  }, true);
+
   // A turn's end and a wait for approval are changes of the status line's state.
   var lastStatus = $('status');
   var lastState = lastStatus ? lastStatus.getAttribute('data-state') : 'idle';
