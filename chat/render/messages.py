@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils.safestring import SafeString
 
 from chat import chunks, schedule
-from chat.chunks import OriginKind, Role, SystemKind
+from chat.chunks import ErrorFix, OriginKind, Role, SystemKind
 from chat.render.figures import count, tokens
 from chat.render.item import Attachment, Item
 from chat.render.markup import code_spans, markdown
@@ -35,6 +35,8 @@ SYSTEM_LABELS = {
 ENDING_KINDS = SystemKind.ENDINGS
 # How a compaction chunk says it was asked for (chat.turn.compaction writes one of these).
 COMPACTION_TRIGGERS = ("auto", "manual")
+# Settings' section where keys and base URLs are entered.
+CONNECTIONS_ANCHOR = "#connections"
 
 
 @dataclass(eq=False)
@@ -177,6 +179,39 @@ class Error(Item):
     @property
     def offers_retry(self) -> bool:
         return self.sealed and self.turn_id is not None
+
+    @property
+    def fix(self) -> str:
+        """Where a configuration error is fixed (errors.where_to_fix); an older error's
+        refused key (401, 403) too."""
+        fix = str(self.fields.get("fix") or "")
+        if not fix and self.status_code in (401, 403):
+            return ErrorFix.CONNECTIONS
+        return fix
+
+    @property
+    def fix_link(self) -> tuple[str, str] | None:
+        """The card's main action for a configuration error: (href, words)."""
+        if self.fix == ErrorFix.CONNECTIONS:
+            return reverse("settings") + CONNECTIONS_ANCHOR, "Fix it in Settings → Connections"
+        if self.fix == ErrorFix.MODEL:
+            return "#model-select", "Choose another model"
+        return None
+
+    @property
+    def offers_continue(self) -> bool:
+        # Nothing can go on before the configuration is fixed.
+        return not self.fix and super().offers_continue
+
+    # An error's Retry asks again; answering again from before it (Regenerate) is the
+    # same, and a branch that keeps the error helps nobody.
+    @property
+    def offers_regenerate(self) -> bool:
+        return False
+
+    @property
+    def offers_branch(self) -> bool:
+        return False
 
 
 @dataclass(eq=False)
