@@ -23,7 +23,7 @@ SYSTEM_LABELS = {
     SystemKind.NOTICE: "Notice",
     SystemKind.MODEL_CHANGED: "Model changed",
     SystemKind.CONFIG_RELOAD: "Settings reloaded",
-    SystemKind.CANCELLED: "Cancelled",
+    SystemKind.CANCELLED: "Stopped",
     SystemKind.INTERRUPTED: "Interrupted",
     SystemKind.FORKED: "Branch",
     SystemKind.STEP_LIMIT: "Step limit",
@@ -35,6 +35,10 @@ SYSTEM_LABELS = {
 ENDING_KINDS = SystemKind.ENDINGS
 # How a compaction chunk says it was asked for (chat.turn.compaction writes one of these).
 COMPACTION_TRIGGERS = ("auto", "manual")
+# How the user's own Stop's notice begins (chat.turn.ending.End.stopped).
+OWN_STOP = "Stopped by the user"
+# A notice longer than this is one line that opens to the rest: about a line at 375 px.
+NOTICE_LINE_CHARS = 90
 # Settings' section where keys and base URLs are entered.
 CONNECTIONS_ANCHOR = "#connections"
 
@@ -257,6 +261,25 @@ class Notice(Item):
     @property
     def forked(self) -> bool:
         return self.kind == SystemKind.FORKED
+
+    @property
+    def css_states(self) -> list[str]:
+        # The user's own Stop (turn.ending.End.stopped without a reason) is no alarm.
+        own = self.kind == SystemKind.CANCELLED and str(self.notice_text).startswith(OWN_STOP)
+        return ["own-stop"] if own else []
+
+    @property
+    def folded(self) -> bool:
+        """A notice shown as one line (its kind) that opens to its text: a settings
+        reload's list of changes, or any long or many-lined text."""
+        if self.forked or self.is_rule:
+            return False
+        text = str(self.notice_text)
+        return (
+            self.kind == SystemKind.CONFIG_RELOAD
+            or len(text) > NOTICE_LINE_CHARS
+            or "\n" in text.strip()
+        )
 
     @property
     def from_tab(self) -> str:

@@ -443,16 +443,18 @@
     return ok;
   }
 
+  // An icon button says it in its label (beside the icon for the moment), others in their text.
   function flash(btn, state, label) {
-    var text = btn.getAttribute('data-label') || btn.textContent;
+    var target = btn.querySelector('.act-label') || btn;
+    var text = btn.getAttribute('data-label') || target.textContent;
     if (text) {
       btn.setAttribute('data-label', text);
-      btn.textContent = label;
+      target.textContent = label;
     }
     btn.classList.add(state);
     setTimeout(function () {
       btn.classList.remove(state);
-      if (text) btn.textContent = text;
+      if (text) target.textContent = text;
     }, COPIED_MS);
   }
 
