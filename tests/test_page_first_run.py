@@ -83,9 +83,7 @@ def test_seeding_never_overwrites_nor_follows_a_link(tmp_path):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("suggestion", SUGGESTIONS)
-async def test_each_suggestion_of_the_offline_demo_works_on_a_new_workspace(
-    sample_on, suggestion
-):
+async def test_each_suggestion_of_the_offline_demo_works_on_a_new_workspace(sample_on, suggestion):
     tab = await make_tab("offline/demo")
     async with running_worker(), Watcher(tab.pk) as watcher:
         await submit(tab, suggestion)

@@ -66,7 +66,12 @@ def status(state: str, turn: uuid.UUID, **more: Any) -> str:
             "step": 12,
             "model": MODEL,
             "started_at": (now() - timedelta(minutes=12)).isoformat(),
-            "usage": {"input": 328_411, "output": 45_120, "cache_read": 310_000, "cache_write": 9_000},
+            "usage": {
+                "input": 328_411,
+                "output": 45_120,
+                "cache_read": 310_000,
+                "cache_write": 9_000,
+            },
             "context": {"used": 150_000, "window": 200_000, "compact_at": 180_000, "cached": 0.4},
             **more,
         }
@@ -127,7 +132,9 @@ async def test_the_status_line_fits_in_every_state_at_both_widths(browser, live_
     assert "in 328.4k · out 45.1k · cache read 310k" in await page.inner_text("#status .status-pop")
     assert MODEL in await page.inner_text("#status .status-pop")
     socket.send(status("running", turn, step=13))
-    await page.wait_for_function("document.querySelector('#status .step').textContent === 'step 13'")
+    await page.wait_for_function(
+        "document.querySelector('#status .step').textContent === 'step 13'"
+    )
     assert await page.is_visible("#status .status-pop")
     await page.keyboard.press("Escape")
     assert await page.is_hidden("#status .status-pop")
@@ -160,7 +167,8 @@ async def test_the_status_line_fits_in_every_state_at_both_widths(browser, live_
         ),
     )
     await page.set_input_files(
-        "#attach-input", files=[{"name": "setup.exe", "mimeType": "application/x-msdownload", "buffer": b"MZ"}]
+        "#attach-input",
+        files=[{"name": "setup.exe", "mimeType": "application/x-msdownload", "buffer": b"MZ"}],
     )
     await page.wait_for_selector("#composer-error:text('Not attached')")
     await check_widths(page, "an upload error")

@@ -112,7 +112,9 @@ def seed_sample(path: Path) -> list[str]:
             except FileExistsError:
                 continue
             except OSError as exc:
-                logger.warning("the sample file %s was not written in %s: %s", source.name, path, exc)
+                logger.warning(
+                    "the sample file %s was not written in %s: %s", source.name, path, exc
+                )
                 continue
             with os.fdopen(fd, "wb") as f:
                 f.write(source.read_bytes())

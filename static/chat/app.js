@@ -324,7 +324,8 @@
       box.select();
       return;
     }
-    if (t && t.id === 'search-q' && e.key === 'Escape') {
+    if (e.key === 'Escape' && t && (t.id === 'search-q' || (t.closest && t.closest('.search-dialog')))) {
+      t = $('search-q');
       e.preventDefault();
       t.value = '';
       $('search-results').textContent = '';
@@ -353,6 +354,14 @@
 
   document.addEventListener('input', function (e) {
     if (e.target && e.target.id === 'composer-text') grow(e.target);
+  });
+
+  // The search's results are a dialog: a click outside it and the search field closes it.
+  document.addEventListener('click', function (e) {
+    var results = $('search-results');
+    if (!results || !results.firstElementChild || !e.target.closest) return;
+    if (e.target.closest('.search-dialog') || e.target.closest('#search-q')) return;
+    results.textContent = '';
   });
 
   document.addEventListener('htmx:afterRequest', function (evt) {
