@@ -104,3 +104,58 @@ async def test_the_tab_page_states(browser, serve, fake_server):
     await page.fill("#search-q", "report")
     await page.wait_for_selector("#search-results .hits")
     await shoot(page, "search")
+    if PREFIX:
+        # On a phone the search is in the tab list, which slides in ("/" opens it).
+        await page.set_viewport_size({"width": 375, "height": 800})
+        await page.evaluate("document.getElementById('nav-toggle').checked = true")
+        await page.wait_for_function(
+            "(document.querySelector('.sidebar')?.getAnimations().length ?? 0) === 0"
+        )
+        for scheme in ("light", "dark"):
+            await page.emulate_media(color_scheme=scheme)
+            await page.screenshot(
+                path=str(FOLDER / f"{PREFIX}-search-375-open-{scheme}.png"), animations="disabled"
+            )
+
+
+async def test_a_first_run_on_the_offline_demo_starts_with_a_click(browser, serve):
+    """A new user's empty tab offers starter prompts; one click sends one, and on the new
+    workspace's sample project the offline demo's suggestions work (no red error, no empty
+    folder). With PAGE_SHOTS=<prefix> the result is also README's screenshot's candidate."""
+    server = await serve(DISPATCH_SAMPLE_PROJECT="1")
+    user = await sync_to_async(make_user)()
+    tab = await sync_to_async(make_tab)(user)
+    session = await sync_to_async(session_for)(user)
+    live = await open_page(browser, server, f"/t/{tab.id}/", session=session, width=1280)
+    page = live.page
+    await synced(page)
+    await shoot(page, "empty")
+    starters = page.locator("#starters .starter")
+    assert await starters.all_text_contents() == [
+        "list the files",
+        "read README.md",
+        "run `python3 hello.py`",
+        "run `ls -la`",
+    ]
+    await starters.nth(0).click()
+    await page.wait_for_selector("#starters", state="hidden")
+    await turn_ended(tab.id)
+    await page.wait_for_selector("#status.state-idle")
+    results = page.locator("#log .t-tool-result")
+    await results.first.wait_for()
+    listing = await results.first.text_content()
+    assert all(name in listing for name in ("README.md", "notes.md", "hello.py"))
+    await send_message(page, "run `python3 hello.py`")
+    # A command asks first (the default rules): approved in the bar over the composer.
+    await page.click("#approval button[name=approve]")
+    await turn_ended(tab.id)
+    await page.wait_for_function("document.querySelectorAll('#log .t-tool-result').length === 2")
+    await page.wait_for_selector("#status.state-idle")
+    assert "Hello, world!" in await results.nth(1).text_content()
+    assert await page.locator("#log .t-error").count() == 0
+    await shoot(page, "first-run")
+    if PREFIX == "readme":
+        await page.emulate_media(color_scheme="light")
+        await page.set_viewport_size({"width": 1280, "height": 800})
+        await page.screenshot(path="docs/screenshot.png", animations="disabled")
+    live.assert_clean()
