@@ -89,7 +89,10 @@ async def test_the_icon_row_shows_on_hover_and_focus_and_always_on_touch(browser
     question = "#log > .chunk.user .acts"
     answer = "#log > .chunk:last-child > .acts"
     lead_in = "#log > .chunk.t-text.a:not(:last-child) > .acts"
-    assert await opacity(page, question) == 0
+    # Transparent once it is no longer the last message (a short fade).
+    await page.wait_for_function(
+        f"getComputedStyle(document.querySelector('{question}')).opacity === '0'"
+    )
     assert await opacity(page, answer) == 1, "the last message's row is always there"
     assert (await page.eval_on_selector(lead_in, "el => el.offsetHeight")) == 0
     await page.hover("#log > .chunk.user")
