@@ -61,6 +61,14 @@ class Kind:
     ALL: Final = (TEXT, THINKING, TOOL_CALL, TOOL_RESULT, ERROR, SYSTEM, COMPACTION, PLAN)
 
 
+class ErrorFix:
+    """An error chunk's `fix`: where a configuration error is mended (no retry can):
+    the keys and endpoints (Settings → Connections), or another model for the tab."""
+
+    CONNECTIONS: Final = "connections"
+    MODEL: Final = "model"
+
+
 class SystemKind:
     """The `kind` of a system chunk's data: what the notice is about."""
 
@@ -220,6 +228,8 @@ class Error(TypedDict):
     base_url: NotRequired[str]
     retry_after: NotRequired[float]
     attempts: NotRequired[int]
+    # Where a configuration error is fixed: an ErrorFix.
+    fix: NotRequired[str]
 
 
 class SystemNotice(TypedDict):

@@ -36,7 +36,8 @@ import re
 import unicodedata
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.db import connection
@@ -112,6 +113,11 @@ class Hit:
     type: str
     # Escaped text with the matched words in <mark>: safe to put into HTML.
     snippet: SafeString
+    # The snippet as a reader sees the message: its Markdown's marks and escaped newlines
+    # taken out (the page's results; the API keeps `snippet` as it was).
+    plain: SafeString = field(default=SafeString(""), compare=False)
+    # When the log took the chunk.
+    created_at: datetime | None = field(default=None, compare=False)
 
 
 # --- What goes into the index --------------------------------------------------------
@@ -279,6 +285,27 @@ def _choice(name: str, value: str | None, allowed: Sequence[str]) -> str | None:
     return value
 
 
+# Markdown's marks, taken out of a snippet for reading (plain_text): a fence's line, a
+# heading's, list's or quote's mark at a line's start, emphasis and code marks, a link's
+# or image's brackets and address; and newlines a JSON text shows escaped.
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})[^\n]*$", re.M)
+_LINE_MARK = re.compile(r"^\s{0,3}(?:#{1,6}\s+|>\s?|[-*+]\s+|\d{1,3}[.)]\s+)", re.M)
+_LINK = re.compile(r"!?\[([^\]\n]*)\]\([^)\n]*\)")
+_EMPHASIS = re.compile(r"\*\*|__|~~|`+|(?<![\w*])\*(?=\S)|(?<=\S)\*(?![\w*])")
+_ESCAPED_NEWLINE = re.compile(r"\\[nrt]")
+_SPACE = re.compile(r"\s+")
+
+
+def plain_text(raw: str) -> str:
+    """A snippet's text without Markdown's marks or escaped newlines, on one line."""
+    text = _ESCAPED_NEWLINE.sub("\n", raw)
+    text = _FENCE.sub(" ", text)
+    text = _LINE_MARK.sub("", text)
+    text = _LINK.sub(r"\1", text)
+    text = _EMPHASIS.sub("", text)
+    return _SPACE.sub(" ", text).strip()
+
+
 def _highlight(raw: str) -> SafeString:
     marked = _MARKED.sub(r"<mark>\1</mark>", str(escape(raw or "")))
     return mark_safe(marked.replace(_START, "").replace(_STOP, ""))
@@ -315,7 +342,7 @@ def search(
         filters.append("e.type = %s")
         params.append(type)
     where = " AND ".join(filters)
-    columns = "e.chunk_id, e.tab_id, e.seq, e.role, e.type, t.title"
+    columns = "e.chunk_id, e.tab_id, e.seq, e.role, e.type, t.title, c.created_at"
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             query = " && ".join([f"phraseto_tsquery('{PG_CONFIG}', %s)"] * len(found))
@@ -328,7 +355,8 @@ def search(
                 f"SELECT {columns}, ts_headline('{PG_CONFIG}', e.body, q.query, %s) "
                 f"FROM (SELECT e.* FROM {TABLE} e JOIN chat_tab t ON t.id = e.tab_id, q "
                 f"WHERE e.document @@ q.query AND {where} ORDER BY e.id DESC LIMIT %s) e "
-                "JOIN chat_tab t ON t.id = e.tab_id, q ORDER BY e.id DESC",
+                "JOIN chat_tab t ON t.id = e.tab_id "
+                "LEFT JOIN chat_chunk c ON c.id = e.chunk_id, q ORDER BY e.id DESC",
                 [*map(fold, found), options, *params, limit],
             )
         else:
@@ -337,6 +365,7 @@ def search(
                 f"snippet({FTS_TABLE}, 0, char(2), char(3), '…', {SNIPPET_WORDS}) "
                 f"FROM {FTS_TABLE} f JOIN {TABLE} e ON e.id = f.rowid "
                 "JOIN chat_tab t ON t.id = e.tab_id "
+                "LEFT JOIN chat_chunk c ON c.id = e.chunk_id "
                 f"WHERE {FTS_TABLE} MATCH %s AND {where} ORDER BY f.rowid DESC LIMIT %s",
                 [fts_query(found), *params, limit],
             )
@@ -350,9 +379,23 @@ def search(
             role=role,
             type=type,
             snippet=_highlight(snippet),
+            plain=_highlight(plain_text(snippet)),
+            created_at=_datetime(created_at),
         )
-        for chunk_id, tab_id, seq, role, type, title, snippet in rows
+        for chunk_id, tab_id, seq, role, type, title, created_at, snippet in rows
     ]
+
+
+def _datetime(value: Any) -> datetime | None:
+    """A timestamp column read by a raw cursor (SQLite gives text; PostgreSQL a datetime)."""
+    if value is None:
+        return None
+    try:
+        parsed = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    # Stored in UTC (USE_TZ); SQLite's column comes back without the zone.
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def count() -> int:

@@ -400,6 +400,9 @@ DISPATCH_MODEL = envstr("DISPATCH_MODEL")
 DISPATCH_FALLBACK_MODEL = envstr("DISPATCH_FALLBACK_MODEL")
 # Where the tools may read, write and run commands.
 DISPATCH_WORKSPACE = Path(envstr("DISPATCH_WORKSPACE") or DATA_DIR / "workspace").expanduser()
+# A user's new workspace starts with a small sample project (chat.tools.workdir), so the
+# offline demo's suggestions work on a first run; off, it starts empty.
+DISPATCH_SAMPLE_PROJECT = envbool("DISPATCH_SAMPLE_PROJECT", True)
 if DISPATCH_WORKSPACE.exists() and not DISPATCH_WORKSPACE.is_dir():
     raise ImproperlyConfigured(
         f"DISPATCH_WORKSPACE={str(DISPATCH_WORKSPACE)!r} is not a directory: point it at a "

@@ -267,6 +267,8 @@ def server_env(workspace: Path, **extra: str) -> dict[str, str]:
         "DISPATCH_MODEL": "offline/demo",
         "DISPATCH_OFFLINE_PACE": "40",
         "DISPATCH_SHUTDOWN_GRACE": SHUTDOWN_GRACE,
+        # Workspaces start empty, as the tests expect (a test may ask for the sample).
+        "DISPATCH_SAMPLE_PROJECT": "0",
         # daphne's "Listening on" line is INFO.
         "LOG_LEVEL": "INFO",
         "PYTHONUNBUFFERED": "1",

@@ -5,6 +5,9 @@ import tempfile
 
 os.environ.setdefault("DISPATCH_DATA_DIR", tempfile.mkdtemp(prefix="dispatch-test-"))
 os.environ.setdefault("DISPATCH_OFFLINE_PACE", "0")
+# Workspaces start empty, as the tests' assertions about them expect (tests/test_page_first_run.py
+# turns the sample project on).
+os.environ.setdefault("DISPATCH_SAMPLE_PROJECT", "0")
 
 from dispatch.settings import *  # noqa: E402, F403
 from dispatch.settings import DATA_DIR, DATABASES  # noqa: E402

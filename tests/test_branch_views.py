@@ -429,18 +429,19 @@ def test_a_tab_without_branches_shows_no_control(client, tab):
 
 def test_a_page_offers_each_action_where_it_applies(client, tab):
     """Copy on every message and tool output, a copy button on every code block; Edit on
-    the user's messages; Branch on exactly the valid cuts; Regenerate and Continue on the
-    last turn's end only; Retry on the error card; nothing on thinking or a tool call."""
+    the user's messages; Branch on the valid cuts but an error card; Regenerate and Continue on the
+    last turn's end only (an error card: Retry and Continue); nothing on thinking or a tool call."""
     tree = tab_page(client, tab)
     chunks = list(Chunk.objects.filter(tab=tab).order_by("seq"))
     # Seq 0 (before the first message) is a valid cut too, offered as that message's Edit;
     # right after a question (1, 6) is Regenerate's cut: a plain branch there would end on
     # a question nothing answers.
     user = {c.seq for c in chunks if c.role == Role.USER}
-    assert offered(tree, "branch-form") == sorted(cuts.valid_cuts(chunks) - {0} - user)
-    assert offered(tree, "branch-form") == [4, 5, 8]
+    # An error card (8) offers Retry, not a branch that keeps the error nor Regenerate.
+    assert offered(tree, "branch-form") == sorted(cuts.valid_cuts(chunks) - {0} - user - {8})
+    assert offered(tree, "branch-form") == [4, 5]
     assert offered(tree, "edit-form") == [1, 6]
-    assert offered(tree, "regenerate-form") == [8]
+    assert offered(tree, "regenerate-form") == []
     assert offered(tree, "retry-form") == [8]
     assert len(buttons(tree, "continue-form")) == 1
     assert own_acts(chunk_at(tree, 8)) is not None and buttons(chunk_at(tree, 8), "continue-form")
@@ -465,9 +466,9 @@ def test_while_a_turn_runs_its_chunks_offer_cuts_only_where_it_ends(client, tab)
     RunningTurn.objects.create(tab=tab, turn_id=T2, worker="w", heartbeat_at=timezone.now())
     tree = tab_page(client, tab)
     assert offered(tree, "branch-form") == [4, 5]
-    assert offered(tree, "branch-form", if_end=True) == [7, 8]
+    assert offered(tree, "branch-form", if_end=True) == [7]
     assert offered(tree, "regenerate-form") == []
-    assert offered(tree, "regenerate-form", if_end=True) == [7, 8]
+    assert offered(tree, "regenerate-form", if_end=True) == [7]
     assert offered(tree, "edit-form") == [1, 6]
 
 
@@ -520,12 +521,7 @@ def test_live_fragments_offer_what_they_can_know(tab):
         "compact-form if-end",
     ]
     error = replace(failed()[2], seq=8)
-    assert acts(error) == [
-        "retry-form",
-        "continue-form",
-        "regenerate-form if-end",
-        "branch-form if-end",
-    ]
+    assert acts(error) == ["retry-form", "continue-form"]
     notice = block(T1, 1, Role.SYSTEM, Kind.SYSTEM, kind="config-reload", text="Reloaded.")
     assert acts(replace(notice, seq=9)) == ["regenerate-form if-end", "branch-form if-end"]
     stop = block(T1, 1, Role.SYSTEM, Kind.SYSTEM, kind="cancelled", text="Stopped.")

@@ -102,7 +102,7 @@ async def test_a_compacted_tab_shows_its_meter_and_its_summary_on_demand(browser
     assert wide["bar"] > 40
     assert wide["fill"] == pytest.approx(wide["bar"] * 0.2256, abs=1)
     assert wide["tick"] == pytest.approx(wide["bar"] * 0.75, abs=1.5)
-    assert wide["line"] == "CONVERSATION COMPACTED · auto · 151k tokens summarised · up to #2"
+    assert wide["line"] == "Conversation compacted · auto · 151k tokens summarised · up to #2"
     assert (wide["open"], wide["body"], wide["bubble"]) == (False, False, False)
     assert not wide["overflow"]
     # "Summarise up to here" on the answer after the compaction, not on the one it summarised.

@@ -372,7 +372,7 @@ def test_a_configuration_error_keeps_its_own_instructions():
     missing = ProviderConfigError("No API key for Anthropic: set ANTHROPIC_API_KEY ...")
     explained = errors.explain(missing, model=ANTHROPIC)
     assert explained.summary == "Anthropic is not set up for this model"
-    assert explained.data() == {"summary": explained.summary}
+    assert explained.data() == {"summary": explained.summary, "fix": "connections"}
 
 
 def test_retries_are_counted_in_the_summary_and_the_data(monkeypatch):

@@ -267,7 +267,7 @@ def test_it_renders_system_chunks_in_a_turn_and_alone_differently():
     b = only_child(top(fragment_seal(alone))[0])
     assert {"a", "t-system", "kind-cancelled"} <= a.classes and "alone" not in a.classes
     assert {"alone", "t-system"} <= b.classes and "a" not in b.classes
-    assert "Cancelled" in a.text and "Settings reloaded" in b.text
+    assert "Stopped" in a.text and "Settings reloaded" in b.text
 
 
 def test_it_renders_a_user_message_as_its_own_bubble():

@@ -266,13 +266,16 @@ async def test_it_shows_queue_status_and_approval(browser, live_server):
             }
         ),
     )
-    await page.wait_for_selector(f"#chunk-{call.id} .approve button[name=approve]")
+    # The card's buttons are filled in, and the bar over the composer is the one that asks.
+    await page.wait_for_selector(
+        f"#chunk-{call.id} .approve button[name=approve]", state="attached"
+    )
     assert await page.query_selector("#queued-41") is None
     assert await page.is_visible("#approval")
     assert await page.is_visible("#composer-actions [data-stop]")
     assert "cache read 2k" in await page.text_content("#status")
     async with page.expect_response(lambda r: r.url.endswith("/approve/")) as response:
-        await page.click(f"#chunk-{call.id} .approve button[name=approve]")
+        await page.click("#approval button[name=approve]")
     assert (await response.value).status == 204
     socket.send(render.fragment_status({"state": "running", "turn_id": str(turn), "step": 1}))
     await page.wait_for_selector("#approval[hidden]", state="attached")
@@ -595,7 +598,8 @@ async def test_on_a_phone_approval_asks_once_and_tables_keep_their_words(browser
     assert await page.eval_on_selector(
         f"#chunk-{table.id} table", "t => t.scrollWidth > t.clientWidth"
     )
-    # Wider than a phone, the card asks as before.
+    # Wider than a phone too, the bar is the one place that asks (issue 31).
     await page.set_viewport_size({"width": 1100, "height": 800})
-    assert await page.is_visible(f"#chunk-{call.id} .approve button[name=approve]")
+    assert await page.is_visible("#approval button[name=approve]")
+    assert await page.is_hidden(f"#chunk-{call.id} .approve button[name=approve]")
     assert errors == []

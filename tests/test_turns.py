@@ -188,6 +188,8 @@ async def test_a_non_retryable_error_ends_the_turn_with_an_error_chunk(script, w
         "status_code": 401,
         "summary": "The scripted provider did not accept the API key",
         "hint": "Check the provider's API key, then Retry.",
+        # A refused key is fixed in Settings → Connections (the card links there).
+        "fix": "connections",
     }
 
 

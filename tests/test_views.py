@@ -464,6 +464,7 @@ def test_the_tab_page_holds_the_dom_windows_markers_and_a_hint_css_can_hide(clie
         "log",
         "queued",
         "empty-hint",
+        "starters",  # the starter prompts, hidden with the hint
         "sysprompt-edit",  # a new tab's own prompt, hidden with the hint
         "older-template",
         "newer-template",

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 
+from chat.chunks import ErrorFix
 from chat.envcheck import masked_url
 from chat.providers.base import ProviderError
 from chat.providers.common import json_loads
@@ -391,10 +392,14 @@ class Explanation:
     base_url: str | None = None
     retry_after: float | None = None
     attempts: int = 1
+    # Where the fix is, for an error no retry can mend (an ErrorFix), or "".
+    fix: str = ""
 
     def data(self) -> dict[str, Any]:
         """What goes into the error chunk next to its message and status code."""
         data: dict[str, Any] = {"summary": self.summary}
+        if self.fix:
+            data["fix"] = self.fix
         if self.hint:
             data["hint"] = self.hint
         if self.base_url:
@@ -427,7 +432,26 @@ def explain(error: ProviderError, *, model: str, attempts: int = 1) -> Explanati
         base_url=error.base_url,
         retry_after=error.retry_after,
         attempts=attempts,
+        fix=where_to_fix(error),
     )
+
+
+def where_to_fix(error: ProviderError) -> str:
+    """ErrorFix.CONNECTIONS for a missing, refused or misplaced key or endpoint,
+    ErrorFix.MODEL for a model the provider does not know, else "" (an error a retry may
+    get past: retrying a configuration error as things are gets it again)."""
+    kind = error.error_type or ""
+    status = error.status_code
+    if (
+        isinstance(error, ProviderConfigError)
+        or kind in (KEY_BOUND_ELSEWHERE, "configuration_error", "authentication_error")
+        or kind == "permission_error"
+        or status in (401, 403)
+    ):
+        return ErrorFix.CONNECTIONS
+    if status == 404 and (kind == "not_found_error" or MODEL_WORD in error.message.lower()):
+        return ErrorFix.MODEL
+    return ""
 
 
 class _Words:

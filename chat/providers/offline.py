@@ -71,6 +71,9 @@ LIST_RE = re.compile(
     re.I,
 )
 TOKEN_RE = re.compile(r"\s*\S+|\s+$")
+# What the greeting suggests, and an empty tab's starter prompts: each works on a new
+# workspace's sample project (chat.tools.workdir.SAMPLE).
+SUGGESTIONS = ("list the files", "read README.md", "run `python3 hello.py`", "run `ls -la`")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +218,8 @@ def _greeting(text: str) -> Plan:
         "Hello! I'm **offline/demo**, the offline demo model built into Dispatch. "
         f"I run without a network or an API key, so I can't hold a real conversation{about}, "
         "but I can use the workspace tools like a real agent. Try:\n\n"
-        "- *list the files*\n"
-        "- *read README.md*\n"
-        "- *run `ls -la`*\n\n"
-        "To talk to a real model, set `ANTHROPIC_API_KEY` or `OPENAI_API_KEY` in the "
+        + "".join(f"- *{suggestion}*\n" for suggestion in SUGGESTIONS)
+        + "\nTo talk to a real model, set `ANTHROPIC_API_KEY` or `OPENAI_API_KEY` in the "
         "environment, or add a key in Settings."
     )
     return Plan(thinking, body)

@@ -207,6 +207,14 @@ class Item:
         return self.sealed and (self.resumable or (not self.known and self.ends_turn))
 
     @property
+    def offers_regenerate(self) -> bool:
+        return self.last_answer or self.offers_end
+
+    @property
+    def offers_branch(self) -> bool:
+        return self.cut or self.offers_end
+
+    @property
     def offers_copy(self) -> bool:
         return False
 
@@ -228,9 +236,8 @@ class Item:
             or self.has_output
             or self.offers_retry
             or self.offers_continue
-            or self.cut
-            or self.last_answer
-            or self.offers_end
+            or self.offers_branch
+            or self.offers_regenerate
         )
 
 

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils.safestring import SafeString
 
 from chat import chunks, schedule
-from chat.chunks import OriginKind, Role, SystemKind
+from chat.chunks import ErrorFix, OriginKind, Role, SystemKind
 from chat.render.figures import count, tokens
 from chat.render.item import Attachment, Item
 from chat.render.markup import code_spans, markdown
@@ -24,7 +24,7 @@ SYSTEM_LABELS = {
     SystemKind.NOTICE: "Notice",
     SystemKind.MODEL_CHANGED: "Model changed",
     SystemKind.CONFIG_RELOAD: "Settings reloaded",
-    SystemKind.CANCELLED: "Cancelled",
+    SystemKind.CANCELLED: "Stopped",
     SystemKind.INTERRUPTED: "Interrupted",
     SystemKind.FORKED: "Branch",
     SystemKind.STEP_LIMIT: "Step limit",
@@ -36,6 +36,12 @@ SYSTEM_LABELS = {
 ENDING_KINDS = SystemKind.ENDINGS
 # How a compaction chunk says it was asked for (chat.turn.compaction writes one of these).
 COMPACTION_TRIGGERS = ("auto", "manual")
+# How the user's own Stop's notice begins (chat.turn.ending.End.stopped).
+OWN_STOP = "Stopped by the user"
+# A notice longer than this is one line that opens to the rest: about a line at 375 px.
+NOTICE_LINE_CHARS = 90
+# Settings' section where keys and base URLs are entered.
+CONNECTIONS_ANCHOR = "#connections"
 
 
 @dataclass(eq=False)
@@ -179,6 +185,39 @@ class Error(Item):
     def offers_retry(self) -> bool:
         return self.sealed and self.turn_id is not None
 
+    @property
+    def fix(self) -> str:
+        """Where a configuration error is fixed (errors.where_to_fix); an older error's
+        refused key (401, 403) too."""
+        fix = str(self.fields.get("fix") or "")
+        if not fix and self.status_code in (401, 403):
+            return ErrorFix.CONNECTIONS
+        return fix
+
+    @property
+    def fix_link(self) -> tuple[str, str] | None:
+        """The card's main action for a configuration error: (href, words)."""
+        if self.fix == ErrorFix.CONNECTIONS:
+            return reverse("settings") + CONNECTIONS_ANCHOR, "Fix it in Settings → Connections"
+        if self.fix == ErrorFix.MODEL:
+            return "#model-select", "Choose another model"
+        return None
+
+    @property
+    def offers_continue(self) -> bool:
+        # Nothing can go on before the configuration is fixed.
+        return not self.fix and super().offers_continue
+
+    # An error's Retry asks again; answering again from before it (Regenerate) is the
+    # same, and a branch that keeps the error helps nobody.
+    @property
+    def offers_regenerate(self) -> bool:
+        return False
+
+    @property
+    def offers_branch(self) -> bool:
+        return False
+
 
 @dataclass(eq=False)
 class Notice(Item):
@@ -226,9 +265,27 @@ class Notice(Item):
 
     @property
     def css_states(self) -> list[str]:
+        states = []
         # A version's origin says nothing the page's "‹ n / total ›" does not (app.css).
-        action = self.fields.get("action")
-        return ["version-fork"] if self.forked and action in VERSION_ACTIONS else []
+        if self.forked and self.fields.get("action") in VERSION_ACTIONS:
+            states.append("version-fork")
+        # The user's own Stop (turn.ending.End.stopped without a reason) is no alarm.
+        if self.kind == SystemKind.CANCELLED and str(self.notice_text).startswith(OWN_STOP):
+            states.append("own-stop")
+        return states
+
+    @property
+    def folded(self) -> bool:
+        """A notice shown as one line (its kind) that opens to its text: a settings
+        reload's list of changes, or any long or many-lined text."""
+        if self.forked or self.is_rule:
+            return False
+        text = str(self.notice_text)
+        return (
+            self.kind == SystemKind.CONFIG_RELOAD
+            or len(text) > NOTICE_LINE_CHARS
+            or "\n" in text.strip()
+        )
 
     @property
     def from_tab(self) -> str:

@@ -54,6 +54,12 @@ ASIDE_PREFIX = ".dispatch-shared-users-"
 logger = logging.getLogger(__name__)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# What a new workspace starts with (seed_sample): a README, a notes file and a script, so
+# that each of the offline demo model's suggestions (chat.providers.offline) works on a
+# first run.
+SAMPLE = Path(__file__).with_name("sample_project")
 
 
 def user_workspace(owner_id: int | None) -> Path:
@@ -65,8 +71,11 @@ def user_workspace(owner_id: int | None) -> Path:
     return user_workspace_under(Path(settings.DISPATCH_WORKSPACE), owner_id)
 
 
-def user_workspace_under(top: Path, owner_id: int | None) -> Path:
-    """user_workspace() of the DISPATCH_WORKSPACE `top` (a test's server has its own)."""
+def user_workspace_under(top: Path, owner_id: int | None, *, sample: bool = True) -> Path:
+    """user_workspace() of the DISPATCH_WORKSPACE `top` (a test's server has its own).
+    A workspace this call makes starts with the sample project (seed_sample) when
+    DISPATCH_SAMPLE_PROJECT is on, `sample` is, and nothing at the top of `top` waits
+    to be adopted (adopt_shared would find the sample's names taken)."""
     users = top / USERS
     path = users / (str(int(owner_id)) if owner_id is not None else UNOWNED)
     # Dispatch never makes a link here: one was planted (in the shared workspace before
@@ -74,10 +83,45 @@ def user_workspace_under(top: Path, owner_id: int | None) -> Path:
     _set_link_aside(users)
     _set_link_aside(path)
     if not path.is_dir():
+        made = False
         with contextlib.suppress(OSError):
             _make_users(users)
-            make_private(path)
+            # Made here, not found: another process's new workspace is its to fill.
+            path.mkdir(mode=0o700)
+            made = True
+        if made and sample and settings.DISPATCH_SAMPLE_PROJECT and not shared_entries(top):
+            seed_sample(path)
     return path
+
+
+def seed_sample(path: Path) -> list[str]:
+    """Copy the sample project's files (SAMPLE) into the folder `path`, each only where
+    no file of that name is (O_EXCL, never through a link): a user's file is never
+    overwritten. The names written."""
+    written = []
+    try:
+        folder = os.open(path, _DIR_FLAGS)
+    except OSError:
+        return []
+    try:
+        for source in sorted(SAMPLE.iterdir()):
+            if not source.is_file():
+                continue
+            try:
+                fd = os.open(source.name, _NEW_FILE_FLAGS, 0o644, dir_fd=folder)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                logger.warning(
+                    "the sample file %s was not written in %s: %s", source.name, path, exc
+                )
+                continue
+            with os.fdopen(fd, "wb") as f:
+                f.write(source.read_bytes())
+            written.append(source.name)
+    finally:
+        os.close(folder)
+    return written
 
 
 def _set_link_aside(path: Path) -> None:
@@ -160,7 +204,7 @@ def adopt_shared(owner_id: int | None, *, trust_marker: bool = True) -> list[str
             return [USERS]
     if owner_id is None:
         return []
-    target = user_workspace(owner_id)
+    target = user_workspace_under(top, owner_id, sample=False)
     make_private(target)
     taken = [name for name in names if os.path.lexists(target / name)]
     if taken:

@@ -19,6 +19,7 @@ from chat import render as chat_render
 from chat.chunks import Kind, Role, SystemKind, SystemNotice
 from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, OFFLINE_MODEL, model_picker
 from chat.models import Chunk, Tab
+from chat.providers.offline import SUGGESTIONS
 from chat.render import versions
 from chat.turn import lease
 from chat.views import common
@@ -80,6 +81,8 @@ def tab(request: AuthenticatedHttpRequest, tab_id: uuid.UUID) -> HttpResponse:
             "model_picker": model_picker(tab.model),
             "tab_model": tab.model,
             "offline_model": OFFLINE_MODEL,
+            # An empty tab's starter prompts: one click sends one.
+            "starters": SUGGESTIONS,
             "max_message": MAX_MESSAGE_CHARS,
             "max_system_prompt": MAX_SYSTEM_PROMPT_CHARS,
             "default_system_prompt": conf.new_tab_system_prompt,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
+from django.utils.timesince import timesince
 from django.views.decorators.http import require_GET
 
 from chat import search
@@ -23,11 +26,26 @@ def search_view(request: AuthenticatedHttpRequest) -> HttpResponse:
     status = 200
     if context["searched"]:
         try:
-            context["hits"] = search.search(request.user, q)
+            context["hits"] = [
+                {"hit": hit, "when": when(hit.created_at)} for hit in search.search(request.user, q)
+            ]
         except search.SearchError as exc:
             context["search_error"] = str(exc)
             status = 422
     if getattr(request, "htmx", False):
-        return render(request, "chat/app.html#search_results", context, status=status)
+        return render(request, "chat/_search_results.html", context, status=status)
     context["tabs"] = common.sidebar_tabs(request)
     return render(request, "chat/app.html", context, status=status)
+
+
+# Younger than this, a hit's chunk was written "just now" (timesince says "0 minutes").
+JUST_NOW_SECONDS = 60
+
+
+def when(at: datetime | None) -> str:
+    """How long ago a hit's chunk was written, in words ("" when unknown)."""
+    if at is None:
+        return ""
+    if (timezone.now() - at).total_seconds() < JUST_NOW_SECONDS:
+        return "just now"
+    return f"{timesince(at, depth=1)} ago"

@@ -386,7 +386,8 @@
       e.preventDefault();
       return;
     }
-    if (t && t.id === 'search-q' && e.key === 'Escape') {
+    if (e.key === 'Escape' && t && (t.id === 'search-q' || (t.closest && t.closest('.search-dialog')))) {
+      t = $('search-q');
       e.preventDefault();
       t.value = '';
       $('search-results').textContent = '';
@@ -420,6 +421,14 @@
 
   document.addEventListener('input', function (e) {
     if (e.target && e.target.id === 'composer-text') grow(e.target);
+  });
+
+  // The search's results are a dialog: a click outside it and the search field closes it.
+  document.addEventListener('click', function (e) {
+    var results = $('search-results');
+    if (!results || !results.firstElementChild || !e.target.closest) return;
+    if (e.target.closest('.search-dialog') || e.target.closest('#search-q')) return;
+    results.textContent = '';
   });
 
   document.addEventListener('htmx:afterRequest', function (evt) {
@@ -505,16 +514,18 @@
     return ok;
   }
 
+  // An icon button says it in its label (beside the icon for the moment), others in their text.
   function flash(btn, state, label) {
-    var text = btn.getAttribute('data-label') || btn.textContent;
+    var target = btn.querySelector('.act-label') || btn;
+    var text = btn.getAttribute('data-label') || target.textContent;
     if (text) {
       btn.setAttribute('data-label', text);
-      btn.textContent = label;
+      target.textContent = label;
     }
     btn.classList.add(state);
     setTimeout(function () {
       btn.classList.remove(state);
-      if (text) btn.textContent = text;
+      if (text) target.textContent = text;
     }, COPIED_MS);
   }
 
@@ -1062,6 +1073,32 @@
     if (notice) return 'The turn ended: ' + notice.textContent.trim();
     return 'The answer is ready.';
   }
+
+  // The status line's details (model, tokens) stay open across the status frames that
+  // replace it while a turn runs, until closed (by its button, Escape or a click elsewhere).
+  var statusMoreOpen = false;
+  document.addEventListener('toggle', function (e) {
+    var d = e.target;
+    if (d.classList && d.classList.contains('status-more') && d.isConnected) statusMoreOpen = d.open;
+  }, true);
+  document.addEventListener('htmx:wsAfterMessage', function () {
+    var d = document.querySelector('#status .status-more');
+    if (d && statusMoreOpen && !d.open) d.open = true;
+  });
+  function closeStatusMore() {
+    var d = document.querySelector('#status .status-more[open]');
+    statusMoreOpen = false;
+    if (d) d.open = false;
+  }
+  document.addEventListener('click', function (e) {
+    if (statusMoreOpen && !(e.target.closest && e.target.closest('.status-more'))) closeStatusMore();
+  });
+  // Before the page's own Escape (which stops the turn): this Escape only closes the details.
+  window.addEventListener('keydown', function (e) {
+    if (e.key !== 'Escape' || !statusMoreOpen) return;
+    e.stopPropagation();
+    closeStatusMore();
+  }, true);
 
   // A turn's end and a wait for approval are changes of the status line's state.
   var lastStatus = $('status');
