@@ -76,7 +76,7 @@ def test_a_missing_or_refused_key_leads_to_settings_connections_and_offers_no_co
     ):
         fix, acts = acts_of(data)
         assert fix == {
-            "href": "/settings/#connections",
+            "href": "/settings/",
             "text": "Fix it in Settings → Connections",
             "class": "btn primary small",
         }
@@ -85,7 +85,7 @@ def test_a_missing_or_refused_key_leads_to_settings_connections_and_offers_no_co
 
 def test_an_unknown_model_leads_to_the_model_picker():
     fix, acts = acts_of({"message": "model: claude-nope", "status_code": 404, "fix": "model"})
-    assert (fix["href"], fix["text"]) == ("#model-select", "Choose another model")
+    assert (fix["href"], fix["text"]) == ("#model-picker", "Choose another model")
     assert acts == ["act-retry"]
 
 

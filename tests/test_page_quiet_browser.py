@@ -168,3 +168,25 @@ async def test_a_sub_agents_approval_in_the_bar_posts_to_its_own_tab(browser, li
     assert posted.url.endswith(f"/t/{child}/approve/")
     assert "approve=c9" in (posted.post_data or "")
     await context.close()
+
+
+async def test_an_unknown_models_card_opens_the_model_picker(browser, live_server):
+    """A configuration error's main action is its fix: "Choose another model" opens the
+    tab's picker with its filter focused, and a click elsewhere closes it again."""
+    tab, session = await sync_to_async(make_tab)()
+    context, page, socket = await open_tab(
+        browser, live_server.url, session, tab, viewport={"width": 1280, "height": 800}
+    )
+    turn = uuid.uuid4()
+    data = {"message": "model: claude-nope", "status_code": 404, "fix": "model"}
+    socket.send(
+        render.fragment_seal(block("error", data, turn_id=turn, seq=1)),
+        render.fragment_status({"state": "idle", "turn_id": str(turn)}),
+    )
+    await page.click("text=Choose another model")
+    await page.wait_for_selector("#model-picker[open]")
+    focused = await page.evaluate("document.activeElement && document.activeElement.id")
+    assert focused == "model-filter"
+    await page.click("#log")
+    await page.wait_for_selector("#model-picker:not([open])", state="attached")
+    await context.close()

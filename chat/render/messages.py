@@ -40,8 +40,8 @@ COMPACTION_TRIGGERS = ("auto", "manual")
 OWN_STOP = "Stopped by the user"
 # A notice longer than this is one line that opens to the rest: about a line at 375 px.
 NOTICE_LINE_CHARS = 90
-# Settings' section where keys and base URLs are entered.
-CONNECTIONS_ANCHOR = "#connections"
+# Where a tab page's model is chosen (chat/_model_picker.html; app.js opens it).
+MODEL_PICKER_ANCHOR = "#model-picker"
 
 
 @dataclass(eq=False)
@@ -198,9 +198,10 @@ class Error(Item):
     def fix_link(self) -> tuple[str, str] | None:
         """The card's main action for a configuration error: (href, words)."""
         if self.fix == ErrorFix.CONNECTIONS:
-            return reverse("settings") + CONNECTIONS_ANCHOR, "Fix it in Settings → Connections"
+            # Settings opens on Connections: keys and base URLs.
+            return reverse("settings"), "Fix it in Settings → Connections"
         if self.fix == ErrorFix.MODEL:
-            return "#model-select", "Choose another model"
+            return MODEL_PICKER_ANCHOR, "Choose another model"
         return None
 
     @property

@@ -1376,8 +1376,16 @@
   });
 
   document.addEventListener('click', function (e) {
+    // An error card's "Choose another model" opens the picker instead of jumping to it.
+    var opener = e.target.closest && e.target.closest('a[href="#model-picker"]');
+    var wanted = opener && $('model-picker');
+    if (wanted) {
+      e.preventDefault();
+      wanted.scrollIntoView({block: 'nearest'});
+      wanted.open = true;
+    }
     all(document, '[data-model-picker][open]').forEach(function (picker) {
-      if (!picker.contains(e.target)) picker.open = false;
+      if (picker !== wanted && !picker.contains(e.target)) picker.open = false;
     });
   });
 
