@@ -100,11 +100,13 @@ class UserSocket(AsyncWebsocketConsumer):
             await hub.leave(self)
 
     async def disconnect(self, code: int) -> None:
+        # Out of the hub first: a change taken while this awaits would start a batch
+        # that sends on the closed socket.
+        await self.leave_user()
         if self.flush is not None:
             self.flush.cancel()
         if self.watched is not None:
             await revocation.unwatch(self.watched)
-        await self.leave_user()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         message = _json(text_data)

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import turns
+from chat import log, turns
 from chat.models import RunningTurn
 from chat.providers.base import Finish, TextDelta
 from chat.providers.replay import ScriptedProvider
@@ -99,3 +99,31 @@ async def test_a_stop_while_the_model_is_silent_ends_the_turn_and_the_next_turn_
     assert [rows[1].data["text"], rows[4].data["text"]] == ["Half", "Whole."]
     assert provider.outcomes == ["closed", "done"]
     assert not await RunningTurn.objects.aexists()
+
+
+async def test_a_block_sealed_before_its_first_checkpoint_clears_none(
+    script, workspace, monkeypatch
+):
+    """The seal of a block never checkpointed writes no checkpoint clearing (a fixed cost
+    of every short turn); one checkpointed is cleared with its seal."""
+    clears: list[bool] = []
+    real_append = log.append
+
+    def append(tab_id, blocks, *, clear_checkpoint=False, **kwargs):
+        clears.extend(clear_checkpoint for b in blocks if b.role == "assistant")
+        return real_append(tab_id, blocks, clear_checkpoint=clear_checkpoint, **kwargs)
+
+    monkeypatch.setattr(log, "append", append)
+    # The second step's text pauses past the checkpoint's idle debounce (250 ms).
+    script([TextDelta("quick"), Finish()])
+    async with running_worker():
+        tab = await make_tab()
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "one")
+            await watcher.until_idle()
+    script([TextDelta("slow "), TextDelta("answer"), Finish()], delay=0.4)
+    async with running_worker():
+        async with Watcher(tab.pk) as watcher:
+            await submit(tab, "two")
+            await watcher.until_idle()
+    assert clears == [False, True]

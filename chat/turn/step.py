@@ -408,9 +408,11 @@ class Stepper:
         """Record a request's tokens; a step's are also the tab's context size."""
         state = self.state
         state.status.usage = state.status.usage + usage
-        tab = await Tab.objects.only("owner_id").aget(pk=state.tab_id)
+        owner_id = state.owner_id
+        if owner_id is None:  # known once the turn has read its tab
+            owner_id = (await Tab.objects.only("owner_id").aget(pk=state.tab_id)).owner_id
         await UsageRecord.objects.acreate(
-            user_id=tab.owner_id,
+            user_id=owner_id,
             tab_id=state.tab_id,
             turn_id=state.turn_id,
             step=state.reducer.step,
