@@ -57,6 +57,14 @@ def access_group(user_id: int | str) -> str:
     return f"access.{user_id}"
 
 
+def listened(layer: Any, group: str) -> bool:
+    """Whether anything may be listening to `group`: on the embedded layer, whether the
+    group has a member (this process is all there is); on another, always (who listens on
+    Redis is not known without asking it)."""
+    groups = getattr(layer, "groups", None)
+    return not isinstance(groups, dict) or bool(groups.get(group))
+
+
 def send(channel: str, message: dict[str, Any]) -> None:
     async_to_sync(get_channel_layer().send)(channel, message)
 
