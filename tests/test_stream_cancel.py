@@ -122,8 +122,7 @@ async def test_a_block_sealed_before_its_first_checkpoint_clears_none(
             await submit(tab, "one")
             await watcher.until_idle()
     script([TextDelta("slow "), TextDelta("answer"), Finish()], delay=0.4)
-    async with running_worker():
-        async with Watcher(tab.pk) as watcher:
-            await submit(tab, "two")
-            await watcher.until_idle()
+    async with running_worker(), Watcher(tab.pk) as watcher:
+        await submit(tab, "two")
+        await watcher.until_idle()
     assert clears == [False, True]
