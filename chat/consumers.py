@@ -189,7 +189,9 @@ class TabSocket(UserSocket):
         await self.send(text_data=frame)
 
     async def _resync(self) -> None:
-        # The page reconnects by itself and starts over with a hello.
+        # The page reconnects by itself and starts over with a hello; the ops the feed
+        # hands this socket until its disconnect are not sent on the closing socket.
+        self.ended = True
         await self.close(code=CLOSE_RESYNC)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
