@@ -27,6 +27,7 @@ BENCHMARKS = [
     "cache",
     "compaction",
     "streaming",
+    "turn_cost",
     "paced",
     "live_markdown",
     "browser",

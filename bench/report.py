@@ -61,6 +61,21 @@ def _streaming(s: dict) -> list[Row]:
     return rows
 
 
+def _turn_cost(t: dict) -> list[Row]:
+    turn, page, bare = t["turn_cpu_ms"], t["page_cpu_ms"], t["bare_cpu_ms"]
+    return [
+        (
+            "A 1-token turn: server CPU and SQL statements (POST to idle, the page open)",
+            f"{turn['median']:.1f} ms ({turn['min']:.1f}–{turn['max']:.1f}), "
+            f"{t['turn_statements']['median']:.0f} statements; the bare consumer's 1-token "
+            f"socket {bare['median']:.1f} ms, 0 statements ({t['turn_cpu_ratio']:.1f}×); "
+            f"opening the tab's page (GET, socket, catch-up) {page['median']:.1f} ms, "
+            f"{t['page_statements']['median']:.0f} statements",
+            "",
+        )
+    ]
+
+
 def _paced(p: dict) -> list[Row]:
     rows: list[Row] = []
     app, bare, ratio = p["app"], p["bare"], p["cpu_ratio"]
@@ -346,6 +361,7 @@ def _revocation(v: dict) -> list[Row]:
 _SECTIONS: tuple[tuple[str, Callable[[dict], list[Row]]], ...] = (
     ("browser", _browser),
     ("streaming", _streaming),
+    ("turn_cost", _turn_cost),
     ("paced", _paced),
     ("live_markdown", _live_markdown),
     ("writes", _writes),

@@ -8,6 +8,9 @@ With PORT 0 the OS chooses the port; the server prints "Listening on TCP address
 `bench/stamped` get the stamped tokens; tabs on any other model get the app's real
 provider (the bench sets its key and base URL in the environment).
 
+GET /bench/statements/ answers how many SQL statements the process has run so far (every
+thread's); with BENCH_SQL_LOG set, /bench/statements/?sql answers their text, one a line.
+
 For the browser benchmark, tabs on the model `bench/deltas` get DELTAS small text deltas at
 full speed instead, and the page at /bench/raw/ (bench/raw.html) gets the same deltas raw on
 /bench/raw/ws/: "go each" sends one frame per delta, "go coalesced" joins them into frames
@@ -112,10 +115,51 @@ async def raw_page(receive, send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+# The SQL statements this process ran, in every thread (see _count_statements).
+STATEMENTS: list[str] = []
+
+
+def _count_statements() -> None:
+    """Count every statement Django runs, whichever thread runs it (a connection's
+    execute_wrapper is per thread): the bench reads the count over HTTP."""
+    from django.db.backends import utils
+
+    keep = bool(os.environ.get("BENCH_SQL_LOG"))
+    real_execute, real_executemany = utils.CursorWrapper._execute, utils.CursorWrapper._executemany
+
+    def _execute(self, sql, params, *ignored):
+        STATEMENTS.append(sql if keep else "")
+        return real_execute(self, sql, params, *ignored)
+
+    def _executemany(self, sql, param_list, *ignored):
+        STATEMENTS.append(sql if keep else "")
+        return real_executemany(self, sql, param_list, *ignored)
+
+    utils.CursorWrapper._execute = _execute
+    utils.CursorWrapper._executemany = _executemany
+
+
+async def statements_page(scope, send) -> None:
+    body = "\n".join(STATEMENTS) if scope["query_string"] == b"sql" else str(len(STATEMENTS))
+    data = body.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"text/plain"),
+                (b"content-length", str(len(data)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
 def main(port: int, tokens: int, pace: float) -> None:
     from bench.common import setup_django
 
     setup_django(sys.argv[4] if len(sys.argv) > 4 else None)
+    _count_statements()
     results_path = Path(os.environ["DISPATCH_DATA_DIR"]) / RAW_RESULTS
     deltas = small_deltas(int(sys.argv[5]) if len(sys.argv) > 5 else 0)
     _serve_bench_models(tokens, pace, deltas)
@@ -187,6 +231,8 @@ def _application(tokens: int, pace: float, deltas: list[str], results_path: Path
             return await bare(scope, receive, send)
         if scope["type"] == "http" and scope["path"] == "/bench/raw/":
             return await raw_page(receive, send)
+        if scope["type"] == "http" and scope["path"] == "/bench/statements/":
+            return await statements_page(scope, send)
         return await asgi.application(scope, receive, send)
 
     return application

@@ -15,17 +15,28 @@
 
 The sync helpers are for ORM code (views, commands, the lease's database
 thread); async code awaits the channel layer itself.
+
+A process listens to a group of many watchers (a tab's pages, a user's pages) once: a
+`Hub` is its one member of the group, handing each message to every watcher it serves
+here. On Redis that is one message per process, not one per socket; on the embedded
+layer (chat.layers) the hub's channel is attached, so a message reaches it as a call,
+with no queue, no copy and no task.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
+from collections.abc import Awaitable
 from contextlib import suppress
-from typing import Any
+from typing import Any, Protocol
 
 from asgiref.sync import async_to_sync
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
+
+logger = logging.getLogger(__name__)
 
 WORKER_CHANNEL = "dispatch-turns"
 
@@ -44,6 +55,14 @@ def user_group(user_id: int | str) -> str:
 
 def access_group(user_id: int | str) -> str:
     return f"access.{user_id}"
+
+
+def listened(layer: Any, group: str) -> bool:
+    """Whether anything may be listening to `group`: on the embedded layer, whether the
+    group has a member (this process is all there is); on another, always (who listens on
+    Redis is not known without asking it)."""
+    groups = getattr(layer, "groups", None)
+    return not isinstance(groups, dict) or bool(groups.get(group))
 
 
 def send(channel: str, message: dict[str, Any]) -> None:
@@ -73,3 +92,81 @@ def wakes_changed() -> None:
     # A hint only: when the channel is full, the scheduler's capped sleep ends anyway.
     with suppress(ChannelFull):
         send(WORKER_CHANNEL, {"type": "wakes.changed"})
+
+
+class Member(Protocol):
+    def take(self, message: dict[str, Any]) -> Awaitable[None]: ...
+
+
+class Hub:
+    """This process's one subscription to a group, shared by every watcher of it here.
+
+    `fan_out` hands a message to each member in turn, in the order messages come: a
+    member must not block (one that needs the database buffers and works in a task of
+    its own). Members must not change the message: they all get the same dict."""
+
+    def __init__(self, key: tuple[Any, ...], layer: Any, group: str) -> None:
+        self.key, self.layer, self.group = key, layer, group
+        self.members: set[Any] = set()
+        self.channel = ""
+        self.listening: asyncio.Task[None] | None = None
+        self.ready = asyncio.ensure_future(self._start())
+
+    async def _start(self) -> None:
+        self.channel = await self.layer.new_channel()
+        attach = getattr(self.layer, "attach", None)
+        if attach is not None:
+            attach(self.channel, self.fan_out)
+        else:
+            self.listening = asyncio.create_task(self._listen())
+        await self.layer.group_add(self.group, self.channel)
+
+    async def _listen(self) -> None:
+        while True:
+            await self.fan_out(await self.layer.receive(self.channel))
+
+    async def fan_out(self, message: dict[str, Any]) -> None:
+        for member in list(self.members):
+            try:
+                await member.take(message)
+            except Exception:
+                # One watcher's failure (a socket gone mid-send) is not the others'.
+                logger.exception("could not hand %s a message of %s", member, self.group)
+
+    async def stop(self) -> None:
+        await asyncio.wait([self.ready])
+        if not self.channel:
+            return  # it never started
+        if self.listening is not None:
+            self.listening.cancel()
+        detach = getattr(self.layer, "detach", None)
+        if detach is not None:
+            detach(self.channel)
+        await self.layer.group_discard(self.group, self.channel)
+
+    @classmethod
+    async def join(cls, layer: Any, group: str, member: Member) -> Hub:
+        """The hub of `group` in this event loop and layer (made if there is none), with
+        `member` in it, listening: messages sent to the group from now on reach it."""
+        key = (asyncio.get_running_loop(), layer, group)
+        hub = _hubs.get(key)
+        if hub is None:
+            hub = _hubs[key] = cls(key, layer, group)
+        hub.members.add(member)
+        try:
+            await asyncio.shield(hub.ready)
+        except Exception:
+            await hub.leave(member)
+            raise
+        return hub
+
+    async def leave(self, member: Member) -> None:
+        """`member` gets no more messages; the last one out ends the subscription."""
+        self.members.discard(member)
+        if not self.members and _hubs.get(self.key) is self:
+            del _hubs[self.key]
+            await self.stop()
+
+
+# By event loop, channel layer and group: a test's loop or layer never serves another's.
+_hubs: dict[tuple[Any, ...], Hub] = {}

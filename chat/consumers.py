@@ -2,9 +2,11 @@
 UserSocket: one per other page with the sidebar (home, Wakes, settings...).
 
 Both carry the user channel (chat.sidebar): the process subscribes once per user to
-their group (_UserHub) and hands each change, its sidebar entry, to every page of theirs
-it serves, so a tab page needs no second socket. The tab's sync itself (catch-up,
-snapshot, gap checks) is chat.follow's Follower, shared with the API's server-sent events.
+their group (a chat.bus.Hub) and hands each change, its sidebar entry, to every page of
+theirs it serves, so a tab page needs no second socket. A tab's ops come the same way,
+through the tab's hub (chat.follow), never through a channel of the socket's own. The
+tab's sync itself (catch-up, snapshot, gap checks) is chat.follow's Follower, shared with
+the API's server-sent events.
 
 A socket is under chat.revocation's watch from connect on: when the session it was opened
 in ends (signed out, password changed, user deactivated) or its tab is deleted, it closes
@@ -42,49 +44,10 @@ CLOSE_TAB_GONE = 4404
 SIDEBAR_BATCH_SECONDS = 0.2
 
 
-class _UserHub:
-    """This process's one subscription to a user's group, shared by every page of theirs
-    it serves: a change is received once and handed to each page, not delivered through
-    the channel layer to each page's channel. Delivered to each page's channel, one change
-    would be a hundred deliveries for a hundred pages, and a hundred turns starting at once
-    would stall the event loop."""
-
-    def __init__(self, key: tuple[Any, ...], layer: Any, group: str) -> None:
-        self.key, self.layer, self.group = key, layer, group
-        self.pages: set[UserSocket] = set()
-        self.channel = ""
-        self.listening: asyncio.Task[None] | None = None
-        self.ready = asyncio.ensure_future(self._start())
-
-    async def _start(self) -> None:
-        self.channel = await self.layer.new_channel()
-        await self.layer.group_add(self.group, self.channel)
-        self.listening = asyncio.create_task(self._listen())
-
-    async def _listen(self) -> None:
-        while True:
-            message = await self.layer.receive(self.channel)
-            if message.get("type") != "user.tab":
-                continue
-            for page in list(self.pages):
-                page.take(message)
-
-    async def stop(self) -> None:
-        await asyncio.wait([self.ready])
-        if self.listening is None:
-            return  # it never started
-        self.listening.cancel()
-        await self.layer.group_discard(self.group, self.channel)
-
-
-# By event loop, channel layer and group: a test's loop or layer never serves another's.
-_hubs: dict[tuple[Any, ...], _UserHub] = {}
-
-
 class UserSocket(AsyncWebsocketConsumer):
     """The user channel of one page: its sidebar's entries, live."""
 
-    hub: _UserHub | None = None
+    hub: bus.Hub | None = None
     # The tab the page shows (its sidebar entry is marked current).
     current: uuid.UUID | None = None
     # Entries waiting for the next batch, by tab (the latest wins), and its timer.
@@ -129,33 +92,21 @@ class UserSocket(AsyncWebsocketConsumer):
     async def join_user(self) -> None:
         # Joined before the page's sidebar hello is read: a change from here on is sent.
         group = bus.user_group(self.scope["user"].pk)
-        key = (asyncio.get_running_loop(), self.channel_layer, group)
-        hub = _hubs.get(key)
-        if hub is None:
-            hub = _hubs[key] = _UserHub(key, self.channel_layer, group)
-        hub.pages.add(self)
-        self.hub = hub
-        try:
-            await asyncio.shield(hub.ready)
-        except Exception:
-            await self.leave_user()
-            raise
+        self.hub = await bus.Hub.join(self.channel_layer, group, self)
 
     async def leave_user(self) -> None:
         hub, self.hub = self.hub, None
-        if hub is None:
-            return
-        hub.pages.discard(self)
-        if not hub.pages and _hubs.get(hub.key) is hub:
-            del _hubs[hub.key]
-            await hub.stop()
+        if hub is not None:
+            await hub.leave(self)
 
     async def disconnect(self, code: int) -> None:
+        # Out of the hub first: a change taken while this awaits would start a batch
+        # that sends on the closed socket.
+        await self.leave_user()
         if self.flush is not None:
             self.flush.cancel()
         if self.watched is not None:
             await revocation.unwatch(self.watched)
-        await self.leave_user()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         message = _json(text_data)
@@ -173,9 +124,11 @@ class UserSocket(AsyncWebsocketConsumer):
         if frames:
             await self.send(text_data="".join(frames))
 
-    def take(self, message: dict[str, Any]) -> None:
+    async def take(self, message: dict[str, Any]) -> None:
         """A change from the hub, rendered once by the worker that announced it
         (chat.sidebar.with_entries): no query here, however many pages are open."""
+        if message.get("type") != "user.tab":
+            return
         # Any version of the page's conversation (chat.sidebar.with_entries).
         shown = message.get("versions") or [message["tab_id"]]
         mine = self.current is not None and str(self.current) in shown
@@ -225,28 +178,29 @@ class TabSocket(UserSocket):
             return
         await self.watch(tab_id)
         self.current = tab_id
-        self.group = bus.tab_group(tab_id)
         self.follower = Follower(
             tab_id, self.channel_layer, self.channel_name, HtmlRenderer(), self._send, self._resync
         )
         # Join before reading anything: ops from here on are buffered, not lost.
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.follower.join()
         await self.join_user()
         await self.accept()
 
     async def _send(self, frame: str) -> None:
+        # A frame shared by the process's pages (chat.follow.Frame) is encoded once.
         await self.send(text_data=frame)
 
     async def _resync(self) -> None:
-        # The page reconnects by itself and starts over with a hello.
+        # The page reconnects by itself and starts over with a hello; the ops the feed
+        # hands this socket until its disconnect are not sent on the closing socket.
+        self.ended = True
         await self.close(code=CLOSE_RESYNC)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels closes stale database connections before every handler, a
-        # thread-pool hop per message. Forwarding an op touches no database and
-        # is nearly all of a socket's messages: the follower's messages skip the
-        # hop; its catch-up, which reads the database, closes them itself.
-        if message["type"] in ("tab.op", "tab.snapshot", "tab.snapshot_timeout"):
+        # thread-pool hop per message. The follower's messages (its snapshot's answer)
+        # skip the hop; its catch-up, which reads the database, closes them itself.
+        if message["type"] in ("tab.snapshot", "tab.snapshot_timeout"):
             if self.follower is not None:
                 await self.follower.on_message(message)
         else:
@@ -254,8 +208,7 @@ class TabSocket(UserSocket):
 
     async def disconnect(self, code: int) -> None:
         if self.follower is not None:
-            self.follower.stop()
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            await self.follower.leave()
         await super().disconnect(code)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:

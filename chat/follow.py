@@ -18,6 +18,13 @@ The transports differ only in how an op is written (a `Renderer`): htmx
 fragments over the page's WebSocket (consumers.TabSocket), server-sent events
 for API clients (`sse_events`), whose event ids are the client's position, so
 a reconnect with Last-Event-ID resumes exactly.
+
+Ops reach followers through the tab's `_Feed`, this process's one member of the tab's
+group (a chat.bus.Hub): one channel-layer message per op per process, none at all in
+embedded mode. The feed renders each op once, with a renderer of its own that has seen
+every op: a page whose renderer is in the state the feed's was in before the op (it has
+seen the same ops since the last catch-up) is sent that frame, whose UTF-8 bytes are
+made once too (`Frame`); any other renders its own.
 """
 
 from __future__ import annotations
@@ -55,6 +62,35 @@ CATCH_UP_FRAME_CHARS = 256 * 1024
 # An SSE stream with nothing to say sends a comment this often, so proxies
 # keep it open and the client can tell a quiet tab from a dead connection.
 SSE_HEARTBEAT_SECONDS = 15.0
+
+
+class Frame(str):
+    """A frame sent to many pages: its UTF-8 bytes, which the server asks for to send it
+    (daphne encodes every text frame), are made once."""
+
+    def __new__(cls, text: str) -> Frame:
+        frame = super().__new__(cls, text)
+        frame.utf8 = str.encode(frame)
+        return frame
+
+    utf8: bytes
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        if encoding.lower().replace("-", "").replace("_", "") == "utf8":
+            return self.utf8
+        return str.encode(self, encoding, errors)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """An op as the feed rendered it once for every page: its block parsed, and its frame
+    with the feed's renderer state before and after (None for an op whose frame depends
+    on no state). No frame when no page follows the tab here."""
+
+    block: Block | None
+    frame: Frame | None = None
+    before: tuple[Any, ...] | None = None
+    after: tuple[Any, ...] | None = None
 
 
 class _Gap(Exception):
@@ -128,9 +164,20 @@ class HtmlRenderer:
     def bind(self, follower: Follower) -> None:
         pass
 
+    def state(self) -> tuple[Any, ...]:
+        """What a frame depends on besides its op (the live text by identity: two
+        renderers holding the same one have fed it the same deltas)."""
+        return (self.last_turn, self.opened, self.live)
+
+    def adopt(self, state: tuple[Any, ...]) -> None:
+        self.last_turn, self.opened, self.live = state
+
     def catch_up(self, tab_id: uuid.UUID, last_seq: int) -> CatchUp:
         plan = catch_up(tab_id, last_seq)
         self.last_turn = plan.last_turn
+        # A text block the page held is sent whole again (resumes): never fed here
+        # again, least of all the feed's, which this renderer may hold.
+        self.live = None
         return plan
 
     def _starts(self, block: Block) -> bool:
@@ -263,6 +310,52 @@ class SseRenderer:
 Renderer = HtmlRenderer | SseRenderer
 
 
+class _Feed(bus.Hub):
+    """This process's subscription to a tab's ops, shared by its followers here; it
+    renders each op once for the pages among them (see the module's docstring)."""
+
+    canonical: HtmlRenderer | None = None
+
+    async def fan_out(self, message: dict[str, Any]) -> None:
+        if message.get("type") != "tab.op":
+            return
+        shared = self._render(message)
+        for member in list(self.members):
+            try:
+                await member.take(message, shared)
+            except Exception:
+                logger.exception("could not hand an op of tab group %s on", self.group)
+
+    def _render(self, message: dict[str, Any]) -> Shared:
+        op = message["op"]
+        block = Block.from_dict(message["block"]) if op in ("open", "seal") else None
+        if not any(isinstance(m.renderer, HtmlRenderer) for m in self.members):
+            # Whatever it saw is not every op any more: a page starts it afresh.
+            self.canonical = None
+            return Shared(block)
+        renderer = self.canonical = self.canonical or HtmlRenderer()
+        before = renderer.state()
+        match op:
+            case "open" if block is not None:
+                text = renderer.open(block)
+            case "seal" if block is not None:
+                text = renderer.seal(block)
+            case "delta":
+                text = renderer.delta(message["chunk_id"], message["offset"], message["text"])
+            case "status":
+                return Shared(None, Frame(renderer.status(message["status"])))
+            case "queued":
+                compact = message.get("compact") is True
+                return Shared(
+                    None, Frame(renderer.queued(message["id"], message["text"], compact=compact))
+                )
+            case "taken":
+                return Shared(None, Frame(renderer.taken(message["ids"])))
+            case _:
+                return Shared(block)
+        return Shared(block, Frame(text), before, renderer.state())
+
+
 class Follower:
     """The sync of one client (a page's socket or an SSE stream) with a tab's log.
 
@@ -288,7 +381,7 @@ class Follower:
         self.send = send
         self.overflow = overflow
         self.synced = False
-        self.buffer: deque[dict[str, Any]] = deque()
+        self.buffer: deque[tuple[dict[str, Any], Shared | None]] = deque()
         self.sent_seq = 0
         self.open_id: str | None = None
         self.open_len = 0
@@ -296,7 +389,21 @@ class Follower:
         self.done_ids: set[str] = set()
         self.pending_hello: dict[str, Any] | None = None
         self.snapshot_timer: asyncio.TimerHandle | None = None
+        self.feed: _Feed | None = None
+        # Held by a sync (hello, snapshot, resync): ops meanwhile wait in the buffer.
+        self._syncing = asyncio.Lock()
+        self._resync: asyncio.Task[None] | None = None
         renderer.bind(self)
+
+    async def join(self) -> None:
+        """Follow the tab's ops from now on (buffered until the client says what it holds)."""
+        self.feed = cast(_Feed, await _Feed.join(self.layer, bus.tab_group(self.tab_id), self))
+
+    async def leave(self) -> None:
+        self.stop()
+        feed, self.feed = self.feed, None
+        if feed is not None:
+            await feed.leave(self)
 
     def position(self) -> str:
         """What the client holds, as an SSE event id."""
@@ -308,18 +415,25 @@ class Follower:
         if self.snapshot_timer is not None:
             self.snapshot_timer.cancel()
             self.snapshot_timer = None
+        if self._resync is not None:
+            self._resync.cancel()
+            self._resync = None
 
     async def hello(self, hello: dict[str, Any]) -> None:
-        await self._sync(hello)
+        async with self._syncing:
+            await self._sync(hello)
 
     async def on_message(self, message: dict[str, Any]) -> None:
+        """A message on the follower's own channel: its snapshot's answer."""
         match message["type"]:
             case "tab.op":
-                await self.on_op(message)
+                await self.take(message)
             case "tab.snapshot":
-                await self.on_snapshot(message)
+                async with self._syncing:
+                    await self.on_snapshot(message)
             case "tab.snapshot_timeout":
-                await self.on_snapshot_timeout()
+                async with self._syncing:
+                    await self.on_snapshot_timeout()
 
     def _holding(self) -> dict[str, Any]:
         """What the client holds, as far as this follower sent it: a hello for a resync."""
@@ -430,20 +544,29 @@ class Follower:
                 return resync
         return None
 
-    async def on_op(self, message: dict[str, Any]) -> None:
-        if not self.synced:
-            self.buffer.append(message)
+    async def take(self, message: dict[str, Any], shared: Shared | None = None) -> None:
+        """An op, from the feed. It must not wait on the database (the feed hands each op
+        to every follower in turn): while a sync runs, or its buffer drains, it waits in
+        the buffer; a gap starts a sync of its own."""
+        if not self.synced or self.buffer or self._syncing.locked():
+            self.buffer.append((message, shared))
             if len(self.buffer) > MAX_BUFFERED_OPS:
                 # The client reconnects by itself and starts over with a hello.
                 self.buffer.clear()
                 await self.overflow()
             return
-        await self._sync(await self._forward(message))
+        resync = await self._forward((message, shared))
+        if resync is not None:
+            self._resync = asyncio.ensure_future(self._sync_again(resync))
 
-    async def _forward(self, message: dict[str, Any]) -> dict[str, Any] | None:
+    async def _sync_again(self, hello: dict[str, Any]) -> None:
+        async with self._syncing:
+            await self._sync(hello)
+
+    async def _forward(self, item: tuple[dict[str, Any], Shared | None]) -> dict[str, Any] | None:
         """Send an op's frame; on a gap, send nothing and return the hello to sync with."""
         try:
-            frame = self._frame(message)
+            frame = self._frame(*item)
         except _Gap as gap:
             logger.warning("tab %s: %s; catching the client up again", self.tab_id, gap)
             self.synced = False
@@ -452,14 +575,28 @@ class Follower:
             await self.send(frame)
         return None
 
-    def _frame(self, message: dict[str, Any]) -> str | None:
+    def _shared(self, shared: Shared | None) -> str | None:
+        """The feed's frame, when this follower's renderer would render the same (its
+        state is the one the feed's had before the op): it then moves to the state after."""
+        renderer = self.renderer
+        if shared is None or shared.frame is None or not isinstance(renderer, HtmlRenderer):
+            return None
+        if shared.before is not None:
+            if renderer.state() != shared.before:
+                return None
+            renderer.adopt(cast(tuple[Any, ...], shared.after))
+        return shared.frame
+
+    def _frame(self, message: dict[str, Any], shared: Shared | None = None) -> str | None:
         match message["op"]:
             case "open":
-                block = Block.from_dict(message["block"])
+                block = (
+                    shared.block if shared and shared.block else Block.from_dict(message["block"])
+                )
                 if str(block.id) == self.open_id or str(block.id) in self.done_ids:
                     return None
                 self.open_id, self.open_len = str(block.id), len(block.text)
-                return self.renderer.open(block)
+                return self._shared(shared) or self.renderer.open(block)
             case "delta":
                 chunk_id = message["chunk_id"]
                 if chunk_id in self.done_ids:
@@ -472,12 +609,17 @@ class Follower:
                     raise _Gap(f"a delta at offset {offset}; the client has {self.open_len}")
                 if skip >= len(text):
                     return None
+                if skip == 0:
+                    self.open_len += len(text)
+                    return self._shared(shared) or self.renderer.delta(chunk_id, offset, text)
                 text = text[skip:]
                 offset = self.open_len
                 self.open_len += len(text)
                 return self.renderer.delta(chunk_id, offset, text)
             case "seal":
-                block = Block.from_dict(message["block"])
+                block = (
+                    shared.block if shared and shared.block else Block.from_dict(message["block"])
+                )
                 if block.seq is not None and block.seq <= self.sent_seq:
                     return None
                 if block.seq is not None and block.seq > self.sent_seq + 1:
@@ -485,15 +627,15 @@ class Follower:
                 self.sent_seq = block.seq or self.sent_seq
                 if str(block.id) == self.open_id:
                     self.open_id, self.open_len = None, 0
-                return self.renderer.seal(block)
+                return self._shared(shared) or self.renderer.seal(block)
             case "status":
-                return self.renderer.status(message["status"])
+                return self._shared(shared) or self.renderer.status(message["status"])
             case "queued":
-                return self.renderer.queued(
+                return self._shared(shared) or self.renderer.queued(
                     message["id"], message["text"], compact=message.get("compact") is True
                 )
             case "taken":
-                return self.renderer.taken(message["ids"])
+                return self._shared(shared) or self.renderer.taken(message["ids"])
         return None
 
 
@@ -531,22 +673,26 @@ async def sse_events(
     and nothing else is sent. The caller has checked that the client may see the tab."""
     heartbeat = SSE_HEARTBEAT_SECONDS if heartbeat is None else heartbeat
     layer = get_channel_layer()
+    # The follower's own channel: its snapshot's answer comes there; ops come from the feed.
     channel = await layer.new_channel()
     out: deque[str] = deque()
+    wake = asyncio.Event()
     ended = False
 
     async def send(frame: str) -> None:
         out.append(frame)
+        wake.set()
 
     async def overflow() -> None:
         nonlocal ended
         ended = True
+        wake.set()
 
     follower = Follower(tab_id, layer, channel, SseRenderer(), send, overflow)
-    group = bus.tab_group(tab_id)
     # Joined before anything is read: ops from here on are buffered, not lost.
-    await layer.group_add(group, channel)
-    receiving: asyncio.Future | None = None
+    await follower.join()
+    receiving: asyncio.Future[Any] | None = None
+    woken: asyncio.Future[Any] | None = None
     try:
         # How long a client waits before it reconnects, in milliseconds.
         yield "retry: 1000\n\n"
@@ -561,23 +707,27 @@ async def sse_events(
                 yield out.popleft()
             if ended:
                 return
+            wake.clear()
             # One receive kept across heartbeats: a receive cancelled mid-way could
             # lose its message on some channel layers.
             if receiving is None:
                 receiving = asyncio.ensure_future(layer.receive(channel))
-            waits = {receiving} if until is None else {receiving, until}
+            if woken is None:
+                woken = asyncio.ensure_future(wake.wait())
+            waits = {receiving, woken} if until is None else {receiving, woken, until}
             done, _ = await asyncio.wait(
                 waits, timeout=heartbeat, return_when=asyncio.FIRST_COMPLETED
             )
             if not done:
                 yield ": keep-alive\n\n"
                 continue
-            if receiving not in done:
-                continue
-            message, receiving = receiving.result(), None
-            await follower.on_message(message)
+            if woken in done:
+                woken = None
+            if receiving in done:
+                message, receiving = receiving.result(), None
+                await follower.on_message(message)
     finally:
-        follower.stop()
-        if receiving is not None:
-            receiving.cancel()
-        await layer.group_discard(group, channel)
+        await follower.leave()
+        for waiting in (receiving, woken):
+            if waiting is not None:
+                waiting.cancel()

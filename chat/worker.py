@@ -105,6 +105,12 @@ class TurnWorker(AsyncConsumer):
         async def announce(message: dict[str, Any], before: asyncio.Task[None] | None) -> None:
             if before is not None:
                 await asyncio.wait([before])
+            owner_id = runner.state.owner_id
+            if owner_id is not None and not bus.listened(
+                self.channel_layer, bus.user_group(owner_id)
+            ):
+                # No page of the owner's is open: each reads its entries when it opens.
+                return
             try:
                 # The owner comes with the entry: no read before the runner exists.
                 read = database_sync_to_async(sidebar.with_entries, thread_sensitive=False)

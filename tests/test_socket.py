@@ -458,9 +458,11 @@ TINY_CAPACITY = 3
 
 @pytest.fixture
 def tiny_layer(settings):
+    # Channels' own in-memory layer, whose channels are queues (as Redis's are): the
+    # embedded layer hands the tab's feed its ops as calls, which nothing drops.
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "chat.layers.EmbeddedChannelLayer",
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
             "CONFIG": {"capacity": TINY_CAPACITY, "expiry": 60},
         }
     }

@@ -53,6 +53,9 @@ class Outbox:
         # writes the rest (chat.log.checkpoint).
         self._cp_block: Any = None
         self._cp_stored = 0
+        # A checkpoint was written since the last seal cleared it: the next seal clears
+        # it (a block sealed before its first checkpoint leaves nothing to clear).
+        self._cp_written = False
         self._coalescer = Coalescer()
         self._delta_timer: asyncio.TimerHandle | None = None
         # The last delta op being published: the next one waits for it (order).
@@ -107,7 +110,8 @@ class Outbox:
         first = False
         if block.type == Kind.TOOL_CALL and self.on_call is not None:
             first = self.on_call(block)
-        await self.append([block], clear_checkpoint=True)
+        await self.append([block], clear_checkpoint=self._cp_written)
+        self._cp_written = False
         if first:
             state.seqs[block.data["call_id"]] = appended_seq(block)
         state.last_seq = appended_seq(block)
@@ -212,6 +216,8 @@ class Outbox:
 
     def _chain_write(self, snapshot: Block) -> asyncio.Future[None]:
         previous = self._cp_write
+        # Set before the write lands: a write that fails may still have written its part.
+        self._cp_written = True
 
         async def write() -> None:
             if previous is not None:

@@ -156,8 +156,13 @@ class TurnState:
     # The heartbeat found the tab deleted: its sub-agents are stopped, not left to run on
     # for a resumed turn that will never come.
     tab_gone: bool = False
-    # What produces events now (a stream, a tool): the one thing cancel interrupts.
+    # What produces events now (a tool, an agent): cancel cancels it.
     producer: asyncio.Task[None] | None = None
+    # The runner's task while it waits for the provider's next event (step.Stepper.stream):
+    # cancel interrupts that wait, never the ops being applied.
+    waiting: asyncio.Task[Any] | None = None
+    # Why that wait was interrupted: raised where it waited.
+    interrupted: BaseException | None = None
     # Calls waiting for the user's answer, by call id.
     approvals: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
 
@@ -232,9 +237,19 @@ class TurnState:
         self.agents_stop.set()
         if self.producer is not None:
             self.producer.cancel()
+        if self.waiting is not None:
+            self.interrupt(TurnCancelled())
         for future in self.approvals.values():
             if not future.done():
                 future.set_exception(TurnCancelled())
+
+    def interrupt(self, why: BaseException) -> None:
+        """Raise `why` where the runner waits for the provider's next event (now, or at
+        its next wait): its task is cancelled while it waits there, nowhere else."""
+        if self.interrupted is None:
+            self.interrupted = why
+        if self.waiting is not None and not self.waiting.done():
+            self.waiting.cancel()
 
     def lose_lease(self, *, gone: bool = False) -> None:
         """Another worker recovered the tab (its runner looked dead): this one stops and

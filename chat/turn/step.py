@@ -1,17 +1,20 @@
 """One step: a request streamed from the provider into the reducer, with retries, the
 fallback model and the idle watchdog. `Stepper.run` returns one `StepResult`.
 
-Everything that produces events (the provider stream, a running tool) runs in a
-*producer* task that feeds one queue (`Stepper.produced`); the runner's own coroutine
-consumes the queue and applies the reducer's ops. Cancel cancels producers only, so an op
-is never half-applied: a seal is either in the log and broadcast, or neither.
+The provider's stream is consumed in the runner's own task (`Stepper.stream`): no task
+or queue between the SDK and the reducer. Stop and the idle watchdog interrupt only the
+wait for its next event (`TurnState.interrupt` cancels the task while it waits there, and
+what it waited for is raised in its place), never the ops being applied, so an op is never
+half-applied: a seal is either in the log and broadcast, or neither. What produces events
+on its own schedule (a running tool, an agent) runs in a *producer* task that feeds one
+queue (`Stepper.produced`), which cancel cancels.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import aclosing, suppress
 from dataclasses import dataclass
 from datetime import timedelta
@@ -131,6 +134,10 @@ class Stepper:
     def __init__(self, state: TurnState, outbox: Outbox) -> None:
         self.state = state
         self.outbox = outbox
+        # The stream's watchdog timer, and the "waiting for the model" status it is
+        # publishing (the next event's status waits for it: they go out in order).
+        self._timer: asyncio.TimerHandle | None = None
+        self._showing: asyncio.Future[None] | None = None
         # Loop time of the stream's last event (or of its start).
         self._last_event_at = 0.0
         # Loop time since when the runner waits for the stream's next event; None while
@@ -217,31 +224,92 @@ class Stepper:
         await self.outbox.apply(end_ops(self.state.reducer, end))
 
     async def stream(self, req: Request, model: str) -> Finish:
+        """One attempt: the provider's events through the reducer, in this task. A timer
+        looks at the silence now and then (pacing.check_silence): the status says since
+        when the model is silent, and a stream silent past its idle timeout fails as a
+        retryable ProviderError. A timer, not a timeout around each wait, which would make
+        and cancel a timer per token."""
+        state = self.state
         provider = await provider_for(model)
-
-        async def produce(queue: asyncio.Queue[Any]) -> None:
-            async with aclosing(provider.stream(req)) as events:
-                async for event in events:
-                    await queue.put(event)
-
+        watch = Watch.of(provider, model)
         finish = Finish()
-        reducer = self.state.reducer
-        self._last_event_at = asyncio.get_running_loop().time()
+        state.check_cancel()
+        state.interrupted = None
+        loop = asyncio.get_running_loop()
+        self._last_event_at = loop.time()
+        self._timer = loop.call_at(
+            loop.time() + min(watch.idle, WAITING_STATUS_AFTER), self._watch, watch
+        )
         try:
-            async with aclosing(self.produced(produce, Watch.of(provider, model))) as events:
-                async for event in events:
+            async with aclosing(provider.stream(req)) as events:
+                while (event := await self._next(events)) is not None:
                     await self.progress()
                     if isinstance(event, Finish):
                         finish = event
-                    await self.outbox.apply(reducer.feed(event))
+                    await self.outbox.apply(state.reducer.feed(event))
         finally:
-            self.state.status.waiting_since = None
-        await self.outbox.apply(reducer.seal())
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            await self._shown()
+            state.interrupted = None
+            state.status.waiting_since = None
+        await self.outbox.apply(state.reducer.seal())
         return finish
+
+    async def _next(self, events: AsyncIterator[Event]) -> Event | None:
+        """The stream's next event (None at its end), waited for where Stop and the
+        watchdog can interrupt it."""
+        state = self.state
+        task = asyncio.current_task()
+        state.check_cancel()
+        self._raise_interrupt(task)
+        self._wait_start = asyncio.get_running_loop().time()
+        state.waiting = task
+        try:
+            event = await anext(events, None)
+        except BaseException:
+            self._raise_interrupt(task)
+            raise
+        finally:
+            state.waiting = None
+            self._wait_start = None
+        # Interrupted as the event came (or a provider swallowed the cancel): dropped.
+        self._raise_interrupt(task)
+        return event
+
+    def _raise_interrupt(self, task: asyncio.Task[Any] | None) -> None:
+        why, self.state.interrupted = self.state.interrupted, None
+        if why is None:
+            return
+        if task is not None and task.cancelling():
+            task.uncancel()
+        raise why
+
+    def _watch(self, watch: Watch) -> None:
+        loop = asyncio.get_running_loop()
+        for seen in self._look(loop.time(), watch):
+            if isinstance(seen, _Stalled):
+                error = ProviderError(seen.message, error_type=STALLED, retryable=True)
+                self.state.interrupt(error)
+            elif self.state.waiting is not None:
+                silent = timedelta(seconds=loop.time() - self._last_event_at)
+                self.state.status.waiting_since = (timezone.now() - silent).isoformat()
+                self._showing = asyncio.ensure_future(self.outbox.status())
+        wake_at = self._wake_at
+        self._timer = None if wake_at is None else loop.call_at(wake_at, self._watch, watch)
+
+    async def _shown(self) -> None:
+        """The "waiting" status being published is out (or failed: the next one says more)."""
+        showing, self._showing = self._showing, None
+        if showing is not None:
+            with suppress(Exception):
+                await showing
 
     async def progress(self) -> None:
         """An event came: the "waiting for the model" count ends."""
         self._last_event_at = asyncio.get_running_loop().time()
+        await self._shown()
         if self.state.status.waiting_since is not None:
             self.state.status.waiting_since = None
             await self.outbox.status()
@@ -340,9 +408,11 @@ class Stepper:
         """Record a request's tokens; a step's are also the tab's context size."""
         state = self.state
         state.status.usage = state.status.usage + usage
-        tab = await Tab.objects.only("owner_id").aget(pk=state.tab_id)
+        owner_id = state.owner_id
+        if owner_id is None:  # known once the turn has read its tab
+            owner_id = (await Tab.objects.only("owner_id").aget(pk=state.tab_id)).owner_id
         await UsageRecord.objects.acreate(
-            user_id=tab.owner_id,
+            user_id=owner_id,
             tab_id=state.tab_id,
             turn_id=state.turn_id,
             step=state.reducer.step,
