@@ -39,6 +39,8 @@ from channels.layers import get_channel_layer
 logger = logging.getLogger(__name__)
 
 WORKER_CHANNEL = "dispatch-turns"
+# A hub whose layer failed to receive (Redis restarting) tries again this much later.
+RECEIVE_RETRY_SECONDS = 1.0
 
 
 def tab_group(tab_id: uuid.UUID | str) -> str:
@@ -123,7 +125,15 @@ class Hub:
 
     async def _listen(self) -> None:
         while True:
-            await self.fan_out(await self.layer.receive(self.channel))
+            try:
+                message = await self.layer.receive(self.channel)
+            except Exception:
+                # Redis gone for a moment: this process's watchers would hear nothing more
+                # until the last one left. Their pages resync from the log when it is back.
+                logger.exception("could not receive from %s; trying again", self.group)
+                await asyncio.sleep(RECEIVE_RETRY_SECONDS)
+                continue
+            await self.fan_out(message)
 
     async def fan_out(self, message: dict[str, Any]) -> None:
         for member in list(self.members):

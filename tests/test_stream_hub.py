@@ -4,6 +4,7 @@ embedded mode and one channel-layer message per op per process on a layer of que
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
@@ -148,3 +149,35 @@ class _NoLayer:
 
 async def _discard(*args) -> None:
     pass
+
+
+async def test_a_hub_whose_layer_fails_to_receive_keeps_listening(queued_layer, monkeypatch):
+    """A receive that raises (Redis restarting) is retried: the watchers keep getting the
+    group's messages instead of nothing until the last one leaves."""
+    monkeypatch.setattr(bus, "RECEIVE_RETRY_SECONDS", 0.01)
+    layer = get_channel_layer()
+    real = layer.receive
+    failures = [ConnectionError("redis went away")]
+
+    async def flaky(channel: str) -> dict:
+        if failures:
+            raise failures.pop()
+        return await real(channel)
+
+    monkeypatch.setattr(layer, "receive", flaky)
+    got: list[dict] = []
+
+    class Watcher:
+        async def take(self, message: dict) -> None:
+            got.append(message)
+
+    watcher = Watcher()
+    hub = await bus.Hub.join(layer, "tab.flaky", watcher)
+    try:
+        await layer.group_send("tab.flaky", {"type": "tab.op", "n": 1})
+        async with asyncio.timeout(5):
+            while not got:
+                await asyncio.sleep(0.01)
+        assert got == [{"type": "tab.op", "n": 1}] and not failures
+    finally:
+        await hub.leave(watcher)
