@@ -3,13 +3,13 @@
 the search; at 1280 and 375 px no element of the status line is cut (its scrollWidth is
 within its clientWidth).
 
-With PAGE_SHOTS=<prefix> the states are also saved as PNGs in /work/notes/shots/page/.
+With PAGE_SHOTS=<prefix> the states are also saved as PNGs in test-artifacts/ (and with
+PAGE_SHOTS=readme the first run becomes docs/screenshot.png).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +17,9 @@ from asgiref.sync import sync_to_async
 
 from harness.fakeprovider import Reply
 from harness.login import session_for
+from harness.servers import ROOT
 from tests.live import (
+    ARTIFACTS,
     anthropic_env,
     anthropic_reply,
     make_tab,
@@ -37,12 +39,13 @@ pytestmark = [
 
 MODEL = "anthropic/claude-sonnet-4-5"
 PREFIX = os.environ.get("PAGE_SHOTS", "")
-FOLDER = Path("/work/notes/shots/page")
+FOLDER = ARTIFACTS
 
 
 async def shoot(page: Any, name: str) -> None:
     if not PREFIX:
         return
+    FOLDER.mkdir(parents=True, exist_ok=True)
     for width in (1280, 375):
         await page.set_viewport_size({"width": width, "height": 800})
         await page.wait_for_function(
@@ -157,5 +160,5 @@ async def test_a_first_run_on_the_offline_demo_starts_with_a_click(browser, serv
     if PREFIX == "readme":
         await page.emulate_media(color_scheme="light")
         await page.set_viewport_size({"width": 1280, "height": 800})
-        await page.screenshot(path="docs/screenshot.png", animations="disabled")
+        await page.screenshot(path=str(ROOT / "docs" / "screenshot.png"), animations="disabled")
     live.assert_clean()
