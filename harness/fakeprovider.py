@@ -660,7 +660,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _models(self) -> None:
         """A models list (what Settings' key test asks for): the next `add_models` reply,
         else one model, in the shape both APIs use (Anthropic's paging fields, OpenAI's
-        object). A scripted reply's `delay` is waited before it is sent."""
+        object). A scripted reply's `delay` is waited before it is sent; one with `events` is
+        dripped, an event at a time."""
         record = Recorded(
             "GET", self.path, {k.lower(): v for k, v in self.headers.items()}, b"", None
         )
@@ -686,11 +687,27 @@ class _Handler(BaseHTTPRequestHandler):
                 "last_id": "fake-model",
             }
         )
-        if reply.delay and self.fake._stopping.wait(reply.delay):
-            return
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self._send_whole(reply)
+            if reply.events:
+                self._drip(reply)
+            elif not (reply.delay and self.fake._stopping.wait(reply.delay)):
+                self._send_whole(reply)
         record.completed.set()
+
+    def _drip(self, reply: Reply) -> None:
+        """A body sent a piece at a time (each event's JSON), `delay` before each: every
+        read comes soon, the whole body late."""
+        self.send_response(reply.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for item in reply.events:
+            if self.fake._stopping.wait(reply.delay):
+                return
+            data = (item if isinstance(item, str) else json.dumps(item)).encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
 
     def _script(self, body: bytes) -> None:
         """Replies sent by another process: all of them queued, or none and a 400 saying why."""

@@ -4,6 +4,7 @@ against a fake provider server speaking each wire format, and each outcome in wo
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -104,3 +105,40 @@ def test_a_provider_without_its_base_url_is_not_tried():
 def test_the_offline_provider_takes_no_key():
     with pytest.raises(ValueError, match="takes no key"):
         check_key("offline", "sk-some-key-1234", None)
+
+
+@pytest.mark.parametrize(("provider", "url_attr", "header"), ADAPTERS)
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ("<html><body>Sign in to the proxy</body></html>", "<html><body>Sign in"),
+        ({"foo": 1}, "JSON without a list of models in `data`"),
+        ({"data": None}, "JSON without a list of models in `data`"),
+        ([], "JSON without a list of models in `data`"),
+        ("{not json", "{not json"),
+        ({"data": ["m" * 1024] * 3000}, "more than 2 MB"),
+    ],
+)
+def test_a_200_that_is_no_models_list_says_so(fake_server, provider, url_attr, header, body, words):
+    """A wrong base URL answering 200 (a proxy's page, other JSON, far too much) is a
+    failed test that says what came back, not a crash."""
+    fake_server.add_models(Reply(body=body))
+    base = getattr(fake_server, url_attr)
+    result = check_key(provider, "sk-some-key-1234", base)
+    assert result.outcome == Outcome.FAILED, result.message
+    assert result.message.startswith(f"{base} answered, but not with a models list (")
+    assert words in result.message
+    assert "is the base URL right?" in result.message
+
+
+@pytest.mark.parametrize(("provider", "url_attr", "header"), ADAPTERS)
+def test_an_answer_dripping_in_is_cut_at_the_timeout(fake_server, provider, url_attr, header):
+    """Each read comes within the SDK's timeout, the whole answer does not: the deadline
+    is the test's, not a read's."""
+    fake_server.add_models(Reply(events=[{"id": f"m{i}"} for i in range(40)], delay=0.1))
+    base = getattr(fake_server, url_attr)
+    started = time.monotonic()
+    result = check_key(provider, "sk-some-key-1234", base, timeout=0.5)
+    assert result.outcome == Outcome.TIMEOUT, result.message
+    assert result.message == f"{base} did not answer within 0.5 seconds."
+    assert time.monotonic() - started < 3.0
