@@ -8,6 +8,8 @@ groups tabs made before it."""
 from __future__ import annotations
 
 import importlib
+import inspect
+import sys
 import uuid
 
 import pytest
@@ -346,3 +348,25 @@ def test_the_migration_groups_the_tabs_made_before_it(client, tab, alice, bob):
     assert after[orphan.pk] == (orphan.pk, [])
     assert after[given.pk] == (given.pk, [])
     assert Chunk.objects.filter(tab=second, type=Kind.SYSTEM).count() == 2
+
+
+def test_the_migration_follows_a_chain_of_versions_deeper_than_the_stack(tab):
+    """Regenerate looped (through the API) makes a chain of versions, each the parent of
+    the next: the backfill walks it without recursing, each in the root's conversation."""
+    depth = 300
+    forked = {"kind": "forked", "action": "regenerate", "text": "Answered again."}
+    parent = tab
+    for _ in range(depth):
+        child = Tab.objects.create(owner=tab.owner, parent=parent, fork_seq=3)
+        Chunk.objects.create(tab=child, seq=4, role="system", type="system", data=forked)
+        parent = child
+    Tab.objects.update(conversation=uuid.uuid4(), lineage=[])
+    migration = importlib.import_module("chat.migrations.0021_tab_conversation_lineage")
+    # Room for the ORM, not for a frame (or two) per version.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 150)
+    try:
+        migration.backfill(apps, None)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert set(Tab.objects.values_list("conversation", flat=True)) == {tab.pk}

@@ -41,24 +41,35 @@ def backfill(apps, schema_editor):
         action = (forked.data or {}).get("action") if forked is not None else None
         return parent if action in VERSION_ACTIONS else None
 
-    def resolve(tab, seen=()):
-        if tab.pk in done:
-            return done[tab.pk]
-        parent = version_parent(tab)
-        if parent is None or parent.pk in seen:
-            result = (tab.pk, [])
-        else:
-            conversation, lineage = resolve(parent, (*seen, tab.pk))
-            cut = (
-                Chunk.objects.filter(tab_id=parent.pk, seq__lte=tab.fork_seq)
-                .exclude(type="system")
-                .order_by("-seq")
-                .values_list("seq", flat=True)
-                .first()
-            ) or 0
-            result = (conversation, _lineage_for(lineage, parent.pk, cut))
-        done[tab.pk] = result
-        return result
+    def cut_in(parent, fork_seq):
+        return (
+            Chunk.objects.filter(tab_id=parent.pk, seq__lte=fork_seq)
+            .exclude(type="system")
+            .order_by("-seq")
+            .values_list("seq", flat=True)
+            .first()
+        ) or 0
+
+    def resolve(start):
+        # Up the chain to a tab already resolved or a conversation's first (a loop, which
+        # only a hand-edited database has, starts at the tab that closes it), then down
+        # it: no recursion, however many versions deep (Regenerate in a loop, by the API).
+        chain, seen, tab = [], set(), start
+        while tab.pk not in done:
+            seen.add(tab.pk)
+            parent = version_parent(tab)
+            if parent is None or parent.pk in seen:
+                done[tab.pk] = (tab.pk, [])
+                break
+            chain.append((tab, parent))
+            tab = parent
+        for child, parent in reversed(chain):
+            conversation, lineage = done[parent.pk]
+            done[child.pk] = (
+                conversation,
+                _lineage_for(lineage, parent.pk, cut_in(parent, child.fork_seq)),
+            )
+        return done[start.pk]
 
     for tab in tabs.values():
         tab.conversation, tab.lineage = resolve(tab)
