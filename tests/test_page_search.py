@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from chat import log
+from chat import log, turns
 from chat.models import Chunk, Tab
 from chat.search import plain_text
 from tests.ui_helpers import block, parse
@@ -73,3 +73,25 @@ def test_a_hit_shows_its_tabs_title_when_and_plain_text():
     ]
     assert "#1" not in html and "user text" not in html
     assert "<mark>needle</mark>" in html
+
+
+def test_a_message_every_version_copies_is_one_hit_in_its_newest_version():
+    """Regenerate copies the conversation's chunks into the new version: the search shows
+    each message once, opening the newest version; another conversation's copy (a plain
+    branch) is a hit of its own."""
+    user = get_user_model().objects.create_user("owner", password="pw-for-tests-only")
+    tab = Tab.objects.create(owner=user, title="Trip planning")
+    log.append(
+        tab.id,
+        [
+            block("text", {"text": "Where is the needle?"}, role="user", turn_id=TURN),
+            block("text", {"text": "Under the hay."}, role="assistant", turn_id=TURN),
+        ],
+    )
+    latest = turns.regenerate(tab, 2).tab
+    plain = turns.branch(tab, 2).tab
+    client = Client()
+    client.force_login(user)
+    html = client.get("/search/", {"q": "needle"}, headers={"HX-Request": "true"}).content.decode()
+    hrefs = [n.get("href") for n in parse(html).find_all(lambda n: "hit-link" in n.classes)]
+    assert sorted(h.split("?")[0] for h in hrefs) == sorted([f"/t/{latest.id}/", f"/t/{plain.id}/"])
