@@ -50,7 +50,12 @@ from chat import (
     usage,
 )
 from chat.chunks import Kind, ToolCall, ToolResult
-from chat.forms import MAX_MESSAGE_CHARS, MAX_SYSTEM_PROMPT_CHARS, validate_model_id
+from chat.forms import (
+    MAX_MESSAGE_CHARS,
+    MAX_SYSTEM_PROMPT_CHARS,
+    check_runnable,
+    validate_model_id,
+)
 from chat.models import ApiToken, Chunk, RunningTurn, Tab
 from chat.tools.workdir import BadWorkdir
 from chat.turn import lease
@@ -546,6 +551,11 @@ def _tab_create(request: ApiRequest) -> HttpResponse:
             model = validate_model_id(data["model"])
         except forms.ValidationError as exc:
             raise ApiError(422, "invalid_model", " ".join(exc.messages)) from None
+        try:
+            check_runnable(model)
+        except forms.ValidationError as exc:
+            # Its first message would fail: said now, with the fix.
+            raise ApiError(422, "model_without_key", " ".join(exc.messages)) from None
     system_prompt = data.get("system_prompt")
     if system_prompt is not None and len(system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
         raise ApiError(

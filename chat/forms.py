@@ -314,13 +314,15 @@ class SettingsForm(forms.Form):
             "dom_window": conf.dom_window,
         }
 
+    # A default or fallback that cannot run would fail every new tab and wake at its
+    # first message: refused here, saying where the key goes.
     def clean_default_model(self) -> str:
         value = self.cleaned_data["default_model"].strip()
-        return validate_model_id(value) if value else ""
+        return check_runnable(validate_model_id(value)) if value else ""
 
     def clean_fallback_model(self) -> str:
         value = self.cleaned_data["fallback_model"].strip()
-        return validate_model_id(value) if value else ""
+        return check_runnable(validate_model_id(value)) if value else ""
 
     def clean(self) -> dict[str, Any]:
         super().clean()

@@ -468,6 +468,20 @@ def test_it_refuses_wrong_types_for_a_new_tab(api, tab):
     nothing_changed(tab)
 
 
+def test_it_refuses_a_new_tab_on_a_model_without_a_key(api, tab, monkeypatch):
+    """Its first message would fail: refused at creation, saying where the key goes; with
+    the key, the same request makes the tab."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    response = api.post("/api/v1/tabs", {"model": "anthropic/claude-sonnet-4-5"})
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["code"] == "model_without_key"
+    assert "Anthropic has no API key" in error["message"] and "Connections" in error["message"]
+    nothing_changed(tab)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-for-this-test")
+    assert api.post("/api/v1/tabs", {"model": "anthropic/claude-sonnet-4-5"}).status_code == 201
+
+
 def test_it_refuses_an_empty_body_where_fields_are_required(api, tab):
     response = api.post(f"/api/v1/tabs/{tab.id}/messages", raw=b"")
     assert response.status_code == 400

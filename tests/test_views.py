@@ -718,8 +718,9 @@ def test_it_keeps_settings_from_non_staff(bob):
     assert client.post(reverse("apikey_delete", args=["anthropic"])).status_code == 403
 
 
-def test_it_saves_settings(client_alice):
+def test_it_saves_settings(client_alice, monkeypatch):
     """Valid settings are stored under their keys."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-for-this-test")
     response = settings_post(
         client_alice,
         default_model="anthropic/claude-sonnet-4-5",
@@ -750,6 +751,14 @@ def test_it_saves_settings(client_alice):
         ({"default_model": "acme/x1"}, "Unknown provider “acme”"),
         ({"default_model": "offline/other"}, "The offline provider has one model"),
         ({"default_model": "offline/demo", "fallback_model": "offline/demo"}, "must differ"),
+        (
+            {"default_model": "anthropic/claude-sonnet-4-5"},
+            "anthropic/claude-sonnet-4-5 cannot run: Anthropic has no API key",
+        ),
+        (
+            {"fallback_model": "openai/gpt-5"},
+            "openai/gpt-5 cannot run: OpenAI-compatible has no API key",
+        ),
     ],
 )
 def test_it_validates_settings(client_alice, data, message):
@@ -760,8 +769,9 @@ def test_it_validates_settings(client_alice, data, message):
     assert not Setting.objects.filter(key="page_size").exists()
 
 
-def test_it_accepts_an_unlisted_model_of_a_known_provider(client_alice):
+def test_it_accepts_an_unlisted_model_of_a_known_provider(client_alice, monkeypatch):
     """A model the table does not list yet still works with its provider's defaults."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-for-this-test")
     assert settings_post(client_alice, default_model="openai/gpt-9").status_code == 302
     assert Setting.objects.get(key="default_model").value == "openai/gpt-9"
 
