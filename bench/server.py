@@ -99,20 +99,23 @@ class DeltasProvider:
         yield Finish(Usage(output_tokens=len(self.deltas)))
 
 
-async def raw_page(receive, send) -> None:
-    """Serve bench/raw.html: a page with no htmx and no app code."""
-    body = RAW_PAGE.read_bytes()
+async def _respond(send, body: bytes, content_type: bytes) -> None:
     await send(
         {
             "type": "http.response.start",
             "status": 200,
             "headers": [
-                (b"content-type", b"text/html; charset=utf-8"),
+                (b"content-type", content_type),
                 (b"content-length", str(len(body)).encode()),
             ],
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def raw_page(receive, send) -> None:
+    """Serve bench/raw.html: a page with no htmx and no app code."""
+    await _respond(send, RAW_PAGE.read_bytes(), b"text/html; charset=utf-8")
 
 
 # The SQL statements this process ran, in every thread (see _count_statements).
@@ -141,18 +144,7 @@ def _count_statements() -> None:
 
 async def statements_page(scope, send) -> None:
     body = "\n".join(STATEMENTS) if scope["query_string"] == b"sql" else str(len(STATEMENTS))
-    data = body.encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"text/plain"),
-                (b"content-length", str(len(data)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": data})
+    await _respond(send, body.encode(), b"text/plain")
 
 
 def main(port: int, tokens: int, pace: float) -> None:
