@@ -1,5 +1,5 @@
-"""A Django process of the app loads the MCP SDK, pypdf, bashlex and the ACP SDK only when it
-uses them.
+"""A Django process of the app loads the MCP SDK, pypdf, bashlex, the ACP SDK and the
+providers' SDKs only when it uses them.
 
 Importing them takes a large share of a process's start, and most processes (the test
 suite starts a hundred and more) never reach an MCP server, parse a PDF (chat/pdftext.py
@@ -17,13 +17,17 @@ import sys
 
 from harness.servers import ROOT
 
-LAZY = ("mcp", "mcp_types", "anyio", "starlette", "jsonschema", "pypdf", "bashlex", "acp")
+LAZY = (
+    "mcp", "mcp_types", "anyio", "starlette", "jsonschema", "pypdf", "bashlex", "acp",
+    "anthropic", "openai",
+)  # fmt: skip
 
 SCRIPT = f"""
 import json, sys
 import django
 django.setup()
 import chat.admin, chat.blobs, chat.consumers, chat.rules, chat.tools, chat.views
+import chat.urls, chat.api
 import chat.wakes, chat.worker
 from chat.tools import mcp
 

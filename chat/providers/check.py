@@ -19,9 +19,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import anthropic
-import openai
-
 from chat.providers.registry import PROVIDERS
 
 # A models list answers in well under a second; an endpoint silent for this long would
@@ -65,6 +62,11 @@ def check_key(
     """Ask `provider`'s endpoint (`base_url`, None: the SDK's default) for its models with
     `key`, waiting at most `timeout` seconds (KEY_TEST_TIMEOUT). ValueError for a provider
     that takes no key."""
+    # Imported here, as chat.providers.factory imports the adapters: Settings' module is
+    # loaded with the URLs by every process, and the SDKs cost a second of CPU to import.
+    import anthropic
+    import openai
+
     timeout = KEY_TEST_TIMEOUT if timeout is None else timeout
     spec = PROVIDERS[provider]
     if spec.needs_base_url and not base_url:
@@ -110,6 +112,9 @@ def check_key(
 def _list_models(adapter: str, key: str, base_url: str | None, timeout: float) -> int:
     """The number of models `adapter`'s endpoint lists, within `timeout` seconds in all:
     the SDK's timeout bounds each read, a slow drip of bytes is cut by the deadline."""
+    import anthropic  # lazily: see check_key
+    import openai
+
     client: Any
     if adapter == "anthropic":
         client = anthropic.Anthropic(api_key=key, base_url=base_url, timeout=timeout, max_retries=0)
@@ -156,8 +161,8 @@ def _count_models(client: Any, deadline: float) -> int:
     return len(models)
 
 
-def _said(exc: anthropic.APIError | openai.APIError) -> str:
-    """The provider's own message from an error body, else the SDK's."""
+def _said(exc: Any) -> str:
+    """The provider's own message from an SDK's APIError's body, else the SDK's."""
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
         inner = body.get("error", body)
