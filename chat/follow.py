@@ -93,6 +93,13 @@ class Shared:
     after: tuple[Any, ...] | None = None
 
 
+def _block(message: dict[str, Any], shared: Shared | None) -> Block:
+    """An open's or seal's block: as the feed parsed it, else parsed here."""
+    if shared is not None and shared.block is not None:
+        return shared.block
+    return Block.from_dict(message["block"])
+
+
 class _Gap(Exception):
     """An op shows that an earlier one never arrived (the channel layer dropped it)."""
 
@@ -590,9 +597,7 @@ class Follower:
     def _frame(self, message: dict[str, Any], shared: Shared | None = None) -> str | None:
         match message["op"]:
             case "open":
-                block = (
-                    shared.block if shared and shared.block else Block.from_dict(message["block"])
-                )
+                block = _block(message, shared)
                 if str(block.id) == self.open_id or str(block.id) in self.done_ids:
                     return None
                 self.open_id, self.open_len = str(block.id), len(block.text)
@@ -617,9 +622,7 @@ class Follower:
                 self.open_len += len(text)
                 return self.renderer.delta(chunk_id, offset, text)
             case "seal":
-                block = (
-                    shared.block if shared and shared.block else Block.from_dict(message["block"])
-                )
+                block = _block(message, shared)
                 if block.seq is not None and block.seq <= self.sent_seq:
                     return None
                 if block.seq is not None and block.seq > self.sent_seq + 1:

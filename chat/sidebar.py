@@ -63,19 +63,22 @@ def _with_state(tabs: QuerySet[Tab]) -> QuerySet[Tab]:
 def kept(tabs: QuerySet[Tab]) -> QuerySet[Tab]:
     """Tabs worth an entry: ever sent to (a log, or a message queued for the first turn),
     or given a title. A "+ New tab" left empty is not one (chat.views.tabs reuses it)."""
-    queued = QueuedMessage.objects.filter(tab=OuterRef("pk"))
-    return tabs.filter(Q(last_seq__gt=0) | ~Q(title="") | Exists(queued))
+    return tabs.filter(Q(last_seq__gt=0) | ~Q(title="") | _queued())
 
 
 def unsent(owner: Any) -> QuerySet[Tab]:
     """The owner's plain tabs that `kept` leaves out (never sent to, no title), newest
     first: not branches, not sub-agents."""
-    queued = QueuedMessage.objects.filter(tab=OuterRef("pk"))
     return (
         Tab.objects.filter(owner=owner, last_seq=0, title="", fork_seq=None, parent_call_id="")
-        .exclude(Exists(queued))
+        .exclude(_queued())
         .order_by("-updated_at", "-pk")
     )
+
+
+def _queued() -> Exists:
+    """The tab has a message queued for its first turn (not in its log yet)."""
+    return Exists(QueuedMessage.objects.filter(tab=OuterRef("pk")))
 
 
 def _latest(tabs: QuerySet[Tab]) -> QuerySet[Tab]:

@@ -265,7 +265,7 @@ def branch(
         repeat = _recent_branch(tab, at_seq, action, run)
         if repeat is not None:
             return Branched(repeat, created=False)
-        version = action != Action.BRANCH
+        version = action in versions.VERSION_ACTIONS
         family = (
             {
                 "conversation": tab.conversation,

@@ -438,10 +438,16 @@ def endpoint_now(provider: str) -> str:
     spec = PROVIDERS.get(provider)
     if spec is None:
         return ""
-    url = from_env(spec.url_env)
+    return key_endpoint(base_url_now(provider) or spec.default_url)
+
+
+def base_url_now(provider: str) -> str | None:
+    """The base URL a request of `provider` goes to now: the environment's, else the
+    Settings endpoint's; None for the SDK's default."""
+    url = from_env(PROVIDERS[provider].url_env)
     if url is None:
         url = _stored(provider, want_key=False, want_url=True).url
-    return key_endpoint(url or spec.default_url)
+    return url
 
 
 def from_env(name: str) -> str | None:

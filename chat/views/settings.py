@@ -50,6 +50,7 @@ from chat.providers import check
 from chat.providers.registry import (
     PROVIDERS,
     ProviderConfigError,
+    base_url_now,
     credentials,
     endpoint_now,
     from_env,
@@ -255,14 +256,7 @@ POST_ACTIONS: dict[str, Callable[[AuthenticatedHttpRequest, str], PostResult]] =
 
 def _test(provider: str, key: str) -> check.KeyCheck:
     """`key` tested at the base URL a request of `provider` goes to now."""
-    url = from_env(PROVIDERS[provider].url_env)
-    if url is None:
-        url = (
-            ProviderEndpoint.objects.filter(provider=provider)
-            .values_list("base_url", flat=True)
-            .first()
-        )
-    return check.check_key(provider, key, url or None)
+    return check.check_key(provider, key, base_url_now(provider))
 
 
 def _say_test(request: AuthenticatedHttpRequest, provider: str, result: check.KeyCheck) -> None:
