@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import time
 import uuid
 
 import pytest
@@ -893,6 +895,55 @@ async def test_a_stalled_attempt_is_retried_and_left_out_of_the_request(
     assert rows[-1].data["text"] == "Whole."
     first, again = provider.requests
     assert again.messages == first.messages
+
+
+class _WireProvider:
+    """Reads its stream off a socket as an SDK does: any bytes are life (`alive_at`),
+    "ping" lines make no event, "done" ends the answer."""
+
+    idle_timeout = 0.3
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+        self.alive_at: float | None = None
+        self.started = asyncio.Event()
+
+    async def stream(self, request):
+        loop = asyncio.get_running_loop()
+        self.started.set()
+        while line := await self.reader.readline():
+            self.alive_at = loop.time()
+            if line == b"done\n":
+                yield TextDelta("Done.")
+                yield Finish()
+                return
+
+
+async def test_bytes_that_came_while_the_loop_was_blocked_are_not_a_stall(script, workspace):
+    """The loop blocked past the idle timeout while a ping sat unread: the watchdog's
+    timer runs before the task that reads it, so it looks again before cutting."""
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=theirs)
+    provider = _WireProvider(reader)
+    script(models={"scripted/test": provider})
+    try:
+        async with running_worker():
+            tab = await make_tab()
+            async with Watcher(tab.pk) as watcher:
+                await submit(tab, "hi")
+                await provider.started.wait()
+                await asyncio.sleep(0.05)  # the provider waits on the socket
+                ours.sendall(b"ping\n")
+                time.sleep(provider.idle_timeout * 1.5)  # blocks the loop: nothing reads
+                await asyncio.sleep(0.15)
+                ours.sendall(b"done\n")
+                await watcher.until_idle()
+    finally:
+        ours.close()
+        writer.close()
+    rows = await chunks(tab.pk)
+    assert kinds(rows) == ["user/text", "assistant/text"]
+    assert rows[-1].data["text"] == "Done."
 
 
 async def test_the_status_says_since_when_the_model_has_been_silent(script, workspace, monkeypatch):

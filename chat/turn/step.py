@@ -45,6 +45,10 @@ WAITING_STATUS_AFTER = 10.0
 STREAM_SILENT_MAX = 600.0
 # The error type of an attempt given up by the idle watchdog.
 STALLED = STREAM_IDLE
+# A stall the watchdog sees is looked at again this much later before the attempt is cut:
+# after the event loop was blocked, the timer runs before the task that reads the bytes
+# that came meanwhile, so a stream alive all along would look silent.
+STALL_RECHECK = 0.1
 # Stop reasons that cut the answer short, and the notice written after it.
 STOP_NOTICES = {
     "max_tokens": (
@@ -145,6 +149,8 @@ class Stepper:
         self._wait_start: float | None = None
         # When the watchdog looks next (loop time), as its last look decided.
         self._wake_at: float | None = None
+        # The last look saw a stall, to be confirmed by the next (STALL_RECHECK).
+        self._stall_seen = False
 
     async def run(
         self, req: Request, model: str, config: TurnConfig, *, overflow: bool = True
@@ -236,7 +242,7 @@ class Stepper:
         state.check_cancel()
         state.interrupted = None
         loop = asyncio.get_running_loop()
-        self._last_event_at = loop.time()
+        self.start_watch()
         self._timer = loop.call_at(
             loop.time() + min(watch.idle, WAITING_STATUS_AFTER), self._watch, watch
         )
@@ -317,6 +323,7 @@ class Stepper:
     def start_watch(self) -> None:
         """A stream starts: its silence counts from now."""
         self._last_event_at = asyncio.get_running_loop().time()
+        self._stall_seen = False
 
     async def produced(
         self, produce: Produce, watch: Watch | None = None
@@ -395,7 +402,10 @@ class Stepper:
         )
         self._wake_at = silence.wake_at
         seen: list[_Silent | _Stalled] = [_Silent()] if silence.show_waiting else []
-        if silence.stalled == "keep-alives":
+        stall_seen, self._stall_seen = self._stall_seen, bool(silence.stalled)
+        if silence.stalled and not stall_seen:
+            self._wake_at = now + STALL_RECHECK
+        elif silence.stalled == "keep-alives":
             silent_for = now - self._last_event_at
             seen.append(_Stalled(f"{watch.model} sent only keep-alives for {silent_for:.0f} s"))
         elif silence.stalled:
