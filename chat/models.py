@@ -50,7 +50,7 @@ class Tab(models.Model):
     # conversation. A root's is its own id (`save`); Edit, Regenerate and Retry keep the
     # parent's (a plain Branch starts a new one). Stored, not followed through `parent`,
     # so a deleted tab in the middle does not split a conversation.
-    conversation = models.UUIDField(db_index=True)
+    conversation = models.UUIDField()
     # Where the tab's log came from, oldest first: [[tab id, seq], ...], each entry the
     # tab whose chunks 1..seq a version copied (chat.render.versions). The same version
     # point (tab, seq) groups siblings for the page's "‹ 2 / 3 ›", whatever was deleted
@@ -100,6 +100,12 @@ class Tab(models.Model):
 
     class Meta:
         ordering = ["-updated_at"]
+        indexes = [
+            # The sidebar reads a conversation's tabs of one owner at every change of a
+            # turn's state: with an index on either column alone, SQLite's planner took
+            # the owner's (every tab the user has) for those reads.
+            models.Index(fields=["conversation", "owner"], name="chat_tab_conversation_owner"),
+        ]
 
     def __str__(self) -> str:
         return self.title or UNTITLED
