@@ -290,7 +290,7 @@ def _choice(name: str, value: str | None, allowed: Sequence[str]) -> str | None:
 # or image's brackets and address; and newlines a JSON text shows escaped.
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})[^\n]*$", re.M)
 _LINE_MARK = re.compile(r"^\s{0,3}(?:#{1,6}\s+|>\s?|[-*+]\s+|\d{1,3}[.)]\s+)", re.M)
-_LINK = re.compile(r"!?\[([^\]\n]*)\]\([^)\n]*\)")
+_LINK = re.compile(r"!?\[([^\]\n]*)\]\((?:[^()\n]|\([^()\n]*\))*\)")
 _EMPHASIS = re.compile(r"\*\*|__|~~|`+|(?<![\w*])\*(?=\S)|(?<=\S)\*(?![\w*])")
 _ESCAPED_NEWLINE = re.compile(r"\\[nrt]")
 _SPACE = re.compile(r"\s+")

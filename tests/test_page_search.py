@@ -30,6 +30,8 @@ TURN = uuid.UUID("11111111-2222-3333-4444-555555555555")
         ("[a link](https://example.com) and ![an image](x.png)", "a link and an image"),
         ('{"text": "line one\\nline two\\tend"}', '{"text": "line one line two end"}'),
         ("```python\nprint(1)\n```", "print(1)"),
+        # An address with parentheses in it, as Wikipedia's are.
+        ("[click](https://en.wikipedia.org/wiki/Go_(game)) here", "click here"),
         ("snake_case_name, 2 * 3 and a_b", "snake_case_name, 2 * 3 and a_b"),
     ],
 )
