@@ -48,9 +48,12 @@ async def open_tab(browser: Any, url: str, session: str, tab: Tab, **options: An
     return context, page, socket
 
 
+ANSWER = "There is a README. Run it with\n\n```\nmake run && make test && make bench\n```"
+
+
 def turn_frames(turn: uuid.UUID) -> list[str]:
     """A finished turn: the question, "Let me look." leading into a call, its result, the
-    answer."""
+    answer with a code block."""
     chunks = [
         block("text", {"text": "what is here?"}, role="user", turn_id=turn, seq=1),
         block("text", {"text": "Let me look."}, role="assistant", turn_id=turn, seq=2),
@@ -67,7 +70,7 @@ def turn_frames(turn: uuid.UUID) -> list[str]:
             turn_id=turn,
             seq=4,
         ),
-        block("text", {"text": "There is a README."}, role="assistant", turn_id=turn, seq=5),
+        block("text", {"text": ANSWER}, role="assistant", turn_id=turn, seq=5),
     ]
     return [render.fragment_seal(c) for c in chunks] + [
         render.fragment_status({"state": "idle", "turn_id": str(turn)})
@@ -129,6 +132,14 @@ async def test_the_icon_row_shows_on_hover_and_focus_and_always_on_touch(browser
     assert await page.is_visible(f"{question} .act-copy")
     assert await opacity(page, question) == 1
     assert await page.is_hidden(f"{lead_in} .act-copy"), "no Copy under a lead-in"
+    # A code block's Copy sits above its code, not over the end of its first line.
+    button, code = [
+        await page.eval_on_selector(
+            f"#log .code > {el}", "el => el.getBoundingClientRect().toJSON()"
+        )
+        for el in (".copy-code", "pre")
+    ]
+    assert button["bottom"] <= code["top"], (button, code)
     await phone.close()
 
 
