@@ -25,7 +25,7 @@ from chat.providers.anthropic import AnthropicProvider
 from chat.providers.base import Finish, Message, ProviderError, Request, TextPart
 from chat.providers.offline import OfflineProvider
 from chat.providers.openai import OpenAIProvider
-from chat.providers.registry import INTERLEAVED_THINKING_BETA, PROVIDERS, endpoint_now
+from chat.providers.registry import INTERLEAVED_THINKING_BETA, PROVIDERS, endpoint_now, has_key
 from harness.fakeprovider import Reply, collect, recorded
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -290,6 +290,27 @@ def test_list_models_marks_which_models_have_a_key(monkeypatch, settings):
     assert models[OFFLINE_MODEL].available
     assert models["anthropic/claude-next-7"].available
     assert not models["anthropic/claude-next-7"].known
+
+
+@pytest.mark.django_db
+def test_list_models_reads_every_providers_key_and_endpoint_at_once(
+    django_assert_num_queries,
+):
+    """Two statements for every provider (a page lists them all): a stored key with its
+    endpoint, a stored key bound elsewhere, one that cannot be decrypted, none."""
+    store("openai", key="sk-db", url="http://127.0.0.1:1/v1")
+    store("deepseek", key="sk-deep")
+    ProviderEndpoint.objects.create(provider="deepseek", base_url="http://127.0.0.1:2/moved")
+    ApiKey.objects.create(provider="anthropic", encrypted="not-a-fernet-token", last4="abcd")
+    with django_assert_num_queries(2):
+        models = {m.id: m for m in list_models()}
+    assert models["openai/gpt-4.1"].available
+    assert not models["deepseek/deepseek-chat"].available, "a key bound elsewhere"
+    assert not models["anthropic/claude-sonnet-4-5"].available, "a key that cannot be read"
+    assert models[OFFLINE_MODEL].available
+    assert {m.provider: m.available for m in models.values()} == {
+        name: has_key(name) for name in PROVIDERS
+    }
 
 
 @pytest.mark.django_db(transaction=True)

@@ -29,9 +29,9 @@ import concurrent.futures
 import contextlib
 import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import TypedDict
+from typing import Any, Protocol, TypedDict
 from urllib.parse import urlsplit
 
 from chat.envcheck import API_CHAT, API_RESPONSES, API_STYLE_VARIABLE, api_style_problem
@@ -381,8 +381,9 @@ def key_endpoint(url: str | None) -> str:
     return f"{scheme}://{host}{parts.path.rstrip('/')}{query}"
 
 
-def credentials(provider: str) -> Credentials:
-    """The key and base URL of `provider`: the environment wins over the database.
+def credentials(provider: str, stored: StoredReader | None = None) -> Credentials:
+    """The key and base URL of `provider`: the environment wins over the database
+    (`stored`: what Settings stored, read by `_stored` unless given).
 
     Raises KeyBoundElsewhere when the key is a stored one and the URL in effect is not
     the endpoint it was saved for.
@@ -394,14 +395,15 @@ def credentials(provider: str) -> Credentials:
     url = from_env(spec.url_env)
     style = ""
     if key is None or url is None:
-        stored = _stored(provider, want_key=key is None, want_url=url is None)
-        if url is None and stored.url is not None:
-            url, style = stored.url, stored.api_style
-        if key is None and stored.key is not None:
+        read = stored or _stored
+        found = read(provider, want_key=key is None, want_url=url is None)
+        if url is None and found.url is not None:
+            url, style = found.url, found.api_style
+        if key is None and found.key is not None:
             now = key_endpoint(url or spec.default_url)
-            if stored.endpoint != now:
-                raise KeyBoundElsewhere(spec, stored.endpoint, now)
-            key = stored.key
+            if found.endpoint != now:
+                raise KeyBoundElsewhere(spec, found.endpoint, now)
+            key = found.key
     return Credentials(key, url, style)
 
 
@@ -466,16 +468,28 @@ class _Stored:
     api_style: str = ""
 
 
+class StoredReader(Protocol):
+    """What Settings stored for a provider: its key and the endpoint it was saved for,
+    its base URL and API style (each only when asked for)."""
+
+    def __call__(self, provider: str, *, want_key: bool, want_url: bool) -> _Stored: ...
+
+
 def _stored(provider: str, *, want_key: bool, want_url: bool) -> _Stored:
+    return _on_db_thread(_read_stored, provider, want_key, want_url)
+
+
+def _on_db_thread[T](read: Callable[..., T], *args: Any) -> T:
+    """`read(*args)`, which uses the ORM, from sync or async code."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _read_stored(provider, want_key, want_url)
+        return read(*args)
     # Called from async code (the turn engine asks for a provider inside its
-    # loop). Django forbids the ORM on a loop's thread, so the two small reads
+    # loop). Django forbids the ORM on a loop's thread, so the small reads
     # run on a thread of their own while the loop waits: milliseconds, once a
     # step. `aget_provider` avoids even that.
-    future = _db_thread().submit(_read_stored_and_close, provider, want_key, want_url)
+    future = _db_thread().submit(_read_and_close, read, *args)
     return future.result(timeout=DB_READ_TIMEOUT)
 
 
@@ -489,11 +503,11 @@ def _db_thread() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="provider-credentials")
 
 
-def _read_stored_and_close(provider: str, want_key: bool, want_url: bool) -> _Stored:
+def _read_and_close[T](read: Callable[..., T], *args: Any) -> T:
     from django.db import connections
 
     try:
-        return _read_stored(provider, want_key, want_url)
+        return read(*args)
     finally:
         # This thread serves no requests, so nothing else closes its connections.
         connections.close_all()
@@ -502,26 +516,52 @@ def _read_stored_and_close(provider: str, want_key: bool, want_url: bool) -> _St
 def _read_stored(provider: str, want_key: bool, want_url: bool) -> _Stored:
     from chat.models import ApiKey, ProviderEndpoint
 
-    key = url = None
-    endpoint = style = ""
-    if want_key:
-        row = ApiKey.objects.filter(provider=provider).first()
-        if row is not None:
-            key, endpoint = row.get_key(), row.endpoint
-            if key is None:
-                raise ProviderConfigError(
-                    f"The stored {provider} API key cannot be decrypted (SECRET_KEY changed "
-                    f"since it was saved): enter it again in Settings, or set "
-                    f"{PROVIDERS[provider].key_env}."
-                )
+    row = ApiKey.objects.filter(provider=provider).first() if want_key else None
+    where = None
     if want_url:
         where = (
             ProviderEndpoint.objects.filter(provider=provider)
             .values_list("base_url", "api_style")
             .first()
         )
-        if where is not None:
-            url, style = where[0] or None, where[1]
+    return _found(provider, row, where)
+
+
+def _read_every_stored() -> StoredReader:
+    """What Settings stored for every provider, in two statements (a page asks whether
+    each provider has a key), as a `StoredReader` for `credentials`."""
+    from chat.models import ApiKey, ProviderEndpoint
+
+    keys = {row.provider: row for row in ApiKey.objects.all()}
+    # Each provider's first, as _read_stored takes it.
+    urls: dict[str, tuple[str, str]] = {}
+    for provider, base_url, style in ProviderEndpoint.objects.order_by("pk").values_list(
+        "provider", "base_url", "api_style"
+    ):
+        urls.setdefault(provider, (base_url, style))
+
+    def stored(provider: str, *, want_key: bool, want_url: bool) -> _Stored:
+        row = keys.get(provider) if want_key else None
+        return _found(provider, row, urls.get(provider) if want_url else None)
+
+    return stored
+
+
+def _found(provider: str, row: Any, where: tuple[str, str] | None) -> _Stored:
+    """A provider's stored key row (an ApiKey) and endpoint (base URL, API style), either
+    None, as `credentials` takes them."""
+    key = url = None
+    endpoint = style = ""
+    if row is not None:
+        key, endpoint = row.get_key(), row.endpoint
+        if key is None:
+            raise ProviderConfigError(
+                f"The stored {provider} API key cannot be decrypted (SECRET_KEY changed "
+                f"since it was saved): enter it again in Settings, or set "
+                f"{PROVIDERS[provider].key_env}."
+            )
+    if where is not None:
+        url, style = where[0] or None, where[1]
     return _Stored(key, endpoint, url, style)
 
 
@@ -552,13 +592,13 @@ def idle_timeout(provider: str) -> float:
     return value
 
 
-def has_key(provider: str) -> bool:
+def has_key(provider: str, stored: StoredReader | None = None) -> bool:
     """Whether `provider` could be used now (offline always can)."""
     spec = PROVIDERS[provider]
     if spec.adapter == "offline":
         return True
     try:
-        creds = credentials(provider)
+        creds = credentials(provider, stored)
     except ProviderConfigError:
         return False
     return creds.api_key is not None and (creds.base_url is not None or not spec.needs_base_url)
@@ -586,7 +626,8 @@ def list_models() -> list[ModelInfo]:
     marked available or not by whether its provider has a key."""
     from django.conf import settings
 
-    available = {name: has_key(name) for name in PROVIDERS}
+    stored = _on_db_thread(_read_every_stored)
+    available = {name: has_key(name, stored) for name in PROVIDERS}
     models = list(MODELS.values())
     configured = (getattr(settings, "DISPATCH_MODEL", "") or "").strip()
     if configured and configured not in MODELS:
