@@ -14,7 +14,11 @@
   takes it looks at the wakes again now instead of at its next capped wake-up.
 
 The sync helpers are for ORM code (views, commands, the lease's database
-thread); async code awaits the channel layer itself.
+thread); async code awaits the channel layer itself, the one `layer_for` the group
+names: in the scaled mode the tab, user and access groups, which every listener hears,
+go over Redis's pub/sub (the settings' "broadcast" layer), the rest over the queues of
+the default layer, which hand a message to one reader and keep it for a reader that is
+busy. A reply to a channel (a snapshot's) goes over the layer the channel was made on.
 
 A process listens to a group of many watchers (a tab's pages, a user's pages) once: a
 `Hub` is its one member of the group, handing each message to every watcher it serves
@@ -34,7 +38,8 @@ from typing import Any, Protocol
 
 from asgiref.sync import async_to_sync
 from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.conf import settings
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +64,27 @@ def access_group(user_id: int | str) -> str:
     return f"access.{user_id}"
 
 
+# The channel layer (settings.CHANNEL_LAYERS) of the groups below, where there is one.
+BROADCAST = "broadcast"
+# Groups every listener of hears, none of which needs a message kept for it: a page that
+# misses an op sees the gap and catches up from the log.
+BROADCAST_GROUPS = ("tab.", "user.", "access.")
+
+
+def layer_for(group: str) -> Any:
+    """The channel layer that carries `group`'s messages (see the module's docstring)."""
+    if group.startswith(BROADCAST_GROUPS) and BROADCAST in settings.CHANNEL_LAYERS:
+        return get_channel_layer(BROADCAST)
+    return get_channel_layer()
+
+
 def listened(layer: Any, group: str) -> bool:
     """Whether anything may be listening to `group`: on the embedded layer, whether the
     group has a member (this process is all there is); on another, always (who listens on
     Redis is not known without asking it)."""
-    groups = getattr(layer, "groups", None)
-    return not isinstance(groups, dict) or bool(groups.get(group))
+    if not isinstance(layer, InMemoryChannelLayer):
+        return True
+    return bool(layer.groups.get(group))
 
 
 def send(channel: str, message: dict[str, Any]) -> None:
@@ -72,7 +92,7 @@ def send(channel: str, message: dict[str, Any]) -> None:
 
 
 def group_send(group: str, message: dict[str, Any]) -> None:
-    async_to_sync(get_channel_layer().group_send)(group, message)
+    async_to_sync(layer_for(group).group_send)(group, message)
 
 
 def publish(tab_id: uuid.UUID | str, op: dict[str, Any]) -> None:

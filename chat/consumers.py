@@ -92,7 +92,7 @@ class UserSocket(AsyncWebsocketConsumer):
     async def join_user(self) -> None:
         # Joined before the page's sidebar hello is read: a change from here on is sent.
         group = bus.user_group(self.scope["user"].pk)
-        self.hub = await bus.Hub.join(self.channel_layer, group, self)
+        self.hub = await bus.Hub.join(bus.layer_for(group), group, self)
 
     async def leave_user(self) -> None:
         hub, self.hub = self.hub, None

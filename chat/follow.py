@@ -404,7 +404,8 @@ class Follower:
 
     async def join(self) -> None:
         """Follow the tab's ops from now on (buffered until the client says what it holds)."""
-        self.feed = cast(_Feed, await _Feed.join(self.layer, bus.tab_group(self.tab_id), self))
+        group = bus.tab_group(self.tab_id)
+        self.feed = cast(_Feed, await _Feed.join(bus.layer_for(group), group, self))
 
     async def leave(self) -> None:
         self.stop()

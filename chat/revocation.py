@@ -30,7 +30,6 @@ from importlib import import_module
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user_model
 from django.db import transaction
@@ -250,7 +249,8 @@ _watches: dict[tuple[Any, ...], _Watch] = {}
 async def watch(credential: Credential, end: OnEnd) -> Stream:
     """Put a stream under watch: `end` is awaited once, with why, when its credential
     stops being valid. Returns once nudges for its user reach this process."""
-    layer = get_channel_layer()
+    # Every access group's: nudges are all this process's watch listens to.
+    layer = bus.layer_for(bus.access_group(credential.user_id))
     key = (asyncio.get_running_loop(), layer)
     current = _watches.get(key)
     if current is None:

@@ -107,7 +107,7 @@ class TurnWorker(AsyncConsumer):
                 await asyncio.wait([before])
             owner_id = runner.state.owner_id
             if owner_id is not None and not bus.listened(
-                self.channel_layer, bus.user_group(owner_id)
+                bus.layer_for(bus.user_group(owner_id)), bus.user_group(owner_id)
             ):
                 # No page of the owner's is open: each reads its entries when it opens.
                 return
@@ -117,13 +117,16 @@ class TurnWorker(AsyncConsumer):
                 told = await read(message)
                 if told is not None:
                     owner_id, sent = told
-                    await self.channel_layer.group_send(bus.user_group(owner_id), sent)
+                    group = bus.user_group(owner_id)
+                    await bus.layer_for(group).group_send(group, sent)
             except Exception:
                 # The pages catch up at their next (re)connect or load.
                 logger.exception("could not tell the owner's pages of tab %s", tab_id)
 
+        ops = bus.layer_for(group)
+
         async def publish(op: dict[str, Any]) -> None:
-            await self.channel_layer.group_send(group, {"type": "tab.op", **op})
+            await ops.group_send(group, {"type": "tab.op", **op})
             if op.get("op") != "status":
                 return
             message = sidebar.message(

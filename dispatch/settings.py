@@ -12,6 +12,7 @@ import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import dj_database_url
@@ -289,17 +290,29 @@ CHANNEL_EXPIRY = 60
 # a database edit) ends it within this. The check costs a few indexed queries per
 # process, however many streams it serves.
 STREAM_RECHECK_SECONDS = envfloat("DISPATCH_STREAM_RECHECK_SECONDS", 2.0, minimum=0.05)
-if REDIS_URL:
-    CHANNEL_LAYERS = {
+
+
+def redis_channel_layers(url: str) -> dict[str, dict[str, Any]]:
+    """The scaled mode's channel layers on the Redis at `url`."""
+    hosts = [{"address": url, "socket_timeout": REDIS_SOCKET_TIMEOUT}]
+    return {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {
-                "hosts": [{"address": REDIS_URL, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
-                "capacity": CHANNEL_CAPACITY,
-                "expiry": CHANNEL_EXPIRY,
-            },
-        }
+            "CONFIG": {"hosts": hosts, "capacity": CHANNEL_CAPACITY, "expiry": CHANNEL_EXPIRY},
+        },
+        # The groups every listener of hears (chat.bus.layer_for): Redis's pub/sub, one
+        # PUBLISH per message and nothing to poll. The core layer's queues cost a few
+        # round trips a message on each side, about 0.9 ms of CPU where pub/sub costs
+        # 0.15 ms, and 100 streaming tabs send thousands a second.
+        "broadcast": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": hosts},
+        },
     }
+
+
+if REDIS_URL:
+    CHANNEL_LAYERS = redis_channel_layers(REDIS_URL)
 else:
     CHANNEL_LAYERS = {
         "default": {

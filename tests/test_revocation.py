@@ -30,13 +30,14 @@ from django.test import Client
 from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 
-from chat import consumers, revocation
+from chat import bus, consumers, revocation
 from chat.models import ApiToken, Tab
 from chat.preferences import new_tab
+from dispatch import settings as project_settings
 from dispatch.asgi import router
 from harness.login import cookie_header, session_for
 from tests.live import make_tab, make_user, open_page, synced
-from tests.procs import CHANNEL_LAYER_PREFIX, require_services, scratch_redis
+from tests.procs import require_services, scratch_redis
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -377,17 +378,13 @@ async def redis_layer(settings: Any) -> AsyncIterator[str]:
     """This process on the Redis channel layer of a scratch Redis database (its URL)."""
     require_services()
     with scratch_redis() as url:
-        settings.CHANNEL_LAYERS = {
-            "default": {
-                "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {"hosts": [url], "prefix": CHANNEL_LAYER_PREFIX},
-            }
-        }
+        settings.CHANNEL_LAYERS = project_settings.redis_channel_layers(url)
         channel_layers.backends.clear()
         try:
             yield url
         finally:
             await get_channel_layer().close_pools()
+            await get_channel_layer(bus.BROADCAST).flush()
             channel_layers.backends.clear()
 
 

@@ -139,7 +139,9 @@ def test_redis_url_and_database_url_switch_the_backends(monkeypatch, tmp_path):
         REDIS_URL="redis://127.0.0.1:6379/9",
         DATABASE_URL="postgres://u@h/db",
     )
-    assert values["CHANNEL_LAYERS"]["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    layers = values["CHANNEL_LAYERS"]
+    assert layers["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    assert layers["broadcast"]["BACKEND"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
     assert values["DATABASES"]["default"]["ENGINE"] == "django.db.backends.postgresql"
 
 

@@ -59,8 +59,9 @@ async def _pages(tab):
 async def _stream(tab, sockets) -> list[list[str]]:
     """Publish the ops as the worker does; each page's frames."""
     ops = await database_sync_to_async(_ops)(tab.pk)
+    group = bus.tab_group(tab.pk)
     for op in ops:
-        await get_channel_layer().group_send(bus.tab_group(tab.pk), {"type": "tab.op", **op})
+        await bus.layer_for(group).group_send(group, {"type": "tab.op", **op})
     frames = [[await s.receive_from(FRAME_TIMEOUT) for _ in ops] for s in sockets]
     for socket in sockets:
         assert await socket.receive_nothing(0.1)
@@ -119,6 +120,44 @@ async def test_on_a_layer_of_queues_a_process_gets_one_message_per_op(queued_lay
     assert len(sent) == 4 and len(set(sent)) == 1
     assert opens[0] == 1
     assert frames[0] == frames[1] == frames[2]
+
+
+@pytest.fixture
+def broadcast_layer(settings):
+    """Queues on both layers, as the scaled mode's (pub/sub for the broadcast groups)."""
+    queues = {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 100}}
+    settings.CHANNEL_LAYERS = {"default": queues, bus.BROADCAST: queues}
+    channel_layers.backends.clear()
+    yield get_channel_layer(bus.BROADCAST)
+    channel_layers.backends.clear()
+
+
+async def test_with_a_broadcast_layer_a_tabs_ops_and_sidebar_go_over_it(broadcast_layer):
+    """Pages hear the tab's group and their user's on the broadcast layer; the workers'
+    channel and a tab's control group stay on the default layer's queues."""
+    default = get_channel_layer()
+    assert broadcast_layer is not default
+    for group in (bus.tab_group(uuid.uuid4()), bus.user_group(1), bus.access_group(1)):
+        assert bus.layer_for(group) is broadcast_layer
+    assert bus.layer_for(bus.control_group(uuid.uuid4())) is default
+    tab = await make_tab()
+    sockets = await _pages(tab)
+    assert bus.tab_group(tab.pk) in broadcast_layer.groups
+    assert bus.user_group(tab.owner_id) in broadcast_layer.groups
+    assert not any(g.startswith(bus.BROADCAST_GROUPS) for g in default.groups)
+    frames = await _stream(tab, sockets)
+    assert frames[0] == frames[1] == frames[2] and len(frames[0]) == 4
+
+
+async def test_only_an_in_process_layer_knows_that_nobody_listens():
+    class Remote:
+        groups: dict = {}  # a pub/sub layer's groups are this process's subscriptions
+
+    assert bus.listened(Remote(), "user.1")
+    local = InMemoryChannelLayer()
+    assert not bus.listened(local, "user.1")
+    local.groups["user.1"] = {"specific.x": 0}
+    assert bus.listened(local, "user.1")
 
 
 async def test_a_page_that_joined_mid_block_renders_its_own_frames_until_the_seal():

@@ -477,15 +477,21 @@ async def wait(
     no longer waits)."""
     layer = get_channel_layer()
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    # The snapshot's answer comes to `channel`, the child's ops to `ops_channel`: one
+    # channel unless the tab group is on a layer of its own (bus.layer_for).
     channel = await layer.new_channel()
     group = bus.tab_group(tab_id)
-    await layer.group_add(group, channel)
+    ops = bus.layer_for(group)
+    ops_channel = channel if ops is layer else await ops.new_channel()
+    await ops.group_add(group, ops_channel)
 
-    async def listen() -> None:
+    async def listen(on: Any, name: str) -> None:
         while True:
-            inbox.put_nowait(await layer.receive(channel))
+            inbox.put_nowait(await on.receive(name))
 
-    listener = asyncio.create_task(listen())
+    listeners = [asyncio.create_task(listen(layer, channel))]
+    if ops_channel != channel:
+        listeners.append(asyncio.create_task(listen(ops, ops_channel)))
     # The child's runner says what it waits for now (its approval, its own children), which
     # a parent that starts following late (re-attached after a crash) has no other way to
     # learn: the runner publishes a status only when it changes.
@@ -519,11 +525,12 @@ async def wait(
                 return outcome, STOPPED
     finally:
         stopping.cancel()
-        listener.cancel()
-        with suppress(BaseException):
-            await listener
+        for listener in listeners:
+            listener.cancel()
+            with suppress(BaseException):
+                await listener
         with suppress(Exception):
-            await layer.group_discard(group, channel)
+            await ops.group_discard(group, ops_channel)
 
 
 # `_listen_a_while`'s word that the parent's time limit for the child ran out.

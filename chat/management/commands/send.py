@@ -34,7 +34,6 @@ from collections.abc import Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -136,7 +135,7 @@ class Command(BaseCommand):
     ) -> str | None:
         """Queue the message `start` makes and follow its turn; `echo` prints the
         message first (one the user did not type: a continue)."""
-        layer = get_channel_layer()
+        layer = bus.layer_for(bus.tab_group(tab.pk))
         channel = await layer.new_channel()
         await layer.group_add(bus.tab_group(tab.pk), channel)
         worker = None
