@@ -20,6 +20,7 @@ import json
 import uuid
 from typing import Any
 
+from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -86,8 +87,14 @@ class UserSocket(AsyncWebsocketConsumer):
         self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
     ) -> None:
         # A frame already on its way when the credential ended (a catch-up, a batch).
-        if not self.ended:
+        if self.ended:
+            return
+        try:
             await super().send(text_data, bytes_data, close)
+        except Disconnected:
+            # The page went away before its disconnect reached this consumer: a sidebar
+            # batch's task failed with nobody to tell, and an op's fan-out logged it.
+            self.ended = True
 
     async def join_user(self) -> None:
         # Joined before the page's sidebar hello is read: a change from here on is sent.

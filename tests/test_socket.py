@@ -7,7 +7,9 @@ import json
 import uuid
 
 import pytest
+from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import channel_layers, get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
@@ -582,3 +584,24 @@ async def test_a_live_chunk_of_a_turn_without_a_user_message_starts_its_own_bubb
     assert "turn-start" not in classes(renderer.seal(error))
     page = render.group([*held, notice, error])
     assert [item.turn_start for item in page] == [True, False, True, False]
+
+
+async def test_a_sidebar_batch_for_a_page_already_gone_fails_nothing(monkeypatch):
+    """The page's connection closed before its disconnect reached the consumer: the batch's
+    send finds the protocol closed (daphne's autobahn raises), the socket counts as ended
+    and the batch's task ends without an error nobody would retrieve."""
+
+    async def closed(self, *args, **kwargs):
+        raise Disconnected("Attempt to send on a closed protocol")
+
+    monkeypatch.setattr(AsyncWebsocketConsumer, "send", closed)
+    monkeypatch.setattr(consumers, "SIDEBAR_BATCH_SECONDS", 0)
+    socket = consumers.UserSocket()
+    await socket.take(
+        {"type": "user.tab", "tab_id": "t1", "entries": {"other": "<a>", "current": "<a>"}}
+    )
+    flush = socket.flush
+    await asyncio.wait_for(flush, 5)
+    assert flush.exception() is None
+    assert socket.ended
+    await socket.send(text_data="nothing more")  # ended: not tried again
