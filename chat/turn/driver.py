@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from channels.db import database_sync_to_async
 
 from chat.chunks import SystemKind
-from chat.models import QueuedMessage, Tab
+from chat.models import Tab
 from chat.tools import toolset
 from chat.tools.registry import AGENT
 from chat.turn import agents, lease
@@ -108,7 +108,7 @@ class ProviderDriver:
                 await self.compactor.compact(tab, model, "manual", through, instructions)
                 or compacted
             )
-        if not compacted and await QueuedMessage.objects.filter(tab_id=tab.pk).aexists():
+        if not compacted and self.messages.message_waiting:
             await self.compactor.fit_at_turn_start(tab, model)
 
     async def _steps(self, tab: Tab, config: TurnConfig) -> None:
