@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import QuerySet, Sum
+from django.db.models import Exists, OuterRef, QuerySet, Sum
 from django.utils import timezone
 
 from chat import bus, context, log, sidebar
@@ -180,21 +180,44 @@ def acquire(tab_id: uuid.UUID, worker: str) -> uuid.UUID | None:
     """
     recovered: list[Block] = []
     with transaction.atomic():
-        if not Tab.objects.select_for_update().filter(pk=tab_id).exists():
+        found = _locked(tab_id, running=True)
+        if found is None:
             return None
-        running = RunningTurn.objects.filter(tab_id=tab_id).first()
+        has_running, queued = found
+        running = RunningTurn.objects.filter(tab_id=tab_id).first() if has_running else None
         if running is not None:
             if not is_dead(running):
                 return None
             recovered = _recover(running)
+            # The recovery may queue a rerun for a sub-agent that runs on.
+            queued = QueuedMessage.objects.filter(tab_id=tab_id).exists()
         turn_id = None
-        if QueuedMessage.objects.filter(tab_id=tab_id).exists():
+        if queued:
             turn_id = uuid.uuid4()
             RunningTurn.objects.create(
                 tab_id=tab_id, turn_id=turn_id, worker=worker, heartbeat_at=timezone.now()
             )
     _broadcast_recovered(tab_id, recovered)
     return turn_id
+
+
+def _locked(tab_id: uuid.UUID, *, running: bool = False) -> tuple[bool, bool] | None:
+    """Inside the caller's transaction: the tab row's lock (which every writer of its
+    lease and queue takes), and in the same statement whether it has a lease (`running`)
+    and a message queued. None when the tab is gone."""
+    checks = {"has_queued": Exists(QueuedMessage.objects.filter(tab_id=OuterRef("pk")))}
+    if running:
+        checks["has_lease"] = Exists(RunningTurn.objects.filter(tab_id=OuterRef("pk")))
+    row = (
+        Tab.objects.select_for_update()
+        .filter(pk=tab_id)
+        .annotate(**checks)
+        .values(*checks)
+        .first()
+    )
+    if row is None:
+        return None
+    return bool(row.get("has_lease")), bool(row["has_queued"])
 
 
 def release(tab_id: uuid.UUID, turn_id: uuid.UUID) -> None:
@@ -394,9 +417,11 @@ def release_or_continue(tab_id: uuid.UUID, turn_id: uuid.UUID) -> uuid.UUID | No
     same lease goes on as a new turn, whose id is returned. Under the tab lock,
     so a message queued meanwhile is never left behind."""
     with transaction.atomic():
-        Tab.objects.select_for_update().filter(pk=tab_id).values_list("pk").get()
+        found = _locked(tab_id)
+        if found is None:
+            raise Tab.DoesNotExist(f"tab {tab_id} does not exist")
         mine = _mine(tab_id, turn_id)
-        if QueuedMessage.objects.filter(tab_id=tab_id).exists():
+        if found[1]:
             new_id = uuid.uuid4()
             if mine.update(
                 turn_id=new_id, step=0, cancel_requested=False, cancel_why="", status="running"
