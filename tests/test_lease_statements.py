@@ -133,3 +133,50 @@ def test_the_end_of_a_turn_on_a_deleted_tab_says_so(tab):
     Tab.objects.filter(pk=tab_id).delete()
     with pytest.raises(Tab.DoesNotExist):
         lease.release_or_continue(tab_id, uuid.uuid4())
+
+
+# --- The status a page and each socket's catch-up read (lease.status) -------------------
+
+
+def test_an_idle_tabs_status_is_two_reads(tab):
+    QueuedMessage.objects.create(tab=tab, text="later")
+    with CaptureQueriesContext(connection) as queries:
+        now = lease.status(tab.pk)
+    # The tab's meter with its lease, then its queue.
+    assert statements(queries) == ["SELECT", "SELECT"]
+    assert now["state"] == "idle" and now["context"] == lease.meter(tab.pk)
+    assert [q["text"] for q in now["queued"]] == ["later"]
+
+
+@pytest.mark.parametrize(
+    ("status", "state"),
+    [
+        (RunningTurn.Status.RUNNING, "running"),
+        (RunningTurn.Status.WAITING, "waiting"),
+        (RunningTurn.Status.FINISHING, "idle"),
+    ],
+)
+def test_the_status_is_the_leases(tab, status, state):
+    running = RunningTurn.objects.create(
+        tab=tab,
+        turn_id=uuid.uuid4(),
+        worker="w:1:c",
+        status=status,
+        step=3,
+        heartbeat_at=timezone.now(),
+    )
+    now = lease.status(tab.pk)
+    assert now["state"] == state
+    if state != "idle":
+        assert (now["turn_id"], now["step"], now["stale"]) == (str(running.turn_id), 3, False)
+        assert now["started_at"] == RunningTurn.objects.get(tab=tab).started_at.isoformat()
+        assert now["usage"] == {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
+
+
+def test_a_dead_workers_lease_shows_stale(tab):
+    dead_lease(tab)
+    assert lease.status(tab.pk)["stale"] is True
+
+
+def test_a_deleted_tabs_status_is_idle_without_a_meter():
+    assert lease.status(uuid.uuid4()) == {"state": "idle", "queued": [], "context": None}

@@ -17,7 +17,7 @@ import os
 import socket
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -48,7 +48,11 @@ OWN_LEASE_STUCK_SECONDS = 300.0
 
 
 def is_stale(running: RunningTurn) -> bool:
-    return running.heartbeat_at < timezone.now() - timedelta(seconds=LEASE_STALE_SECONDS)
+    return _stale_since(running.heartbeat_at)
+
+
+def _stale_since(heartbeat_at: datetime) -> bool:
+    return heartbeat_at < timezone.now() - timedelta(seconds=LEASE_STALE_SECONDS)
 
 
 def turn_usage(turn_id: uuid.UUID) -> dict[str, int]:
@@ -62,34 +66,54 @@ def turn_usage(turn_id: uuid.UUID) -> dict[str, int]:
 
 
 def status(tab_id: uuid.UUID) -> dict[str, Any]:
-    """The tab's turn status as the UI shows it, read from the database."""
-    running = RunningTurn.objects.filter(tab_id=tab_id).first()
+    """The tab's turn status as the UI shows it, read from the database: the tab's meter
+    and its lease in one read, its queue in another (a page and each socket's catch-up
+    read it)."""
+    row = (
+        Tab.objects.filter(pk=tab_id)
+        .values(
+            "context",
+            "model",
+            "runningturn__turn_id",
+            "runningturn__status",
+            "runningturn__step",
+            "runningturn__started_at",
+            "runningturn__heartbeat_at",
+        )
+        .first()
+    )
     queued = [
         {"id": q.pk, "text": q.label, "compact": q.compact}
         for q in QueuedMessage.objects.filter(tab_id=tab_id, rerun=False).only(
             "id", "text", "compact", "compact_through"
         )
     ]
-    if running is None or running.status == RunningTurn.Status.FINISHING:
-        return {"state": "idle", "queued": queued, "context": meter(tab_id)}
+    if row is None:
+        return {"state": "idle", "queued": queued, "context": None}
+    context_meter = _meter_of(row["context"], row["model"])
+    state = row["runningturn__status"]
+    if state is None or state == RunningTurn.Status.FINISHING:
+        return {"state": "idle", "queued": queued, "context": context_meter}
     return {
-        "context": meter(tab_id),
-        "state": running.status,
-        "turn_id": str(running.turn_id),
-        "step": running.step,
-        "started_at": running.started_at.isoformat(),
-        "usage": turn_usage(running.turn_id),
+        "context": context_meter,
+        "state": state,
+        "turn_id": str(row["runningturn__turn_id"]),
+        "step": row["runningturn__step"],
+        "started_at": row["runningturn__started_at"].isoformat(),
+        "usage": turn_usage(row["runningturn__turn_id"]),
         "queued": queued,
-        "stale": is_stale(running),
+        "stale": _stale_since(row["runningturn__heartbeat_at"]),
     }
 
 
 def meter(tab_id: uuid.UUID) -> dict[str, Any] | None:
     """The tab's context meter (chat.context.Meter) from its last request."""
     row = Tab.objects.filter(pk=tab_id).values_list("context", "model").first()
-    if row is None:
-        return None
-    size, model = row
+    return None if row is None else _meter_of(*row)
+
+
+def _meter_of(size: Any, model: str) -> dict[str, Any]:
+    """A context meter from a tab's stored size (Tab.context) and model."""
     return context.meter(context.Size.from_dict(size), model or registry.default_model()).as_dict()
 
 
