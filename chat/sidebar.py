@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import BooleanField, Exists, F, OuterRef, Q, QuerySet, Value
 from django.template.loader import render_to_string
 
 from chat import bus
@@ -156,7 +156,13 @@ def stated(tab_id: uuid.UUID | str) -> Stated | None:
     tab_id = uuid.UUID(str(tab_id))
     rows = list(
         Tab.objects.filter(conversation__in=Tab.objects.filter(pk=tab_id).values("conversation"))
-        .annotate(turn_status=F("runningturn__status"))
+        # The state is the conversation's (set below); the placeholders give every row
+        # the attributes `tabs` annotates, which the entry's template reads.
+        .annotate(
+            turn_status=F("runningturn__status"),
+            running=Value(False, output_field=BooleanField()),
+            waiting=Value(False, output_field=BooleanField()),
+        )
         .only(*ENTRY_FIELDS)
     )
     tab = next((row for row in rows if row.pk == tab_id), None)
@@ -184,7 +190,7 @@ def with_entries(change: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
     (deleted meanwhile) or owned by no one (an import not finished yet, shown to no one):
     nothing to show."""
     found = stated(change["tab_id"])
-    if found is None or found.entry.owner_id is None:
+    if found is None or (owner_id := found.entry.owner_id) is None:
         return None
     tab = found.entry
     approval = change.get("approval")
@@ -193,7 +199,7 @@ def with_entries(change: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         "current": entry(tab, current=tab.pk, approval=approval),
     }
     # The pages of any of these show the conversation: its entry is current there.
-    return tab.owner_id, {**change, "entries": entries, "versions": found.versions}
+    return owner_id, {**change, "entries": entries, "versions": found.versions}
 
 
 def announce(tab_id: uuid.UUID | str, state: str) -> None:

@@ -233,11 +233,7 @@ def _locked(tab_id: uuid.UUID, *, running: bool = False) -> tuple[bool, bool] | 
     if running:
         checks["has_lease"] = Exists(RunningTurn.objects.filter(tab_id=OuterRef("pk")))
     row = (
-        Tab.objects.select_for_update()
-        .filter(pk=tab_id)
-        .annotate(**checks)
-        .values(*checks)
-        .first()
+        Tab.objects.select_for_update().filter(pk=tab_id).annotate(**checks).values(*checks).first()
     )
     if row is None:
         return None
