@@ -172,7 +172,8 @@ class ProviderDriver:
         not lost (the idle-tab notice skips tabs with a running turn).
         """
         state = self.state
-        tab = await Tab.objects.aget(pk=state.tab_id)
+        # What TurnConfig reads of the tab, not its tool list and prompt.
+        tab = await Tab.objects.only("id", "model", "parent_call_id").aget(pk=state.tab_id)
         fresh = await database_sync_to_async(TurnConfig.load)(tab)
         if fresh == state.config:
             return False
