@@ -39,6 +39,19 @@ HELD_MAX = 2 * SIDEBAR_TABS
 
 IDLE, RUNNING, WAITING = "idle", "running", "waiting"
 
+# What an entry shows of a tab (the `tablink` partial) and what picks the entry.
+ENTRY_FIELDS = (
+    "id",
+    "owner_id",
+    "title",
+    "conversation",
+    "last_seq",
+    "fork_seq",
+    "lineage",
+    "parent_call_id",
+    "updated_at",
+)
+
 
 def state_of(status: dict[str, Any]) -> str:
     """The sidebar's state of a turn status (chat.turn.state.TurnStatus.as_dict): compacting,
@@ -95,6 +108,9 @@ def tabs(owner: Any) -> list[Tab]:
     """The owner's sidebar: one tab per conversation, its most recently active, most
     recently active first, each with `running` and `waiting`."""
     entries = _latest(kept(Tab.objects.filter(owner=owner)))
+    # What an entry shows: a tab's tool list and prompt are no part of it, and a hundred
+    # of them decoded cost the page more than its query.
+    entries = entries.only(*ENTRY_FIELDS)
     return list(_with_state(entries).order_by("-updated_at", "-pk")[:SIDEBAR_TABS])
 
 
@@ -121,20 +137,6 @@ def message(tab_id: uuid.UUID | str, state: str, approval: dict[str, Any] | None
     if approval and state == WAITING:
         ask = {"call_id": str(approval.get("call_id", "")), "name": str(approval.get("name", ""))}
     return {"type": "user.tab", "tab_id": str(tab_id), "state": state, "approval": ask}
-
-
-# What an entry shows of a tab (the `tablink` partial) and what picks the entry.
-ENTRY_FIELDS = (
-    "id",
-    "owner_id",
-    "title",
-    "conversation",
-    "last_seq",
-    "fork_seq",
-    "lineage",
-    "parent_call_id",
-    "updated_at",
-)
 
 
 @dataclass(frozen=True)

@@ -119,3 +119,16 @@ def test_an_announcement_reads_one_query(alice, django_assert_num_queries):
     with django_assert_num_queries(1):
         owner_id, sent = sidebar.with_entries(sidebar.message(root.pk, sidebar.RUNNING, None))
     assert owner_id == alice.pk and f'id="tablink-{root.pk}"' in sent["entries"]["other"]
+
+
+def test_the_sidebar_and_its_entries_render_from_one_query(alice, django_assert_num_queries):
+    """A page's list reads what its entries show, and nothing per entry."""
+    for n in range(3):
+        tab = make(alice, title=f"t{n}", last_seq=1, ago=n)
+        if n == 1:
+            lease(tab, RunningTurn.Status.WAITING)
+    with django_assert_num_queries(1):
+        listed = sidebar.tabs(alice)
+        html = "".join(sidebar.entry(t, current=listed[0].pk) for t in listed)
+    assert [t.title for t in listed] == ["t0", "t1", "t2"]
+    assert html.count('data-state="waiting"') == 1 and "t2" in html
