@@ -22,9 +22,10 @@ entry: it shows once its first message is queued.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import BooleanField, Exists, F, OuterRef, Q, QuerySet, Value
 from django.template.loader import render_to_string
 
 from chat import bus
@@ -37,6 +38,19 @@ SIDEBAR_TABS = 100
 HELD_MAX = 2 * SIDEBAR_TABS
 
 IDLE, RUNNING, WAITING = "idle", "running", "waiting"
+
+# What an entry shows of a tab (the `tablink` partial) and what picks the entry.
+ENTRY_FIELDS = (
+    "id",
+    "owner_id",
+    "title",
+    "conversation",
+    "last_seq",
+    "fork_seq",
+    "lineage",
+    "parent_call_id",
+    "updated_at",
+)
 
 
 def state_of(status: dict[str, Any]) -> str:
@@ -94,6 +108,9 @@ def tabs(owner: Any) -> list[Tab]:
     """The owner's sidebar: one tab per conversation, its most recently active, most
     recently active first, each with `running` and `waiting`."""
     entries = _latest(kept(Tab.objects.filter(owner=owner)))
+    # What an entry shows: a tab's tool list and prompt are no part of it, and a hundred
+    # of them decoded cost the page more than its query.
+    entries = entries.only(*ENTRY_FIELDS)
     return list(_with_state(entries).order_by("-updated_at", "-pk")[:SIDEBAR_TABS])
 
 
@@ -122,16 +139,50 @@ def message(tab_id: uuid.UUID | str, state: str, approval: dict[str, Any] | None
     return {"type": "user.tab", "tab_id": str(tab_id), "state": state, "approval": ask}
 
 
-def stated(tab_id: uuid.UUID | str) -> Tab | None:
+@dataclass(frozen=True)
+class Stated:
+    """A tab's conversation as its owner's pages show it: its entry, with its state, and
+    the ids of its versions."""
+
+    entry: Tab
+    versions: list[str]
+
+
+def stated(tab_id: uuid.UUID | str) -> Stated | None:
     """The sidebar entry of the tab's conversation with its state, whoever owns it (the
-    announcer learns the owner from it); None when the tab is gone."""
-    tab = Tab.objects.filter(pk=tab_id).values("conversation", "owner_id").first()
+    announcer learns the owner from it); None when the tab is gone.
+
+    One plain query, the rest in Python: the same choice as `tabs` (`kept`, `_latest`,
+    `_with_state`) for the handful of tabs a conversation has. Every turn announces its
+    tab twice, and the annotated queryset cost more to build and compile than to run."""
+    tab_id = uuid.UUID(str(tab_id))
+    rows = list(
+        Tab.objects.filter(conversation__in=Tab.objects.filter(pk=tab_id).values("conversation"))
+        # The state is the conversation's (set below); the placeholders give every row
+        # the attributes `tabs` annotates, which the entry's template reads.
+        .annotate(
+            turn_status=F("runningturn__status"),
+            running=Value(False, output_field=BooleanField()),
+            waiting=Value(False, output_field=BooleanField()),
+        )
+        .only(*ENTRY_FIELDS)
+    )
+    tab = next((row for row in rows if row.pk == tab_id), None)
     if tab is None:
         return None
-    same = Tab.objects.filter(conversation=tab["conversation"], owner_id=tab["owner_id"])
-    entry = _with_state(_latest(kept(same))).order_by("-updated_at", "-pk").first()
+    same = [row for row in rows if row.owner_id == tab.owner_id]
+    running = any(row.turn_status not in (None, RunningTurn.Status.FINISHING) for row in same)
+    waiting = any(row.turn_status == RunningTurn.Status.WAITING for row in same)
+    kept = [row for row in same if row.last_seq > 0 or row.title]
+    if len(kept) < len(same):
+        # A tab never sent to has an entry once its first message is queued (`kept`).
+        bare = [row.pk for row in same if not (row.last_seq > 0 or row.title)]
+        queued = set(QueuedMessage.objects.filter(tab_id__in=bare).values_list("tab_id", flat=True))
+        kept = [row for row in same if row.last_seq > 0 or row.title or row.pk in queued]
     # A tab never sent to has no entry, but a change of its state is still news.
-    return entry or _with_state(same.filter(pk=tab_id)).first()
+    entry = max(kept, key=lambda row: (row.updated_at, row.pk)) if kept else tab
+    entry.running, entry.waiting = running, waiting
+    return Stated(entry, [str(row.pk) for row in same])
 
 
 def with_entries(change: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
@@ -140,18 +191,17 @@ def with_entries(change: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
     of one of the conversation's tabs, `versions` ("current"). None when the tab is gone
     (deleted meanwhile) or owned by no one (an import not finished yet, shown to no one):
     nothing to show."""
-    tab = stated(change["tab_id"])
-    if tab is None or tab.owner_id is None:
+    found = stated(change["tab_id"])
+    if found is None or (owner_id := found.entry.owner_id) is None:
         return None
+    tab = found.entry
     approval = change.get("approval")
     entries = {
         "other": entry(tab, approval=approval),
         "current": entry(tab, current=tab.pk, approval=approval),
     }
     # The pages of any of these show the conversation: its entry is current there.
-    same = Tab.objects.filter(conversation=tab.conversation, owner_id=tab.owner_id)
-    versions = [str(pk) for pk in same.values_list("pk", flat=True)]
-    return tab.owner_id, {**change, "entries": entries, "versions": versions}
+    return owner_id, {**change, "entries": entries, "versions": found.versions}
 
 
 def announce(tab_id: uuid.UUID | str, state: str) -> None:

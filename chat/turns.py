@@ -71,7 +71,8 @@ def submit(
     if not visible(text) and not files:
         raise ValueError("The message is empty.")
     with transaction.atomic():
-        Tab.objects.select_for_update().filter(pk=tab.pk).values_list("pk").get()
+        # A message without text carries a file (refused above otherwise).
+        _sending(tab, text or files[0]["name"])
         queued = _enqueue(tab, text, files, origin)
         blobs.mark_sent(tab.pk, files)
     # At once when this is the outermost transaction; inside a caller's (a wake's firing),
@@ -87,20 +88,28 @@ def _enqueue(
     attachments: list[dict[str, Any]] | None = None,
     origin: dict[str, Any] | None = None,
 ) -> QueuedMessage:
-    """Queue a message; the caller's transaction holds the tab's lock."""
+    """Queue a message; the caller's transaction holds the tab's lock (`_sending`)."""
     queued = QueuedMessage.objects.create(
         tab=tab, text=text, attachments=attachments or [], origin=origin
     )
-    # A draft (an edit's old text) is sent or replaced by what was sent.
-    Tab.objects.filter(pk=tab.pk).exclude(draft="").update(draft="")
-    if not tab.title:
-        # A message without text carries a file (submit refuses an empty one).
-        tab.title = _title_from(text or (attachments or [{"name": ""}])[0]["name"])
-        Tab.objects.filter(pk=tab.pk).update(title=tab.title)
     # Before the commit: a runner cannot take the row (and send "taken")
     # until then, so "queued" always reaches the pages first.
     bus.publish(tab.pk, {"op": "queued", "id": queued.pk, "text": queued.text})
     return queued
+
+
+def _sending(tab: Tab, text: str) -> None:
+    """The tab is being sent `text`: its draft (an edit's old text) is sent or replaced by
+    it, and a tab without a title is named after it. One write, which also takes the tab
+    row's lock for the caller's transaction, as select_for_update does: it orders the
+    message against a turn's release (chat.turn.lease). Tab.DoesNotExist when the tab is
+    gone."""
+    fields = {"draft": ""}
+    if not tab.title:
+        tab.title = _title_from(text)
+        fields["title"] = tab.title
+    if not Tab.objects.filter(pk=tab.pk).update(**fields):
+        raise Tab.DoesNotExist(f"tab {tab.pk} does not exist")
 
 
 # What the composer takes as a compaction: `/compact` and what to focus on.
@@ -380,7 +389,9 @@ def continue_turn(tab: Tab, *, auto_approve: bool = False) -> QueuedMessage:
             list(Chunk.objects.filter(tab_id=tab.pk, turn_id=last).order_by("seq")) if last else []
         )
         # Queued in the transaction that checked: two Continues at once queue one.
-        queued = _enqueue(tab, resume.message(turn))
+        text = resume.message(turn)
+        _sending(tab, text)
+        queued = _enqueue(tab, text)
     bus.request_run(tab.pk, auto_approve=auto_approve)
     return queued
 

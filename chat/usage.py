@@ -503,15 +503,24 @@ def _sum_by(groups: Iterable[tuple[tuple[Any, ...], Totals]]) -> dict[tuple[Any,
     return sums
 
 
-def turn_totals(tab_id: uuid.UUID, turn_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Totals]:
+def turn_totals(
+    tab_id: uuid.UUID,
+    turn_ids: Iterable[uuid.UUID],
+    *,
+    tree: tuple[uuid.UUID, ...] | None = None,
+) -> dict[uuid.UUID, Totals]:
     """The totals of each of these turns in this tab (one query), with the turns of the
     sub-agents their `agent` calls started (their children's first turns). A turn a branch
-    copied from its parent was paid for there: its steps belong to the parent's tab."""
+    copied from its parent was paid for there: its steps belong to the parent's tab.
+    `tree`: the tab's `_tree` when the caller has it (a tab alone in it has no child turns
+    to look for)."""
     turn_ids = set(turn_ids)
     if not turn_ids:
         return {}
     # A child's turn (its tab, its turn) -> the parent's turn whose call started it.
-    owned = {(tab_id, turn): turn for turn in turn_ids} | _child_turns(tab_id, turn_ids)
+    owned = {(tab_id, turn): turn for turn in turn_ids}
+    if tree is None or len(tree) > 1:
+        owned |= _child_turns(tab_id, turn_ids)
     # By turn only, grouped by tab too: filtered on both, SQLite walks the whole tab's
     # records by their tab index instead of the few turns' by theirs.
     records = UsageRecord.objects.filter(turn_id__in={turn for _, turn in owned})
@@ -570,15 +579,16 @@ def _tree(tab_id: uuid.UUID) -> tuple[uuid.UUID, ...]:
     return tuple(tabs)
 
 
-def tab_totals(tab_id: uuid.UUID) -> Totals:
+def tab_totals(tab_id: uuid.UUID, *, tree: tuple[uuid.UUID, ...] | None = None) -> Totals:
     """Everything the tab's own turns used, and its sub-agents' tabs (chat.turn.agents), theirs
     and so on down.
 
     Every page of the tab shows them, and a tab of ten thousand turns has as many
     records to sum (tens of milliseconds): the sum is kept per process until the
     tab's records change, which one cheap query on their index tells (their count
-    and last id; records are only ever added or deleted, never changed)."""
-    tabs = _tree(tab_id)
+    and last id; records are only ever added or deleted, never changed). `tree`: the tab's
+    `_tree`, when the caller has it."""
+    tabs = tree or _tree(tab_id)
     version = UsageRecord.objects.filter(tab_id__in=tabs).aggregate(n=Count("id"), last=Max("id"))
     if not version["n"]:
         return Totals()
@@ -594,8 +604,12 @@ def _tab_totals_at(tabs: tuple[uuid.UUID, ...], count: int, last_id: int) -> Tot
 def turn_end(tab_id: uuid.UUID, turn_id: uuid.UUID) -> dict[str, Any]:
     """What a turn's end tells the page: the turn's totals and the tab's (JSON)."""
     turn_id = uuid.UUID(str(turn_id))
-    turn = turn_totals(tab_id, [turn_id]).get(turn_id, Totals())
-    return {"turn_id": str(turn_id), "turn": turn.as_dict(), "tab": tab_totals(tab_id).as_dict()}
+    # Read once for both: a tab without sub-agents (nearly all) then has no child turns to
+    # look for.
+    tree = _tree(tab_id)
+    turn = turn_totals(tab_id, [turn_id], tree=tree).get(turn_id, Totals())
+    tab = tab_totals(tab_id, tree=tree)
+    return {"turn_id": str(turn_id), "turn": turn.as_dict(), "tab": tab.as_dict()}
 
 
 @dataclass(frozen=True)

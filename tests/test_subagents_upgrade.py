@@ -62,6 +62,9 @@ def test_a_legacy_child_counts_in_its_parents_turn():
     parent, _, turn = parent_with_a_legacy_child()
     assert usage.tab_totals(parent.pk).as_dict()["input"] == 1010
     assert usage.turn_totals(parent.pk, [turn])[turn].as_dict()["input"] == 1010
+    # What the turn's end tells the page (it reads the tab's tree once for both).
+    ended = usage.turn_end(parent.pk, turn)
+    assert (ended["turn"]["input"], ended["tab"]["input"]) == (1010, 1010)
 
 
 def test_the_call_that_made_a_legacy_child_finds_it_and_makes_no_second():

@@ -248,6 +248,23 @@ def test_a_turns_cost_is_the_sum_of_its_requests_in_one_query(tab):
     assert set(totals) == {turn, other}
 
 
+def test_a_turns_end_without_sub_agents_looks_for_no_child_turns(tab):
+    """The idle status of every turn carries its totals: the tab's tree is read once, and
+    a tab alone in it has no child turns to look for."""
+    turn = uuid.uuid4()
+    rows = [
+        record(tab, turn, SONNET, NOON, Tokens(10, 10)),
+        record(tab, turn, SONNET, NOON, Tokens(5, 5)),
+    ]
+    record(tab, uuid.uuid4(), SONNET, NOON, Tokens(7, 7))
+    with CaptureQueriesContext(connection) as queries:
+        ended = usage.turn_end(tab.id, turn)
+    # The tree, the turn's records, the tab's version and its sum.
+    assert len(queries) == 4
+    assert ended["turn"]["input"] == 15 and Decimal(ended["turn"]["usd"]) == by_hand(rows)
+    assert ended["tab"]["input"] == 22
+
+
 def test_a_branch_does_not_count_the_turns_it_copied(tab, alice):
     """Usage belongs to the tab a turn ran in: a branch's copy of the turn shows none."""
     turn = uuid.uuid4()

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from channels.db import database_sync_to_async
 
 from chat.chunks import SystemKind
-from chat.models import QueuedMessage, Tab
+from chat.models import Tab
 from chat.tools import toolset
 from chat.tools.registry import AGENT
 from chat.turn import agents, lease
@@ -108,7 +108,7 @@ class ProviderDriver:
                 await self.compactor.compact(tab, model, "manual", through, instructions)
                 or compacted
             )
-        if not compacted and await QueuedMessage.objects.filter(tab_id=tab.pk).aexists():
+        if not compacted and self.messages.message_waiting:
             await self.compactor.fit_at_turn_start(tab, model)
 
     async def _steps(self, tab: Tab, config: TurnConfig) -> None:
@@ -172,7 +172,8 @@ class ProviderDriver:
         not lost (the idle-tab notice skips tabs with a running turn).
         """
         state = self.state
-        tab = await Tab.objects.aget(pk=state.tab_id)
+        # What TurnConfig reads of the tab, not its tool list and prompt.
+        tab = await Tab.objects.only("id", "model", "parent_call_id").aget(pk=state.tab_id)
         fresh = await database_sync_to_async(TurnConfig.load)(tab)
         if fresh == state.config:
             return False

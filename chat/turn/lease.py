@@ -17,11 +17,11 @@ import os
 import socket
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import QuerySet, Sum
+from django.db.models import Exists, OuterRef, QuerySet, Sum
 from django.utils import timezone
 
 from chat import bus, context, log, sidebar
@@ -48,7 +48,11 @@ OWN_LEASE_STUCK_SECONDS = 300.0
 
 
 def is_stale(running: RunningTurn) -> bool:
-    return running.heartbeat_at < timezone.now() - timedelta(seconds=LEASE_STALE_SECONDS)
+    return _stale_since(running.heartbeat_at)
+
+
+def _stale_since(heartbeat_at: datetime) -> bool:
+    return heartbeat_at < timezone.now() - timedelta(seconds=LEASE_STALE_SECONDS)
 
 
 def turn_usage(turn_id: uuid.UUID) -> dict[str, int]:
@@ -62,34 +66,54 @@ def turn_usage(turn_id: uuid.UUID) -> dict[str, int]:
 
 
 def status(tab_id: uuid.UUID) -> dict[str, Any]:
-    """The tab's turn status as the UI shows it, read from the database."""
-    running = RunningTurn.objects.filter(tab_id=tab_id).first()
+    """The tab's turn status as the UI shows it, read from the database: the tab's meter
+    and its lease in one read, its queue in another (a page and each socket's catch-up
+    read it)."""
+    row = (
+        Tab.objects.filter(pk=tab_id)
+        .values(
+            "context",
+            "model",
+            "runningturn__turn_id",
+            "runningturn__status",
+            "runningturn__step",
+            "runningturn__started_at",
+            "runningturn__heartbeat_at",
+        )
+        .first()
+    )
     queued = [
         {"id": q.pk, "text": q.label, "compact": q.compact}
         for q in QueuedMessage.objects.filter(tab_id=tab_id, rerun=False).only(
             "id", "text", "compact", "compact_through"
         )
     ]
-    if running is None or running.status == RunningTurn.Status.FINISHING:
-        return {"state": "idle", "queued": queued, "context": meter(tab_id)}
+    if row is None:
+        return {"state": "idle", "queued": queued, "context": None}
+    context_meter = _meter_of(row["context"], row["model"])
+    state = row["runningturn__status"]
+    if state is None or state == RunningTurn.Status.FINISHING:
+        return {"state": "idle", "queued": queued, "context": context_meter}
     return {
-        "context": meter(tab_id),
-        "state": running.status,
-        "turn_id": str(running.turn_id),
-        "step": running.step,
-        "started_at": running.started_at.isoformat(),
-        "usage": turn_usage(running.turn_id),
+        "context": context_meter,
+        "state": state,
+        "turn_id": str(row["runningturn__turn_id"]),
+        "step": row["runningturn__step"],
+        "started_at": row["runningturn__started_at"].isoformat(),
+        "usage": turn_usage(row["runningturn__turn_id"]),
         "queued": queued,
-        "stale": is_stale(running),
+        "stale": _stale_since(row["runningturn__heartbeat_at"]),
     }
 
 
 def meter(tab_id: uuid.UUID) -> dict[str, Any] | None:
     """The tab's context meter (chat.context.Meter) from its last request."""
     row = Tab.objects.filter(pk=tab_id).values_list("context", "model").first()
-    if row is None:
-        return None
-    size, model = row
+    return None if row is None else _meter_of(*row)
+
+
+def _meter_of(size: Any, model: str) -> dict[str, Any]:
+    """A context meter from a tab's stored size (Tab.context) and model."""
     return context.meter(context.Size.from_dict(size), model or registry.default_model()).as_dict()
 
 
@@ -180,21 +204,40 @@ def acquire(tab_id: uuid.UUID, worker: str) -> uuid.UUID | None:
     """
     recovered: list[Block] = []
     with transaction.atomic():
-        if not Tab.objects.select_for_update().filter(pk=tab_id).exists():
+        found = _locked(tab_id, running=True)
+        if found is None:
             return None
-        running = RunningTurn.objects.filter(tab_id=tab_id).first()
+        has_running, queued = found
+        running = RunningTurn.objects.filter(tab_id=tab_id).first() if has_running else None
         if running is not None:
             if not is_dead(running):
                 return None
             recovered = _recover(running)
+            # The recovery may queue a rerun for a sub-agent that runs on.
+            queued = QueuedMessage.objects.filter(tab_id=tab_id).exists()
         turn_id = None
-        if QueuedMessage.objects.filter(tab_id=tab_id).exists():
+        if queued:
             turn_id = uuid.uuid4()
             RunningTurn.objects.create(
                 tab_id=tab_id, turn_id=turn_id, worker=worker, heartbeat_at=timezone.now()
             )
     _broadcast_recovered(tab_id, recovered)
     return turn_id
+
+
+def _locked(tab_id: uuid.UUID, *, running: bool = False) -> tuple[bool, bool] | None:
+    """Inside the caller's transaction: the tab row's lock (which every writer of its
+    lease and queue takes), and in the same statement whether it has a lease (`running`)
+    and a message queued. None when the tab is gone."""
+    checks = {"has_queued": Exists(QueuedMessage.objects.filter(tab_id=OuterRef("pk")))}
+    if running:
+        checks["has_lease"] = Exists(RunningTurn.objects.filter(tab_id=OuterRef("pk")))
+    row = (
+        Tab.objects.select_for_update().filter(pk=tab_id).annotate(**checks).values(*checks).first()
+    )
+    if row is None:
+        return None
+    return bool(row.get("has_lease")), bool(row["has_queued"])
 
 
 def release(tab_id: uuid.UUID, turn_id: uuid.UUID) -> None:
@@ -394,9 +437,11 @@ def release_or_continue(tab_id: uuid.UUID, turn_id: uuid.UUID) -> uuid.UUID | No
     same lease goes on as a new turn, whose id is returned. Under the tab lock,
     so a message queued meanwhile is never left behind."""
     with transaction.atomic():
-        Tab.objects.select_for_update().filter(pk=tab_id).values_list("pk").get()
+        found = _locked(tab_id)
+        if found is None:
+            raise Tab.DoesNotExist(f"tab {tab_id} does not exist")
         mine = _mine(tab_id, turn_id)
-        if QueuedMessage.objects.filter(tab_id=tab_id).exists():
+        if found[1]:
             new_id = uuid.uuid4()
             if mine.update(
                 turn_id=new_id, step=0, cancel_requested=False, cancel_why="", status="running"

@@ -30,6 +30,9 @@ class Messages:
     def __init__(self, state: TurnState, outbox: Outbox) -> None:
         self.state = state
         self.outbox = outbox
+        # A message (not a compaction) was at the head of the queue when take_compaction
+        # last looked: the turn will take it.
+        self.message_waiting = False
 
     async def take_queued(self) -> bool:
         """Move waiting user messages into the log, in order. True if there were any."""
@@ -61,11 +64,14 @@ class Messages:
                 for q in queued
                 if not q.rerun
             ]
-            # Rerun rows alone append nothing: the fence is still what lets this turn take
-            # them (a second recovery's rerun is the next runner's), and it holds for the
-            # append in this transaction.
-            log.fence(state.tab_id, state.turn_id)
-            log.append(state.tab_id, blocks)
+            if blocks:
+                # Fenced by the lease (log.append with the turn): a stale runner takes
+                # nothing.
+                log.append(state.tab_id, blocks, turn_id=state.turn_id)
+            else:
+                # Rerun rows alone append nothing: the fence is still what lets this turn
+                # take them (a second recovery's rerun is the next runner's).
+                log.fence(state.tab_id, state.turn_id)
             QueuedMessage.objects.filter(pk__in=[q.pk for q in queued]).delete()
         refs = [ref for q in queued for ref in q.attachments]
         if refs:
@@ -80,9 +86,17 @@ class Messages:
 
     def take_compaction_sync(self) -> tuple[int, int | None, str] | None:
         state = self.state
+        # Looked at without the lock first: nearly every turn starts with a message, not a
+        # compaction, and a write transaction serialises every writer on SQLite. What is
+        # queued after the look is taken by take_queued, as after the locked one.
+        head = QueuedMessage.objects.filter(tab_id=state.tab_id).values_list("compact").first()
+        self.message_waiting = head is not None and not head[0]
+        if head is None or not head[0]:
+            return None
         with transaction.atomic():
             first = QueuedMessage.objects.select_for_update().filter(tab_id=state.tab_id).first()
             if first is None or not first.compact:
+                self.message_waiting = first is not None
                 return None
             log.fence(state.tab_id, state.turn_id)
             taken = (first.pk, first.compact_through, first.text)
