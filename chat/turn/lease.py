@@ -227,16 +227,19 @@ def acquire(tab_id: uuid.UUID, worker: str) -> uuid.UUID | None:
 
 def _locked(tab_id: uuid.UUID, *, running: bool = False) -> tuple[bool, bool] | None:
     """Inside the caller's transaction: the tab row's lock (which every writer of its
-    lease and queue takes), and in the same statement whether it has a lease (`running`)
-    and a message queued. None when the tab is gone."""
+    lease and queue takes), then whether it has a lease (`running`) and a message queued,
+    in one read. None when the tab is gone.
+
+    Two statements, not one: on PostgreSQL a statement that waited for the lock reads the
+    other tables as they were when it began, before the commit it waited for (a message
+    queued, a lease taken); the next statement sees that commit
+    (tests/test_lease_lock_snapshot.py)."""
+    if not Tab.objects.select_for_update().filter(pk=tab_id).values_list("pk").exists():
+        return None
     checks = {"has_queued": Exists(QueuedMessage.objects.filter(tab_id=OuterRef("pk")))}
     if running:
         checks["has_lease"] = Exists(RunningTurn.objects.filter(tab_id=OuterRef("pk")))
-    row = (
-        Tab.objects.select_for_update().filter(pk=tab_id).annotate(**checks).values(*checks).first()
-    )
-    if row is None:
-        return None
+    row = Tab.objects.filter(pk=tab_id).annotate(**checks).values(*checks).get()
     return bool(row.get("has_lease")), bool(row["has_queued"])
 
 
