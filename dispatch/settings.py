@@ -238,10 +238,18 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # libpq waits for ever on an address that drops packets; a server that is up
 # answers in milliseconds, so past this it is down (and start-up says so).
 DATABASE_CONNECT_TIMEOUT = 10
+# PostgreSQL connections a process holds at most (DISPATCH_DATABASE_POOL_SIZE): PostgreSQL's
+# default allows 100 in all, and a team runs a few web processes and workers.
+DATABASE_POOL_SIZE = envint("DISPATCH_DATABASE_POOL_SIZE", 10, minimum=1)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
-        "connect_timeout", DATABASE_CONNECT_TIMEOUT
-    )
+    options = DATABASES["default"].setdefault("OPTIONS", {})
+    options.setdefault("connect_timeout", DATABASE_CONNECT_TIMEOUT)
+    # A pool, not a connection kept per thread: under ASGI every request runs in a thread
+    # of its own, and each kept its connection until it was collected, so 32 messages
+    # sent at once filled PostgreSQL's 100 ("too many clients already"). A request
+    # waits up to `timeout` for a connection of the pool.
+    options["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_SIZE, "timeout": 30}
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {

@@ -142,7 +142,11 @@ def test_redis_url_and_database_url_switch_the_backends(monkeypatch, tmp_path):
     layers = values["CHANNEL_LAYERS"]
     assert layers["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
     assert layers["broadcast"]["BACKEND"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
-    assert values["DATABASES"]["default"]["ENGINE"] == "django.db.backends.postgresql"
+    database = values["DATABASES"]["default"]
+    assert database["ENGINE"] == "django.db.backends.postgresql"
+    # Pooled per process, not kept per thread (every ASGI request has a thread of its own).
+    assert database["CONN_MAX_AGE"] == 0
+    assert database["OPTIONS"]["pool"]["max_size"] == 10
 
 
 def test_a_bad_environment_value_stops_start_up_with_its_name(tmp_path):
