@@ -141,15 +141,19 @@ class Services:
         self.peak = 0
         self.pg_cpu: dict[int, tuple[float, float]] = {}  # pid: (first seen, last seen)
 
-    def _redis_cpu(self) -> float:
+    def _redis(self) -> tuple[float, int]:
+        """The Redis server's CPU seconds and commands so far."""
         import redis
 
         client = redis.Redis.from_url(self.redis_url)
         try:
-            info = client.info("cpu")
+            cpu, stats = client.info("cpu"), client.info("stats")
         finally:
             client.close()
-        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        return (
+            float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+            int(stats["total_commands_processed"]),
+        )
 
     def _poll(self, admin, first: bool) -> None:
         query = "SELECT pid FROM pg_stat_activity WHERE datname = %s"
@@ -170,7 +174,7 @@ class Services:
         found: dict = {}
         stop = threading.Event()
         self.peak, self.pg_cpu = 0, {}
-        redis_before = self._redis_cpu()
+        redis_before = self._redis()
         with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
             self._poll(admin, first=True)
 
@@ -188,7 +192,9 @@ class Services:
                 self._poll(admin, first=False)
         found["pg_connections_peak"] = self.peak
         found["pg_backends_cpu_seconds"] = round(sum(b - a for a, b in self.pg_cpu.values()), 2)
-        found["redis_server_cpu_seconds"] = round(self._redis_cpu() - redis_before, 2)
+        redis_after = self._redis()
+        found["redis_server_cpu_seconds"] = round(redis_after[0] - redis_before[0], 2)
+        found["redis_commands"] = redis_after[1] - redis_before[1]
 
 
 def cluster_env(workdir: Path, database_url: str, redis_url: str) -> dict[str, str]:
