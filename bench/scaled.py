@@ -67,6 +67,9 @@ IDLE_SETTLE_SECONDS = 3.0
 WARM_SOCKETS = 10
 
 
+# A page whose socket has brought nothing for this long, while no other page has either,
+# will not see its turn end (its last ops were lost): the run stops waiting for it.
+QUIET_SECONDS = 10.0
 # How often the database's connections are counted while a phase runs.
 PG_POLL_SECONDS = 0.1
 
@@ -265,8 +268,10 @@ async def pages_run(cookie: str, targets: list[tuple[str, int, str]]) -> dict:
     waiting for its idle status after RUN_TIMEOUT is given up on, and counted."""
     delays: list[float] = []
     counts = dict.fromkeys((t for t, _, _ in targets), 0)
+    last_frame = time.perf_counter()
 
     async def watch(tab_id: str, port: int, ready: asyncio.Event) -> None:
+        nonlocal last_frame
         seen: set[str] = set()
         headers = {"Cookie": cookie, "Origin": f"http://127.0.0.1:{port}"}
         async with websockets.connect(
@@ -275,6 +280,7 @@ async def pages_run(cookie: str, targets: list[tuple[str, int, str]]) -> dict:
             await ws.send('{"type": "hello", "last_seq": 0}')
             ready.set()
             async for frame in ws:
+                last_frame = time.perf_counter()
                 now = time.time_ns()
                 for stamp in STAMP_RE.findall(frame):
                     if stamp not in seen:
@@ -302,18 +308,23 @@ async def pages_run(cookie: str, targets: list[tuple[str, int, str]]) -> dict:
             )
         )
     assert set(statuses) == {200}, statuses
-    done, pending = await asyncio.wait(watchers, timeout=RUN_TIMEOUT)
-    seconds = time.perf_counter() - start
+    pending = set(watchers)
+    while pending and time.perf_counter() - start < RUN_TIMEOUT:
+        if time.perf_counter() - last_frame > QUIET_SECONDS:
+            break
+        _, pending = await asyncio.wait(pending, timeout=1.0)
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-    for task in done:
-        task.result()
+    for task in watchers:
+        if not task.cancelled():
+            task.result()
     return {
         "tokens": sum(counts.values()),
-        "seconds": seconds,
+        "seconds": last_frame - start,
         "delays": delays,
-        "pages_finished": len(done),
+        "pages_finished": len(watchers) - len(pending),
+        "unfinished": [t for (t, _, _), w in zip(targets, watchers, strict=True) if w in pending],
     }
 
 
@@ -331,6 +342,7 @@ def _stream(cluster: Cluster, prepared: Prepared, services: Services) -> dict:
     used = {name: after[name] - before[name] for name in after}
     row = stats(run, sum(used.values()))
     row["pages_finished"] = run["pages_finished"]
+    row["unfinished_tabs"] = run["unfinished"]
     per_1k = 1e6 / max(run["tokens"], 1)
     row["cpu_ms_per_1k_tokens_by_process"] = {n: round(s * per_1k, 1) for n, s in used.items()}
     for kind, procs in (("web", cluster.webs), ("worker", cluster.workers)):
