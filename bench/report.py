@@ -77,7 +77,8 @@ def _scaled(s: dict) -> list[Row]:
             f"(embedded {embedded['delay_ms']['p99']:.1f} ms); besides, PostgreSQL "
             f"{services['pg_backends_cpu_seconds']:.1f} s and Redis "
             f"{services['redis_server_cpu_seconds']:.1f} s CPU, "
-            f"{scaled['log_lines']['catch_ups']} catch-ups"
+            f"{scaled['log_lines']['catch_ups']} catch-ups (a process's channel backlog "
+            f"peaked at {services.get('redis_channel_backlog_peak', '?')} messages)"
             + (f", {unfinished} page(s) never saw the turn end" if unfinished else ""),
             "≤ 1.5× embedded; p99 ≤ 100 ms",
         ),

@@ -40,6 +40,7 @@ from bench.worker import READY_LINE
 from harness.login import cookie_header
 from harness.servers import Proc, stop_all
 from harness.services import (
+    CHANNEL_LAYER_PREFIX,
     POSTGRES_ADMIN_URL,
     scratch_database,
     scratch_redis,
@@ -141,7 +142,7 @@ class Services:
     def __init__(self, database_url: str, redis_url: str) -> None:
         self.database = urllib.parse.urlsplit(database_url).path.strip("/")
         self.redis_url = redis_url
-        self.peak = 0
+        self.peak = self.backlog = 0
         self.pg_cpu: dict[int, tuple[float, float]] = {}  # pid: (first seen, last seen)
 
     def _redis(self) -> tuple[float, int]:
@@ -158,7 +159,12 @@ class Services:
             int(stats["total_commands_processed"]),
         )
 
-    def _poll(self, admin, first: bool) -> None:
+    def _poll(self, admin, redis_client, first: bool) -> None:
+        # All the channels of a process are one sorted set in Redis (channels_redis' design),
+        # and a send finding CHANNEL_CAPACITY messages in it is dropped: the deepest backlog
+        # says whether a process fell that far behind.
+        for key in redis_client.scan_iter(match=f"{CHANNEL_LAYER_PREFIX}specific.*"):
+            self.backlog = max(self.backlog, redis_client.zcard(key))
         query = "SELECT pid FROM pg_stat_activity WHERE datname = %s"
         pids = [pid for (pid,) in admin.execute(query, (self.database,)).fetchall()]
         self.peak = max(self.peak, len(pids))
@@ -173,17 +179,19 @@ class Services:
     def watch(self) -> Iterator[dict]:
         """Yields a dict that holds, once the block is left, the phase's figures."""
         import psycopg
+        import redis
 
         found: dict = {}
         stop = threading.Event()
-        self.peak, self.pg_cpu = 0, {}
+        self.peak, self.backlog, self.pg_cpu = 0, 0, {}
         redis_before = self._redis()
+        redis_client = redis.Redis.from_url(self.redis_url)
         with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
-            self._poll(admin, first=True)
+            self._poll(admin, redis_client, first=True)
 
             def poll() -> None:
                 while not stop.wait(PG_POLL_SECONDS):
-                    self._poll(admin, first=False)
+                    self._poll(admin, redis_client, first=False)
 
             thread = threading.Thread(target=poll, daemon=True)
             thread.start()
@@ -192,12 +200,14 @@ class Services:
             finally:
                 stop.set()
                 thread.join()
-                self._poll(admin, first=False)
+                self._poll(admin, redis_client, first=False)
+                redis_client.close()
         found["pg_connections_peak"] = self.peak
         found["pg_backends_cpu_seconds"] = round(sum(b - a for a, b in self.pg_cpu.values()), 2)
         redis_after = self._redis()
         found["redis_server_cpu_seconds"] = round(redis_after[0] - redis_before[0], 2)
         found["redis_commands"] = redis_after[1] - redis_before[1]
+        found["redis_channel_backlog_peak"] = self.backlog
 
 
 def cluster_env(workdir: Path, database_url: str, redis_url: str) -> dict[str, str]:
