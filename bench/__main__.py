@@ -27,6 +27,7 @@ BENCHMARKS = [
     "cache",
     "compaction",
     "streaming",
+    "scaled",
     "turn_cost",
     "paced",
     "live_markdown",

@@ -61,6 +61,37 @@ def _streaming(s: dict) -> list[Row]:
     return rows
 
 
+def _scaled(s: dict) -> list[Row]:
+    scaled, embedded, idle = s["scaled"], s["embedded"], s["idle"]
+    services = scaled["services"]
+    unfinished = s["tabs"] - scaled["pages_finished"]
+    return [
+        (
+            f"Scaled mode, {s['tabs']} tabs: {s['web_processes']} web processes and "
+            f"{s['workers']} workers on PostgreSQL + Redis, vs embedded in the same run",
+            f"{scaled['cpu_ms_per_1k_tokens']:.1f} ms CPU / 1k tokens over the four "
+            f"(web {scaled['web_cpu_ms_per_1k_tokens']:.1f}, workers "
+            f"{scaled['worker_cpu_ms_per_1k_tokens']:.1f}) vs "
+            f"{embedded['cpu_ms_per_1k_tokens']:.1f} embedded ({s['cpu_ratio']:.2f}×); "
+            f"delay p50 {scaled['delay_ms']['p50']:.1f} ms, p99 {scaled['delay_ms']['p99']:.1f} ms "
+            f"(embedded {embedded['delay_ms']['p99']:.1f} ms); besides, PostgreSQL "
+            f"{services['pg_backends_cpu_seconds']:.1f} s and Redis "
+            f"{services['redis_server_cpu_seconds']:.1f} s CPU, "
+            f"{scaled['log_lines']['catch_ups']} catch-ups (a process's channel backlog "
+            f"peaked at {services.get('redis_channel_backlog_peak', '?')} messages)"
+            + (f", {unfinished} page(s) never saw the turn end" if unfinished else ""),
+            "≤ 1.5× embedded; p99 ≤ 100 ms",
+        ),
+        (
+            f"Memory per open idle page, {idle['sockets']:,} sockets over "
+            f"{s['web_processes']} web processes (scaled mode)",
+            f"{idle['web_kb_per_socket']:.1f} KB (web RSS {idle['web_rss_mb_before']:.0f} → "
+            f"{idle['web_rss_mb_after']:.0f} MB)",
+            "",
+        ),
+    ]
+
+
 def _turn_cost(t: dict) -> list[Row]:
     turn, page, bare = t["turn_cpu_ms"], t["page_cpu_ms"], t["bare_cpu_ms"]
     return [
@@ -361,6 +392,7 @@ def _revocation(v: dict) -> list[Row]:
 _SECTIONS: tuple[tuple[str, Callable[[dict], list[Row]]], ...] = (
     ("browser", _browser),
     ("streaming", _streaming),
+    ("scaled", _scaled),
     ("turn_cost", _turn_cost),
     ("paced", _paced),
     ("live_markdown", _live_markdown),

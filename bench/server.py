@@ -154,11 +154,11 @@ def main(port: int, tokens: int, pace: float) -> None:
     _count_statements()
     results_path = Path(os.environ["DISPATCH_DATA_DIR"]) / RAW_RESULTS
     deltas = small_deltas(int(sys.argv[5]) if len(sys.argv) > 5 else 0)
-    _serve_bench_models(tokens, pace, deltas)
+    serve_bench_models(tokens, pace, deltas)
     _serve(_application(tokens, pace, deltas, results_path), port)
 
 
-def _serve_bench_models(tokens: int, pace: float, deltas: list[str]) -> None:
+def serve_bench_models(tokens: int, pace: float, deltas: list[str]) -> None:
     """Tabs on DELTAS_MODEL and STAMPED_MODEL get the bench's providers, others the app's."""
     from chat.turn import step
 
