@@ -284,10 +284,12 @@ if REDIS_URL and urlsplit(REDIS_URL).scheme != "unix":
 # timeout is also 5 s: the two race, and an idle worker or socket dies. A read
 # must outlast the blocking pop. A socket_timeout in the URL still wins.
 REDIS_SOCKET_TIMEOUT = 15
-# Messages a channel (one socket, or the worker) holds before the layer drops
-# more, silently: at the runner's coalesced rate (a frame per 30 ms) that is
-# 45 s of a stream a socket did not read. A socket that falls that far behind
-# notices the gap at its next op and catches its page up (chat.consumers).
+# Messages a channel of the queues holds before the layer drops more, silently: the
+# workers' channel, a control group's, a snapshot's reply; embedded, also a channel no hub
+# listens to (the send command's, a sub-agent's parent's). On Redis the limit counts a
+# process's channels together (channels_redis keeps them under one key). The scaled
+# mode's tab ops go over pub/sub (bus.layer_for), which keeps nothing: a page that misses
+# one sees the gap at the next and catches up.
 CHANNEL_CAPACITY = 1500
 # Seconds a message waits for its reader: a socket or worker that has not read
 # for a minute is gone, and its messages would only use memory.
