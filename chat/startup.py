@@ -25,6 +25,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from chat.acp import config as acp_config
+from chat.dbcheck import database_unreachable
 from chat.envcheck import (
     API_STYLE_VARIABLE,
     EXIT_CONFIGURATION,
@@ -176,16 +177,10 @@ def shared_workspace_problem() -> str | None:
 def service_problems() -> list[str]:
     """One line per service that does not answer (passwords masked); empty when all do."""
     problems = []
-    connection = connections[DEFAULT_DB_ALIAS]
-    try:
-        connection.ensure_connection()
-    except DatabaseError as exc:
+    if (exc := database_unreachable()) is not None:
         problems.append(
             unreachable_line("the database", settings.DATABASE_URL, "DATABASE_URL", exc)
         )
-    finally:
-        # Whoever uses the database next opens its own connection, in its thread.
-        connection.close()
     if settings.REDIS_URL:
         client = redis.Redis.from_url(
             settings.REDIS_URL, socket_connect_timeout=REDIS_TIMEOUT, socket_timeout=REDIS_TIMEOUT
