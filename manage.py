@@ -21,8 +21,10 @@ from chat.envcheck import (
     unreachable_line,
 )
 
-# Commands that need no database.
-WITHOUT_DATABASE = frozenset({"help", "--help", "-h", "version", "--version"})
+# Commands that need no database (`check` validates the settings, a database's too).
+WITHOUT_DATABASE = frozenset(
+    {"help", "--help", "-h", "version", "--version", "check", "makemigrations"}
+)
 
 
 def main() -> None:
