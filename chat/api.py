@@ -27,6 +27,7 @@ from typing import Any, cast
 from django import forms
 from django.contrib.auth.models import User
 from django.contrib.auth.signals import user_login_failed
+from django.db import connection
 from django.db.models import OuterRef, Subquery
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
@@ -808,6 +809,11 @@ def events(request: ApiRequest, tab_id: uuid.UUID) -> StreamingHttpResponse:
     response = StreamingHttpResponse(
         _watched_events(credential, hello), content_type="text/event-stream"
     )
+    if not connection.in_atomic_block:
+        # The stream reads in threads of its own: the connection this request's thread
+        # read with goes back to the pool now, not when the stream ends (ten open streams
+        # held a process's whole pool).
+        connection.close()
     response["Cache-Control"] = "no-cache"
     # nginx would otherwise buffer the stream and deliver it in lumps.
     response["X-Accel-Buffering"] = "no"

@@ -13,7 +13,7 @@ import secrets
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -305,6 +305,10 @@ STREAM_RECHECK_SECONDS = envfloat("DISPATCH_STREAM_RECHECK_SECONDS", 2.0, minimu
 def redis_channel_layers(url: str) -> dict[str, dict[str, Any]]:
     """The scaled mode's channel layers on the Redis at `url`."""
     hosts = [{"address": url, "socket_timeout": REDIS_SOCKET_TIMEOUT}]
+    parts = urlsplit(url)
+    # A unix socket URL's path is the socket's: its database is in the query.
+    number = "" if parts.scheme == "unix" else parts.path.strip("/")
+    database = dict(parse_qsl(parts.query)).get("db") or number or "0"
     return {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -314,9 +318,12 @@ def redis_channel_layers(url: str) -> dict[str, dict[str, Any]]:
         # PUBLISH per message and nothing to poll. The core layer's queues cost a few
         # round trips a message on each side, about 0.9 ms of CPU where pub/sub costs
         # 0.15 ms, and 100 streaming tabs send thousands a second.
+        # Pub/sub channels are the server's, not a database's: the prefix keeps apart
+        # what two installations on two databases of one Redis publish (their users'
+        # ids, so their user groups, are the same numbers).
         "broadcast": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": hosts},
+            "CONFIG": {"hosts": hosts, "prefix": f"dispatch.db{database}."},
         },
     }
 

@@ -9,8 +9,10 @@ import uuid
 import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from chat import follow, log
+from chat.preferences import new_tab
 from chat.providers.base import Finish, TextDelta
 from chat.stream import Block
 from tests.api_helpers import ApiClient
@@ -221,3 +223,16 @@ def test_the_route_checks_the_client_and_the_position_before_it_streams():
     assert response.status_code == 200 and response.streaming
     assert response["Content-Type"] == "text/event-stream"
     assert response["Cache-Control"] == "no-cache"
+
+
+def test_an_open_stream_holds_no_database_connection_of_its_request():
+    """The stream reads in threads of its own: the request's connection goes back (to
+    PostgreSQL's pool) when the view returns, not when the stream ends, so ten open
+    streams do not hold a process's whole pool."""
+    owner = get_user_model().objects.create_user("events-owner", password="x" * 12)
+    tab = new_tab(owner)
+    client = ApiClient(user=owner)
+    response = client.get(f"/api/v1/tabs/{tab.pk}/events")
+    assert response.status_code == 200 and response.streaming
+    assert connection.connection is None
+    response.close()

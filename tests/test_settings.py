@@ -9,6 +9,7 @@ imports, this milliseconds.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import runpy
 import stat
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
@@ -27,7 +29,8 @@ from chat.envcheck import (
     reason,
     url_problem,
 )
-from dispatch.settings import envbool, envfloat, envint, envlist
+from dispatch.settings import envbool, envfloat, envint, envlist, redis_channel_layers
+from tests.procs import require_services, scratch_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -376,3 +379,37 @@ def test_sqlite_cuts_its_wal_file_back_after_a_checkpoint():
         assert cursor.fetchone()[0] == 64 * 1024 * 1024
         cursor.execute("PRAGMA journal_mode")
         assert cursor.fetchone()[0] == "wal"
+
+
+@pytest.mark.parametrize(
+    ("url", "prefix"),
+    [
+        ("redis://127.0.0.1:6379/9", "dispatch.db9."),
+        ("redis://127.0.0.1:6379", "dispatch.db0."),
+        ("rediss://:pw@redis.example.com:6380/1", "dispatch.db1."),
+        ("unix:///run/redis.sock?db=3", "dispatch.db3."),
+        ("unix:///run/redis.sock", "dispatch.db0."),
+    ],
+)
+def test_the_broadcast_layer_is_prefixed_with_the_redis_database(url, prefix):
+    """Pub/sub channels are the Redis server's, whatever the database: two installations
+    on two databases of one server must not hear each other's user groups (user.1)."""
+    assert redis_channel_layers(url)["broadcast"]["CONFIG"]["prefix"] == prefix
+
+
+@pytest.mark.scaled
+@pytest.mark.asyncio
+async def test_two_databases_broadcast_layers_do_not_hear_each_other():
+    require_services()
+    with scratch_redis() as one, scratch_redis() as two:
+        configs = [redis_channel_layers(url)["broadcast"]["CONFIG"] for url in (one, two, one)]
+        mine, other, same = (RedisPubSubChannelLayer(**config) for config in configs)
+        channel = await mine.new_channel()
+        await mine.group_add("user.1", channel)
+        try:
+            await other.group_send("user.1", {"type": "user.tab", "from": "other"})
+            await same.group_send("user.1", {"type": "user.tab", "from": "same"})
+            assert (await asyncio.wait_for(mine.receive(channel), 5))["from"] == "same"
+        finally:
+            for each in (mine, other, same):
+                await each.flush()
