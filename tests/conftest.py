@@ -44,6 +44,12 @@ def django_db_setup(django_db_setup, django_db_blocker):
                 list(Permission.objects.using(alias).values()),
             )
     yield
+    # PostgreSQL's pool keeps its connections open, and the test database cannot be
+    # dropped while they are (pytest-django's teardown runs after this).
+    with django_db_blocker.unblock():
+        for connection in connections.all():
+            if getattr(connection, "pool", None) is not None:
+                connection.close_pool()
 
 
 def _flush_keeping_post_migrate_rows(self: TransactionTestCase) -> None:
