@@ -485,9 +485,19 @@ async def wait(
     ops_channel = channel if ops is layer else await ops.new_channel()
     await ops.group_add(group, ops_channel)
 
+    # Once a status op has come, the runner's ops say all: a snapshot answered before it
+    # may arrive after it (the two travel on two layers) and would show a stale approval.
+    heard_status = False
+
     async def listen(on: Any, name: str) -> None:
+        nonlocal heard_status
         while True:
-            inbox.put_nowait(await on.receive(name))
+            message = await on.receive(name)
+            if message.get("op") == "status":
+                heard_status = True
+            elif message.get("type") == "tab.snapshot" and heard_status:
+                continue
+            inbox.put_nowait(message)
 
     listeners = [asyncio.create_task(listen(layer, channel))]
     if ops_channel != channel:
