@@ -476,7 +476,7 @@ async def wait(
     children} (the database poll's only {state, step}, and approval None once the child
     no longer waits)."""
     layer = get_channel_layer()
-    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    inbox = _ChildInbox()
     # The snapshot's answer comes to `channel`, the child's ops to `ops_channel`: one
     # channel unless the tab group is on a layer of its own (bus.layer_for).
     channel = await layer.new_channel()
@@ -484,24 +484,9 @@ async def wait(
     ops = bus.layer_for(group)
     ops_channel = channel if ops is layer else await ops.new_channel()
     await ops.group_add(group, ops_channel)
-
-    # Once a status op has come, the runner's ops say all: a snapshot answered before it
-    # may arrive after it (the two travel on two layers) and would show a stale approval.
-    heard_status = False
-
-    async def listen(on: Any, name: str) -> None:
-        nonlocal heard_status
-        while True:
-            message = await on.receive(name)
-            if message.get("op") == "status":
-                heard_status = True
-            elif message.get("type") == "tab.snapshot" and heard_status:
-                continue
-            inbox.put_nowait(message)
-
-    listeners = [asyncio.create_task(listen(layer, channel))]
+    listeners = [asyncio.create_task(inbox.listen(layer, channel))]
     if ops_channel != channel:
-        listeners.append(asyncio.create_task(listen(ops, ops_channel)))
+        listeners.append(asyncio.create_task(inbox.listen(ops, ops_channel)))
     # The child's runner says what it waits for now (its approval, its own children), which
     # a parent that starts following late (re-attached after a crash) has no other way to
     # learn: the runner publishes a status only when it changes.
@@ -523,7 +508,7 @@ async def wait(
             if outcome.state != "waiting":
                 polled["approval"] = None
             await on_status(polled)
-            why = await _listen_a_while(inbox, stopping, deadline, on_status)
+            why = await _listen_a_while(inbox.queue, stopping, deadline, on_status)
             if why == _TIMED_OUT:
                 return await stop(
                     tab_id,
@@ -541,6 +526,25 @@ async def wait(
                 await listener
         with suppress(Exception):
             await ops.group_discard(group, ops_channel)
+
+
+class _ChildInbox:
+    """The child's ops and its snapshot's answer, in the order they come. Once a status op
+    has come, the runner's ops say all: a snapshot answered before it may arrive after it
+    (the two travel on two layers) and would show a stale approval."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.heard_status = False
+
+    async def listen(self, layer: Any, channel: str) -> None:
+        while True:
+            message = await layer.receive(channel)
+            if message.get("op") == "status":
+                self.heard_status = True
+            elif message.get("type") == "tab.snapshot" and self.heard_status:
+                continue
+            self.queue.put_nowait(message)
 
 
 # `_listen_a_while`'s word that the parent's time limit for the child ran out.
