@@ -44,12 +44,20 @@ def django_db_setup(django_db_setup, django_db_blocker):
                 list(Permission.objects.using(alias).values()),
             )
     yield
-    # PostgreSQL's pool keeps its connections open, and the test database cannot be
-    # dropped while they are (pytest-django's teardown runs after this).
+    # The test database cannot be dropped while a connection to it is open (pytest-django's
+    # teardown runs after this): PostgreSQL's pool keeps its idle ones, and a test's worker
+    # thread (sync_to_async) may still hold one it took from the pool.
     with django_db_blocker.unblock():
         for connection in connections.all():
-            if getattr(connection, "pool", None) is not None:
-                connection.close_pool()
+            if getattr(connection, "pool", None) is None:
+                continue
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            connection.close()
+            connection.close_pool()
 
 
 def _flush_keeping_post_migrate_rows(self: TransactionTestCase) -> None:
