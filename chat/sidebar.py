@@ -173,12 +173,12 @@ def stated(tab_id: uuid.UUID | str) -> Stated | None:
     same = [row for row in rows if row.owner_id == tab.owner_id]
     running = any(row.turn_status not in (None, RunningTurn.Status.FINISHING) for row in same)
     waiting = any(row.turn_status == RunningTurn.Status.WAITING for row in same)
-    kept = [row for row in same if row.last_seq > 0 or row.title]
-    if len(kept) < len(same):
+    sent = {row.pk for row in same if row.last_seq > 0 or row.title}
+    if unsent := [row.pk for row in same if row.pk not in sent]:
         # A tab never sent to has an entry once its first message is queued (`kept`).
-        bare = [row.pk for row in same if not (row.last_seq > 0 or row.title)]
-        queued = set(QueuedMessage.objects.filter(tab_id__in=bare).values_list("tab_id", flat=True))
-        kept = [row for row in same if row.last_seq > 0 or row.title or row.pk in queued]
+        queued = QueuedMessage.objects.filter(tab_id__in=unsent).values_list("tab_id", flat=True)
+        sent |= set(queued)
+    kept = [row for row in same if row.pk in sent]
     # A tab never sent to has no entry, but a change of its state is still news.
     entry = max(kept, key=lambda row: (row.updated_at, row.pk)) if kept else tab
     entry.running, entry.waiting = running, waiting
